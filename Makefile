@@ -1,0 +1,33 @@
+# Every user-facing command. Each target calls the fastverify CLI or one script.
+#   make apply-patches [SGLANG_DIR=/path]   patch the SGLang in the active Python (or the folder given)
+#   make test                               CPU test environments for every pinned SGLang + the tests
+PYTHON ?= python3
+VERSION ?= $(lastword $(shell awk '!/^\#/ && NF {print $$1}' pins.txt))
+FV = PYTHONPATH=$(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m fastverify
+DIRARG = $(if $(SGLANG_DIR),--sglang-dir $(SGLANG_DIR))
+
+.PHONY: apply-patches revert-patches check-patches status-patches test setup demo versions
+
+versions:          ## the supported SGLang releases (pins.txt)
+	@awk '!/^#/ && NF {print $$1}' pins.txt
+
+apply-patches:     ## apply the series matching the installed SGLang (all or nothing, idempotent)
+	$(FV) patches apply $(DIRARG)
+
+revert-patches:    ## restore upstream SGLang byte for byte
+	$(FV) patches revert $(DIRARG)
+
+check-patches:     ## dry run: would the series apply (or is it applied) without drift?
+	$(FV) patches check $(DIRARG)
+
+status-patches:    ## per patch: applied / not applied / drifted, and RECORD hash check of the rest
+	$(FV) patches status $(DIRARG)
+
+setup:             ## CPU environment with the pinned SGLang $(VERSION) in .venv-$(VERSION)
+	bash scripts/setup_test_env.sh $(VERSION)
+
+demo: setup        ## fresh machine: install SGLang $(VERSION), patch it, show status and the new flags
+	bash scripts/demo.sh $(VERSION)
+
+test:              ## the test command (README): every pinned SGLang, patched, then pytest
+	bash scripts/run_tests.sh
