@@ -47,10 +47,12 @@ for line in z.read(meta).decode().splitlines():
         print(req)
 PYEOF
 echo "torch==$TORCH" >> "$CONS"
+# (pip warns once per package about the local index folders it does not hold; those lines are dropped)
 "$VENV/bin/pip" install -q -c "$CONS" "torch==$TORCH" \
   numpy orjson psutil pybase64 requests packaging pillow starlette tqdm ipython pydantic aiohttp msgspec \
   transformers pyzmq dill openai partial-json-parser xgrammar sentencepiece triton==3.8.0 apache-tvm-ffi ninja \
-  einops compressed-tensors gguf setproctitle uvicorn fastapi pytest prometheus-client
+  einops compressed-tensors gguf setproctitle uvicorn fastapi pytest prometheus-client \
+  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 say "dependencies installed"
 "$VENV/bin/pip" install -q --no-deps "$WHL"
 SP=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
