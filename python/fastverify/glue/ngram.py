@@ -1,0 +1,133 @@
+"""N-gram verify-mode glue: what patch 0005-ngram-chain-verify calls from SGLang's n-gram worker.
+
+Seams (both pinned SGLang versions; the patch holds the exact hunks):
+    speculative_hook._handle_ngram     spec_overrides(cfg): chain mode -> topk 1, num_steps k-1
+    ngram_worker.NGRAMWorker.__init__  NgramVerifyHook.from_args(spec, observability)
+    ngram_worker._prepare_draft_tokens hook.after_batch_get(tokens, mask, bs): the chain, plus the step's plan
+    ngram_worker (full-mask build)     skipped in chain mode; the verify input gets custom_mask=None
+    ngram_worker.on_verify_complete_cpu  hook.on_verify_complete(num_correct_drafts_per_req): accounting
+    ngram_info.NgramVerifyInput        verify_input_device(...), and no mask padding when the mask is None
+    spec_info.create_dummy_verify_input  dummy_custom_mask(mode, mask): None in chain mode (CUDA-graph capture)
+
+Nothing here imports SGLang; the arguments are SGLang's own config objects, read by attribute once.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from fastverify.chain import ChainConfig, VerifyStats, plan_verify, real_draft_lengths, reduce_to_chain
+
+logger = logging.getLogger("fastverify.ngram")
+
+FLAG = "--speculative-ngram-verify-mode"
+
+
+def config_from(spec) -> ChainConfig:
+    """The frozen verify config from SGLang's spec settings (ServerArgs in 0.5.16, get_spec() in 0.5.23)."""
+    return ChainConfig(
+        mode=getattr(spec, "speculative_ngram_verify_mode", "tree") or "tree",
+        num_draft_tokens=int(spec.speculative_num_draft_tokens),
+        match_type=spec.speculative_ngram_match_type,
+    )
+
+
+def spec_overrides(cfg) -> dict:
+    """Server-argument values chain mode imposes during spec resolution (empty in tree mode).
+
+    ``cfg`` is the (resolving) server-args view after the draft-token default is applied. Chain mode verifies one
+    path of k = speculative_num_draft_tokens tokens (root included), i.e. topk 1 and k - 1 steps, which makes
+    FA3/TRTLLM-MHA take their causal topk-1 path and skips the topk>1 + page_size>1 backend restriction.
+    """
+    mode = getattr(cfg, "speculative_ngram_verify_mode", "tree") or "tree"
+    conf = ChainConfig(mode=mode, num_draft_tokens=int(cfg.speculative_num_draft_tokens),
+                       match_type=cfg.speculative_ngram_match_type)
+    if conf.mode != "chain":
+        return {}
+    if getattr(cfg, "enable_watermark", False):
+        raise ValueError(f"{FLAG} chain cannot be combined with --enable-watermark (its verify path reads the "
+                         "tree mask); use tree")
+    return {"speculative_eagle_topk": 1, "speculative_num_steps": conf.num_draft_tokens - 1}
+
+
+def dummy_custom_mask(mode, custom_mask):
+    """Mask for the CUDA-graph capture dummy: None in chain mode, so capture and replay agree (no custom mask)."""
+    return None if mode == "chain" else custom_mask
+
+
+def verify_input_device(custom_mask, draft_token, new_seq_lens):
+    """Device of an NgramVerifyInput: the mask's, else the drafts', else new_seq_lens', else the current device."""
+    for t in (custom_mask, draft_token, new_seq_lens):
+        if t is not None:
+            return t.device
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class NgramVerifyHook:
+    """Per-worker state: the frozen config, the chain reduction, and verify accounting for logs/metrics."""
+
+    def __init__(self, config: ChainConfig, log_interval: int = 40, enable_metrics: bool = False):
+        self.config = config
+        self.chain = config.mode == "chain"
+        self.k = int(config.num_draft_tokens)
+        self.log_interval = max(int(log_interval or 40), 1)
+        self.stats = VerifyStats()
+        self.window = VerifyStats()
+        self._plans = deque(maxlen=64)  # plans of drafted steps whose verify result has not arrived yet
+        self._gauges = _make_gauges() if enable_metrics else None
+        logger.info("n-gram verify mode %s, k=%d, match type %s", config.mode, self.k, config.match_type)
+
+    @classmethod
+    def from_args(cls, spec, observability=None) -> "NgramVerifyHook":
+        obs = observability if observability is not None else spec
+        return cls(config_from(spec), getattr(obs, "decode_log_interval", 40), getattr(obs, "enable_metrics", False))
+
+    def after_batch_get(self, tokens, mask, bs: int):
+        """Corpus output of one step -> what the worker verifies (the chain in chain mode, unchanged in tree)."""
+        if self.chain:
+            tokens, mask, lens = reduce_to_chain(tokens, mask, self.k, self.config.match_type)
+        else:
+            lens = real_draft_lengths(tokens, mask, self.k)
+        self._plans.append(plan_verify(lens, self.k, self.config.buckets))
+        return tokens, mask
+
+    def on_verify_complete(self, num_correct_drafts_per_req) -> None:
+        """Verify results on the host (the scheduler already copied them): record accept lengths and log."""
+        accept_lens = [int(x) + 1 for x in num_correct_drafts_per_req]
+        plan = self._plans.popleft() if self._plans else None
+        if plan is not None and len(plan.draft_lens) != len(accept_lens):
+            plan = None  # a result from a batch this hook did not draft (should not happen): count accepts only
+        self.stats.record(accept_lens, plan)
+        self.window.record(accept_lens, plan)
+        if self.window.steps >= self.log_interval:
+            self._flush()
+
+    def _flush(self) -> None:
+        s = self.window.summary()
+        logger.info(
+            "n-gram verify (%s, k=%d): accept len %.2f, verified tok/step %.1f, with no-match gating %.1f, "
+            "no-match %.0f%%, accept len hist %s",
+            self.config.mode, self.k, s["accept_length"], s["verified_tokens_per_step"], s["planned_tokens_per_step"],
+            100 * s["no_match_fraction"], s["accept_hist"],
+        )
+        if self._gauges is not None:
+            self._gauges["accept_length"].labels(mode=self.config.mode).set(s["accept_length"])
+            self._gauges["verified_tokens_per_step"].labels(mode=self.config.mode).set(s["verified_tokens_per_step"])
+            self._gauges["planned_tokens_per_step"].labels(mode=self.config.mode).set(s["planned_tokens_per_step"])
+        self.window.reset()
+
+
+def _make_gauges() -> dict:
+    from prometheus_client import Gauge
+
+    def g(name, doc):
+        return Gauge(f"sglang:fastverify_ngram_{name}", doc, labelnames=["mode"], multiprocess_mode="mostrecent")
+
+    return {
+        "accept_length": g("accept_length", "Tokens emitted per request per n-gram verify step (drafts + bonus)."),
+        "verified_tokens_per_step": g("verified_tokens_per_step", "Tokens the target verifies per step (bs * k)."),
+        "planned_tokens_per_step": g("planned_tokens_per_step",
+                                     "Tokens per step with no-match gating and the smallest fitting verify width."),
+    }
