@@ -1,0 +1,669 @@
+"""Offline replay of n-gram speculation over recorded greedy outputs.
+
+Answers "would n-gram speculation pay off on my traffic, and with which verify shape?" before a long model
+load. It drives SGLang's own C++ n-gram corpus (the installed, patched one) over recorded requests exactly as
+the NGRAM worker does during greedy decoding:
+
+    for each decode step of each running request:
+        context  = prompt + tokens generated so far                  (the first token comes from prefill)
+        query    = last max_trie_depth tokens of the context          (ngram_worker._prepare_draft_tokens)
+        draft    = corpus.batch_get(rids, queries, total_lens)         # tokens [bs*d], mask [bs*d*d]
+        verify   = walk the draft against the recorded continuation   (greedy: the recording IS the target)
+        append   = accepted draft tokens + one bonus token
+        corpus.batch_put(queries)                                      (ngram_worker._update_ngram_corpus)
+    requests that left the batch: corpus.erase_match_state(rids)
+
+Greedy verification of a tree (what verify_tree_greedy computes): start at the root (the last context
+token); while some child of the current node carries the target's next token, accept it and descend; the
+target's prediction after the last accepted node is the bonus token. Accept length = accepted drafts + 1.
+Because the recording is the greedy target output, the replayed token stream equals the recording by
+construction, and only the accept lengths and the verify shapes are measured.
+
+Server facts this mirrors (SGLang 0.5.16 and 0.5.23, ngram_worker.py, identical in both):
+- the corpus is only fed the query window after each verify (prompts are not inserted at prefill), so a
+  request's last accepted tokens are never inserted;
+- inserts are asynchronous; the next draft preparation waits for them (`synchronize()`);
+- padding nodes are token 0 hung under the root; they are real tree nodes for the verify kernel.
+
+Verify shapes per step (tokens in the target forward pass of one request):
+- tree (today's SGLang): always d = --speculative-num-draft-tokens, root included, match or not;
+- chain: the root plus a path of at most k draft tokens (k = chain length); a request whose lookup finds no
+  real candidate is gated to a plain 1-token decode step (no-match gating).
+
+The end of a recording cuts the last step: a draft that matches past the last recorded token cannot earn
+a bonus token the recording does not have, so a step accepts at most (remaining - 1) drafts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+MODES = ("tree", "chain")
+MATCH_TYPES = ("BFS", "PROB")
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "smollm2_135m_greedy.jsonl"
+
+# SGLang's server defaults for the n-gram corpus (server_args.py, 0.5.16 and 0.5.23).
+SERVER_MAX_TRIE_DEPTH = 18
+SERVER_MIN_BFS_BREADTH = 1
+SERVER_MAX_BFS_BREADTH = 10
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the file and line."""
+
+
+class CostTableError(ValueError):
+    """A verify-cost table that cannot be used; the message names the file and the key."""
+
+
+# --------------------------------------------------------------------------------------------- trace
+@dataclass(frozen=True)
+class TraceRequest:
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    line: int  # 1-based line in the trace file
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: str
+    requests: tuple[TraceRequest, ...]
+    meta: dict = field(default_factory=dict)  # optional header line {"meta": {...}}
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens produced by decode steps (the first output token of each request comes from prefill)."""
+        return sum(max(0, len(r.output_ids) - 1) for r in self.requests)
+
+
+def _token_list(value, key: str, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: '{key}' must be a list of token ids, got {type(value).__name__}")
+    for i, tok in enumerate(value):
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+            raise TraceError(f"{where}: '{key}'[{i}] must be a non-negative integer token id, got {tok!r}")
+    return tuple(value)
+
+
+def parse_trace(lines: Iterable[str], path: str = "<trace>") -> Trace:
+    """Validate and parse JSON Lines: {"prompt_ids": [...], "output_ids": [...]} per line.
+
+    An optional first line {"meta": {...}} describes the trace (model, versions). Blank lines are skipped.
+    """
+    requests: list[TraceRequest] = []
+    meta: dict = {}
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
+        if "meta" in obj and "prompt_ids" not in obj:
+            if requests or meta:
+                raise TraceError(f"{where}: a {{\"meta\": ...}} header is only allowed as the first line")
+            if not isinstance(obj["meta"], dict):
+                raise TraceError(f"{where}: 'meta' must be a JSON object")
+            meta = obj["meta"]
+            continue
+        for key in ("prompt_ids", "output_ids"):
+            if key not in obj:
+                raise TraceError(f"{where}: missing key '{key}' (each line needs 'prompt_ids' and 'output_ids')")
+        prompt = _token_list(obj["prompt_ids"], "prompt_ids", where)
+        output = _token_list(obj["output_ids"], "output_ids", where)
+        if not prompt:
+            raise TraceError(f"{where}: 'prompt_ids' is empty (the corpus needs a non-empty context)")
+        requests.append(TraceRequest(prompt, output, lineno))
+    if not requests:
+        raise TraceError(f"{path}: no requests (expected one JSON object per line with 'prompt_ids' and 'output_ids')")
+    return Trace(path=str(path), requests=tuple(requests), meta=meta)
+
+
+def load_trace(path) -> Trace:
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"{path}: trace file not found")
+    with p.open(encoding="utf-8") as f:
+        return parse_trace(f, str(path))
+
+
+# ------------------------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One replayed verify shape. `size` is the tree width d (tokens per verify pass, root included) for
+    mode='tree', and the chain length k (draft tokens after the root) for mode='chain'."""
+
+    mode: str
+    size: int
+    match_type: str = "BFS"
+    max_trie_depth: int = SERVER_MAX_TRIE_DEPTH
+    min_bfs_breadth: int = SERVER_MIN_BFS_BREADTH
+    max_bfs_breadth: int = SERVER_MAX_BFS_BREADTH
+    capacity: int = 10_000_000
+    concurrency: int = 1  # requests decoded together; they share the corpus like one server batch
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.match_type not in MATCH_TYPES:
+            raise ValueError(f"--match-type must be one of {', '.join(MATCH_TYPES)}, got {self.match_type!r}")
+        if self.mode == "tree" and self.size < 2:
+            raise ValueError(f"--draft-tokens (tree width) must be >= 2 (root + 1 draft), got {self.size}")
+        if self.mode == "chain" and self.size < 1:
+            raise ValueError(f"--chain-lengths must be >= 1, got {self.size}")
+        for name in ("max_trie_depth", "min_bfs_breadth", "max_bfs_breadth", "capacity", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.min_bfs_breadth > self.max_bfs_breadth:
+            raise ValueError(f"--min-bfs-breadth ({self.min_bfs_breadth}) must be <= --max-bfs-breadth ({self.max_bfs_breadth})")
+
+    @property
+    def corpus_draft_tokens(self) -> int:
+        """draft_token_num the corpus is built with (root included)."""
+        return self.size if self.mode == "tree" else chain_corpus_width(self.size)
+
+    @property
+    def label(self) -> str:
+        return f"tree d={self.size}" if self.mode == "tree" else f"chain k={self.size}"
+
+
+# ------------------------------------------------------------------------------------ tree helpers
+def tree_parents(mask_rows: Sequence[Sequence[int]]) -> list[int]:
+    """Parent of each node from the corpus' ancestor mask ([d, d], row i = ancestors-or-self of i).
+
+    Node 0 is the root (parent -1). The parent is the ancestor one level up (depth = ancestors-or-self count).
+    """
+    depth = [int(sum(row)) for row in mask_rows]
+    parents = [-1]
+    for i in range(1, len(mask_rows)):
+        up = [j for j in range(i) if mask_rows[i][j] and depth[j] == depth[i] - 1]
+        if len(up) != 1:
+            raise ValueError(f"draft mask row {i} does not name exactly one parent (got {up})")
+        parents.append(up[0])
+    return parents
+
+
+def greedy_accept_tree(tokens: Sequence[int], parents: Sequence[int], target: Sequence[int]) -> list[int]:
+    """Indices of the accepted draft nodes (root excluded) when verifying greedily against `target`
+    (target[0] is the model's next token after the root, target[1] after that, ...).
+
+    At each node, children are tried in index order, as the verify kernel walks next_token/next_sibling.
+    """
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        if p >= 0:
+            children.setdefault(p, []).append(i)
+    accepted: list[int] = []
+    node = 0
+    while len(accepted) < len(target):
+        want = target[len(accepted)]
+        nxt = next((c for c in children.get(node, ()) if tokens[c] == want), None)
+        if nxt is None:
+            break
+        accepted.append(nxt)
+        node = nxt
+    return accepted
+
+
+def has_real_candidate(tokens: Sequence[int], parents: Sequence[int]) -> bool:
+    """False when the corpus found nothing: every non-root node is a token-0 pad under the root."""
+    return any(not (t == 0 and p == 0) for t, p in zip(tokens[1:], parents[1:]))
+
+
+# --- chain adapter ---------------------------------------------------------------------------------
+# Minimal internal stand-in for fastverify.chain (tree draft -> one chain) until that module lands;
+# replay switches to it then. Rule used here: the longest root-to-leaf path of real (non-pad) nodes,
+# ties to the path met first in the corpus' order, cut to k tokens.
+def chain_corpus_width(k: int) -> int:
+    return k + 1
+
+
+def _adapter_chain_from_tree(tokens: Sequence[int], parents: Sequence[int], k: int) -> list[int]:
+    n = len(tokens)
+    real = [i > 0 and not (tokens[i] == 0 and parents[i] == 0) for i in range(n)]
+    depth = [0] * n
+    best = 0
+    for i in range(1, n):
+        if real[i] and (parents[i] == 0 or real[parents[i]]):
+            depth[i] = depth[parents[i]] + 1
+            if depth[i] > depth[best]:
+                best = i
+        else:
+            real[i] = False
+    path = []
+    while best > 0:
+        path.append(tokens[best])
+        best = parents[best]
+    return path[::-1][:k]
+
+
+chain_from_tree = _adapter_chain_from_tree
+
+
+# ------------------------------------------------------------------------------------------ replay
+@dataclass
+class ReplayResult:
+    config: ReplayConfig
+    accept_lens: list[int] = field(default_factory=list)  # per step: accepted drafts + bonus
+    pass_tokens: list[int] = field(default_factory=list)  # per step: tokens in the verify pass
+    matched: list[bool] = field(default_factory=list)  # per step: the corpus offered a real candidate
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lens)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.accept_lens)
+
+    def summary(self) -> dict:
+        steps = max(1, self.steps)
+        hist = Counter(self.accept_lens)
+        return {
+            "mode": self.config.mode,
+            "size": self.config.size,
+            "label": self.config.label,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "mean_accept_length": self.tokens / steps,
+            "verified_tokens_per_step": sum(self.pass_tokens) / steps,
+            "match_rate": sum(self.matched) / steps,
+            "accept_length_hist": {str(k): hist[k] for k in sorted(hist)},
+        }
+
+
+CorpusFactory = Callable[[ReplayConfig], object]
+
+
+def sglang_corpus_factory(cfg: ReplayConfig):
+    """SGLang's installed n-gram corpus (C++, JIT-built on first use), configured like the server."""
+    try:
+        from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+    except ImportError as e:
+        raise RuntimeError(
+            f"replay needs SGLang's n-gram corpus (sglang.srt.speculative.cpp_ngram.ngram_corpus): {e}"
+        ) from e
+    return NgramCorpus(
+        max_trie_depth=cfg.max_trie_depth,
+        min_bfs_breadth=cfg.min_bfs_breadth,
+        max_bfs_breadth=cfg.max_bfs_breadth,
+        draft_token_num=cfg.corpus_draft_tokens,
+        match_type=cfg.match_type,
+        capacity=cfg.capacity,
+    )
+
+
+def _query_window(prompt: Sequence[int], out: Sequence[int], g: int, depth: int) -> list[int]:
+    """Last `depth` tokens of prompt + out[:g] (the worker's _efficient_concat_last_n)."""
+    tail = list(out[max(0, g - depth):g])
+    if len(tail) >= depth:
+        return tail[-depth:]
+    return list(prompt[-(depth - len(tail)):]) + tail
+
+
+def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sglang_corpus_factory,
+           progress: Optional[Callable[[int], None]] = None) -> ReplayResult:
+    """Replay every request of `trace` through a fresh corpus under `cfg` (see the module docstring)."""
+    corpus = corpus_factory(cfg)
+    d = cfg.corpus_draft_tokens
+    result = ReplayResult(cfg)
+    pending = [(f"r{i}", r) for i, r in enumerate(trace.requests) if len(r.output_ids) >= 2]
+    pending.reverse()
+    running: dict[str, list] = {}  # rid -> [request, generated count g]
+    prev_rids: set[str] = set()
+    while pending or running:
+        while pending and len(running) < cfg.concurrency:
+            rid, req = pending.pop()
+            running[rid] = [req, 1]  # output_ids[0] came from prefill
+        rids = list(running)
+        queries, total_lens = [], []
+        for rid in rids:
+            req, g = running[rid]
+            queries.append(_query_window(req.prompt_ids, req.output_ids, g, cfg.max_trie_depth))
+            total_lens.append(len(req.prompt_ids) + g)
+        corpus.synchronize()
+        flat_tokens, flat_mask = corpus.batch_get(rids, queries, total_lens)
+        flat_tokens = [int(t) for t in flat_tokens]
+        flat_mask = [int(m) for m in flat_mask]
+        for b, rid in enumerate(rids):
+            req, g = running[rid]
+            tokens = flat_tokens[b * d:(b + 1) * d]  # [d]
+            mask = [flat_mask[(b * d + i) * d:(b * d + i + 1) * d] for i in range(d)]  # [d, d]
+            parents = tree_parents(mask)
+            target = req.output_ids[g:len(req.output_ids) - 1]  # a bonus token must remain
+            matched = has_real_candidate(tokens, parents)
+            if cfg.mode == "tree":
+                accepted = len(greedy_accept_tree(tokens, parents, target))
+                passed = d
+            else:
+                chain = chain_from_tree(tokens, parents, cfg.size) if matched else []
+                accepted = 0
+                while accepted < min(len(chain), len(target)) and chain[accepted] == target[accepted]:
+                    accepted += 1
+                passed = 1 + len(chain)  # no real candidate -> plain decode step
+            result.accept_lens.append(accepted + 1)
+            result.pass_tokens.append(passed)
+            result.matched.append(matched)
+            running[rid][1] = g + accepted + 1
+            if progress is not None:
+                progress(accepted + 1)
+        corpus.batch_put(queries)
+        for rid in rids:
+            req, g = running[rid]
+            if g >= len(req.output_ids):
+                del running[rid]
+        departed = prev_rids - set(running)
+        if departed:
+            corpus.erase_match_state(sorted(departed))
+        prev_rids = set(running)
+    corpus.synchronize()
+    return result
+
+
+# -------------------------------------------------------------------------------------- cost model
+@dataclass(frozen=True)
+class CostTable:
+    """Per-request forward-pass times: decode_ms for one token without speculation, verify_ms[n] for a
+    verify pass of n tokens. Missing n between two given points is interpolated linearly."""
+
+    decode_ms: float
+    verify_ms: dict  # int tokens -> float ms
+    source: str = "<cost table>"
+
+    def pass_ms(self, n: int) -> float:
+        if n in self.verify_ms:
+            return self.verify_ms[n]
+        if n == 1:
+            return self.decode_ms
+        keys = sorted(self.verify_ms)
+        if not keys or n < keys[0] or n > keys[-1]:
+            raise CostTableError(
+                f"{self.source}: no verify time for {n} tokens (table covers {keys[0] if keys else '-'}"
+                f"..{keys[-1] if keys else '-'} tokens); add an entry for {n}"
+            )
+        lo = max(k for k in keys if k < n)
+        hi = min(k for k in keys if k > n)
+        w = (n - lo) / (hi - lo)
+        return self.verify_ms[lo] * (1 - w) + self.verify_ms[hi] * w
+
+
+def _positive_ms(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise CostTableError(f"{where} must be a positive number of milliseconds, got {value!r}")
+    return float(value)
+
+
+def parse_cost_table(obj, source: str = "<cost table>") -> CostTable:
+    """Accepts {"decode_ms": x, "verify_ms": {"1": ms, "2": ms, "8": ms, ...}} (keys: tokens in the pass)."""
+    if not isinstance(obj, dict):
+        raise CostTableError(f"{source}: expected a JSON object with 'decode_ms' and 'verify_ms'")
+    for key in ("decode_ms", "verify_ms"):
+        if key not in obj:
+            raise CostTableError(f"{source}: missing key '{key}' (format: {{\"decode_ms\": 30.0, "
+                                 f"\"verify_ms\": {{\"1\": 30.0, \"8\": 33.0}}}})")
+    decode = _positive_ms(obj["decode_ms"], f"{source}: 'decode_ms'")
+    if not isinstance(obj["verify_ms"], dict) or not obj["verify_ms"]:
+        raise CostTableError(f"{source}: 'verify_ms' must be a non-empty object mapping token counts to ms")
+    verify = {}
+    for k, v in obj["verify_ms"].items():
+        try:
+            n = int(k)
+        except (TypeError, ValueError):
+            raise CostTableError(f"{source}: 'verify_ms' key {k!r} is not a token count") from None
+        if n < 1:
+            raise CostTableError(f"{source}: 'verify_ms' key {k!r} must be >= 1")
+        verify[n] = _positive_ms(v, f"{source}: 'verify_ms'[{k!r}]")
+    return CostTable(decode, verify, source)
+
+
+def load_cost_table(path) -> CostTable:
+    p = Path(path)
+    if not p.is_file():
+        raise CostTableError(f"--cost-table {path}: file not found")
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CostTableError(f"--cost-table {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return parse_cost_table(obj, f"--cost-table {path}")
+
+
+def predict(result: ReplayResult, cost: CostTable) -> dict:
+    """Predicted single-stream decode throughput.
+
+    tokens/s = sum over steps of (accepted + 1) / sum over steps of t(tokens in that pass); with a fixed pass
+    size this is mean(accept length) / t(pass). No speculation: 1 token per decode pass, 1 / t_decode.
+    """
+    total_ms = sum(cost.pass_ms(n) for n in result.pass_tokens)
+    spec = result.tokens / total_ms * 1000.0 if total_ms > 0 else 0.0
+    base = 1000.0 / cost.decode_ms
+    return {"tokens_per_s": spec, "no_spec_tokens_per_s": base, "speedup": spec / base}
+
+
+# ------------------------------------------------------------------------------------------- report
+def _progress_bar(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is not None:
+        bar = tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, leave=False)
+        return bar.update, bar.close
+    state = {"done": 0, "next": 0}
+
+    def update(n):
+        state["done"] += n
+        if state["done"] >= state["next"]:
+            print(f"[replay] {desc}: {state['done']}/{total} tokens", file=sys.stderr)
+            state["next"] += max(1, total // 10)
+
+    return update, lambda: None
+
+
+def format_table(rows: list[dict]) -> str:
+    has_cost = any("tokens_per_s" in r for r in rows)
+    head = f"{'config':<12} {'steps':>7} {'mean accept':>11} {'tokens/step verified':>20} {'match rate':>10}"
+    if has_cost:
+        head += f" {'tok/s':>8} {'vs no-spec':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        line = (f"{r['label']:<12} {r['steps']:>7} {r['mean_accept_length']:>11.3f} "
+                f"{r['verified_tokens_per_step']:>20.2f} {r['match_rate']:>10.3f}")
+        if has_cost:
+            line += f" {r['tokens_per_s']:>8.1f} {r['speedup']:>9.2f}x"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: str, title: str, no_spec_tokens_per_s: Optional[float] = None) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError(f"--plot {out}: matplotlib is not installed (pip install matplotlib)") from None
+    has_cost = any("tokens_per_s" in r for r in rows)
+    fig, axes = plt.subplots(1, 3 if has_cost else 2, figsize=(15 if has_cost else 10, 4.2))
+    ax = axes[0]
+    maxlen = max(int(k) for r in rows for k in r["accept_length_hist"])
+    width = 0.8 / len(rows)
+    for i, r in enumerate(rows):
+        xs = list(range(1, maxlen + 1))
+        ys = [r["accept_length_hist"].get(str(x), 0) / max(1, r["steps"]) for x in xs]
+        ax.bar([x - 0.4 + (i + 0.5) * width for x in xs], ys, width=width, label=r["label"])
+    ax.set_xlabel("accept length (accepted drafts + bonus)")
+    ax.set_ylabel("fraction of steps")
+    ax.set_title("accept-length distribution")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for mode, marker in (("tree", "o"), ("chain", "s")):
+        pts = [r for r in rows if r["mode"] == mode]
+        if pts:
+            ax.plot([r["verified_tokens_per_step"] for r in pts], [r["mean_accept_length"] for r in pts],
+                    marker=marker, label=mode)
+            for r in pts:
+                ax.annotate(r["label"].split()[1], (r["verified_tokens_per_step"], r["mean_accept_length"]),
+                            fontsize=8, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("tokens verified per step")
+    ax.set_ylabel("mean accept length")
+    ax.set_title("acceptance vs verify cost in tokens")
+    ax.legend(fontsize=8)
+    if has_cost:
+        ax = axes[2]
+        ax.bar([r["label"] for r in rows], [r["tokens_per_s"] for r in rows])
+        if no_spec_tokens_per_s:
+            ax.axhline(no_spec_tokens_per_s, color="k", ls="--", label="no speculation")
+            ax.legend(fontsize=8)
+        ax.set_ylabel("predicted tokens/s (1 stream)")
+        ax.set_title("predicted throughput")
+        ax.tick_params(axis="x", rotation=45, labelsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _int_list(flag: str):
+    def parse(text: str) -> list[int]:
+        try:
+            vals = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}") from None
+        if not vals:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}")
+        return vals
+    return parse
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `replay` on a CLI's subparsers (fastverify/cli.py)."""
+    p = subparsers.add_parser(
+        "replay", help="replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)",
+        description=__doc__.split("\n\n")[0])
+    _fill_parser(p)
+    return p
+
+
+def _fill_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", nargs="?", default=None,
+                   help="JSON Lines trace, one {\"prompt_ids\": [...], \"output_ids\": [...]} per line "
+                        f"(default: the embedded trace {DEFAULT_TRACE.name})")
+    p.add_argument("--mode", choices=("tree", "chain", "both"), default="both")
+    p.add_argument("--draft-tokens", "--widths", dest="widths", type=_int_list("--draft-tokens"), default=[4, 8, 12],
+                   help="tree widths d (tokens per verify pass, root included), comma-separated (default 4,8,12)")
+    p.add_argument("--chain-lengths", type=_int_list("--chain-lengths"), default=[1, 2, 4, 8],
+                   help="chain lengths k (draft tokens after the root), comma-separated (default 1,2,4,8)")
+    p.add_argument("--match-type", choices=MATCH_TYPES, default="BFS")
+    p.add_argument("--max-trie-depth", type=int, default=SERVER_MAX_TRIE_DEPTH)
+    p.add_argument("--min-bfs-breadth", type=int, default=SERVER_MIN_BFS_BREADTH)
+    p.add_argument("--max-bfs-breadth", type=int, default=SERVER_MAX_BFS_BREADTH)
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="requests decoded together, sharing the corpus like one server batch (default 1)")
+    p.add_argument("--cost-table", default=None,
+                   help="JSON {\"decode_ms\": x, \"verify_ms\": {\"1\": ms, \"8\": ms, ...}}: predict tokens/s")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
+    p.set_defaults(func=run_cli)
+
+
+def configs_from_args(args) -> list[ReplayConfig]:
+    common = dict(match_type=args.match_type, max_trie_depth=args.max_trie_depth,
+                  min_bfs_breadth=args.min_bfs_breadth, max_bfs_breadth=args.max_bfs_breadth,
+                  concurrency=args.concurrency)
+    cfgs = []
+    if args.mode in ("tree", "both"):
+        cfgs += [ReplayConfig("tree", w, **common) for w in args.widths]
+    if args.mode in ("chain", "both"):
+        cfgs += [ReplayConfig("chain", k, **common) for k in args.chain_lengths]
+    return cfgs
+
+
+def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=None) -> int:
+    try:
+        trace = load_trace(args.trace or DEFAULT_TRACE)
+        cfgs = configs_from_args(args)
+        cost = load_cost_table(args.cost_table) if args.cost_table else None
+    except (TraceError, CostTableError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = []
+    for cfg in cfgs:
+        update, close = _progress_bar(trace.decode_tokens, cfg.label)
+        try:
+            res = replay(trace, cfg, corpus_factory, progress=update)
+        finally:
+            close()
+        row = res.summary()
+        if cost is not None:
+            try:
+                row.update(predict(res, cost))
+            except CostTableError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+        rows.append(row)
+    print(f"# trace {trace.path}: {len(trace.requests)} requests, {trace.decode_tokens} decode tokens"
+          + (f"; {trace.meta.get('model')}" if trace.meta.get("model") else ""))
+    print(f"# corpus: match_type={args.match_type} max_trie_depth={args.max_trie_depth} "
+          f"bfs_breadth={args.min_bfs_breadth}..{args.max_bfs_breadth} concurrency={args.concurrency}")
+    if cost is not None:
+        print(f"# cost table {cost.source}: no speculation {1000.0 / cost.decode_ms:.1f} tok/s")
+    print(format_table(rows))
+    if args.json_out:
+        out = {
+            "repro_command": _repro_command(argv),
+            "trace": {"path": str(trace.path), "requests": len(trace.requests),
+                      "decode_tokens": trace.decode_tokens, "meta": trace.meta},
+            "corpus": {k: v for k, v in asdict(cfgs[0]).items() if k not in ("mode", "size")} if cfgs else {},
+            "sglang_version": _sglang_version(),
+            "cost_table": ({"source": cost.source, "decode_ms": cost.decode_ms,
+                            "verify_ms": {str(k): v for k, v in sorted(cost.verify_ms.items())}} if cost else None),
+            "results": rows,
+        }
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"# wrote {args.json_out}")
+    if args.plot:
+        try:
+            Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+            plot(rows, args.plot, f"n-gram replay: {Path(trace.path).name}",
+                 1000.0 / cost.decode_ms if cost else None)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"# wrote {args.plot}")
+    return 0
+
+
+def _repro_command(argv) -> str:
+    cmd = list(argv if argv is not None else sys.argv[1:])
+    if cmd and cmd[0] == "replay":
+        cmd = cmd[1:]
+    return " ".join(["fastverify", "replay"] + cmd)
+
+
+def _sglang_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+        return version("sglang")
+    except Exception:
+        return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fastverify.replay", description=__doc__.split("\n\n")[0])
+    _fill_parser(p)
+    args = p.parse_args(argv)
+    return args.func(args, argv=argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
