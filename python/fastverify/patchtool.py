@@ -411,17 +411,17 @@ def _snapshot(root: Path, files) -> dict:
 class PatchState:
     patch: Patch
     state: str
-    failures: list = field(default_factory=list)  # drifted hunks
-    partial: list = field(default_factory=list)  # hunks already in place while others are not
+    failures: list = field(default_factory=list)  # hunks that apply in neither direction, missing files
+    in_place: list = field(default_factory=list)  # partly applied: hunks already there ...
+    not_in_place: list = field(default_factory=list)  # ... and hunks that are not
     output: str = ""
 
     def drift_message(self) -> str:
         lines = [f"patch {self.patch.name} no longer applies ({self.patch.subject or 'no subject'}):"]
-        for f in self.failures:
-            lines.append(f"  drifted: {f.describe()}")
-        for f in self.partial:
-            lines.append(f"  already in place while the rest of the patch is not: {f.describe()}")
-        if not self.failures and not self.partial:
+        lines += [f"  drifted: {f.describe()}" for f in self.failures]
+        lines += [f"  partly applied, this hunk is in place: {f.describe()}" for f in self.in_place]
+        lines += [f"  partly applied, this hunk is missing: {f.describe()}" for f in self.not_in_place]
+        if len(lines) == 1:
             lines.append("  patch reported: " + " | ".join(self.output.strip().splitlines()[-3:]))
         return "\n".join(lines)
 
@@ -478,13 +478,15 @@ def make_plan(target: Target, patches, *, log=None) -> Plan:
                 run_patch(ws, p)
                 states[p.name] = PatchState(p, APPLIED if p.name in applied else NOT_APPLIED, output=r.output)
                 continue
+            # forward failures: hunks not applicable; reverse failures: hunks not in place
             fwd = {(f.file, f.hunk): f for f in r.failures}
-            rev = {(f.file, f.hunk) for f in reverse_runs[p.name].failures}
-            both = [f for key, f in fwd.items() if key in rev or f.hunk is None]
-            half = [f for key, f in fwd.items() if key not in rev and f.hunk is not None]
-            states[p.name] = PatchState(p, DRIFTED, failures=both or ([] if half else list(fwd.values())),
-                                        partial=half if not both else [],
-                                        output=r.output + reverse_runs[p.name].output)
+            rev = {(f.file, f.hunk): f for f in reverse_runs[p.name].failures}
+            state = PatchState(p, DRIFTED, output=r.output + reverse_runs[p.name].output)
+            state.failures = [f for key, f in fwd.items() if key in rev or f.hunk is None]
+            if not state.failures:  # every hunk is fine one way or the other: a half-applied patch
+                state.in_place = [f for key, f in fwd.items() if key not in rev]
+                state.not_in_place = [f for key, f in rev.items() if key not in fwd]
+            states[p.name] = state
         final = _snapshot(ws, files)
     ordered = [states[p.name] for p in patches]
     if log is not None:
