@@ -1,0 +1,552 @@
+"""Verify-pass timing: where each TARGET_VERIFY (and, for comparison, decode) pass spends its GPU time.
+
+The server samples one pass in every ``interval`` passes of each mode and splits its GPU time into
+  pass      = first kernel of the forward .. last kernel of the forward (CUDA events on the stream)
+  all-reduce = sum of the TP all-reduce calls and fused all-reduce+RMSNorm calls inside the pass
+  compute   = pass - all-reduce
+and counts the verified tokens and requests of the pass. This module is the accounting; it never touches
+CUDA itself. It talks to the device through a ``DeviceClock`` (CUDA events in the server,
+``fastverify.glue.timing_hook``; a fake in the tests).
+
+How a sampled pass is measured (why, and its bias: docs/sections/verify-timing.md):
+the sampled pass runs eagerly instead of replaying its CUDA graph, with an event before and after every
+all-reduce. Before the pass the stream is held by a GPU busy-wait (``DeviceClock.hold``) long enough for
+the host to enqueue the whole pass, so the GPU then runs the queued kernels back to back, as a graph
+replay would, and host launch overhead does not show up as GPU time. A pass whose start the GPU reached
+before the host finished enqueuing it was starved by the host: it is dropped (counted as ``dropped``)
+and the next hold is doubled.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Protocol, Tuple
+
+MODES = ("verify", "decode")
+SPAN_KINDS = ("all_reduce", "allreduce_norm")  # plain TP all-reduce, fused all-reduce+residual+RMSNorm
+
+# Flag names (both SGLang series carry the same three flags).
+FLAG_ENABLE = "--enable-verify-timing"
+FLAG_INTERVAL = "--verify-timing-interval"
+FLAG_LOG_INTERVAL = "--verify-timing-log-interval"
+
+DEFAULT_INTERVAL = 500  # one sampled pass in 500 of each mode (overhead budget: see HoldController)
+DEFAULT_LOG_INTERVAL_S = 30.0
+
+HELP_ENABLE = (
+    "Time a sample of TARGET_VERIFY and decode passes on the GPU and split each into TP all-reduce and "
+    "compute time; exported as sglang:verify_* Prometheus histograms (with --enable-metrics) and a "
+    "periodic 'Verify timing' log line."
+)
+HELP_INTERVAL = (
+    "With --enable-verify-timing: time one pass in every N passes of each mode (verify, decode). "
+    f"Default {DEFAULT_INTERVAL}."
+)
+HELP_LOG_INTERVAL = (
+    "With --enable-verify-timing: seconds between two 'Verify timing' log lines (0 = no log line). "
+    f"Default {DEFAULT_LOG_INTERVAL_S:g}."
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration: flags -> one frozen dataclass (built once by the glue)
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimingConfig:
+    enabled: bool = False
+    interval: int = DEFAULT_INTERVAL
+    log_interval_s: float = DEFAULT_LOG_INTERVAL_S
+    tp_size: int = 1
+    tp_rank: int = 0
+    model_name: str = ""
+    export_metrics: bool = False  # --enable-metrics: Prometheus histograms
+    log_rank: bool = True  # this rank writes the log line (tp_rank 0)
+
+    @classmethod
+    def from_flags(
+        cls,
+        enable_verify_timing: Any = False,
+        verify_timing_interval: Any = DEFAULT_INTERVAL,
+        verify_timing_log_interval: Any = DEFAULT_LOG_INTERVAL_S,
+        *,
+        tp_size: int = 1,
+        tp_rank: int = 0,
+        model_name: str = "",
+        export_metrics: bool = False,
+    ) -> "TimingConfig":
+        """Validate the flag values; every bad value is an error naming the flag and what it accepts."""
+        if not isinstance(enable_verify_timing, bool):
+            raise ValueError(f"{FLAG_ENABLE} takes no value (a switch); got {enable_verify_timing!r}")
+        if isinstance(verify_timing_interval, bool) or not isinstance(verify_timing_interval, int):
+            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 1; got {verify_timing_interval!r}")
+        if verify_timing_interval < 1:
+            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 1; got {verify_timing_interval}")
+        if isinstance(verify_timing_log_interval, bool) or not isinstance(verify_timing_log_interval, (int, float)):
+            raise ValueError(f"{FLAG_LOG_INTERVAL} must be a number of seconds >= 0; got {verify_timing_log_interval!r}")
+        if not math.isfinite(verify_timing_log_interval) or verify_timing_log_interval < 0:
+            raise ValueError(f"{FLAG_LOG_INTERVAL} must be a number of seconds >= 0; got {verify_timing_log_interval}")
+        return cls(
+            enabled=enable_verify_timing,
+            interval=verify_timing_interval,
+            log_interval_s=float(verify_timing_log_interval),
+            tp_size=int(tp_size),
+            tp_rank=int(tp_rank),
+            model_name=str(model_name or ""),
+            export_metrics=bool(export_metrics),
+            log_rank=int(tp_rank) == 0,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling: deterministic per-mode pass counters
+# --------------------------------------------------------------------------------------------------
+class Sampler:
+    """Pass k (1-based) of a mode is sampled when k % interval == 0.
+
+    Deterministic on purpose: every TP rank runs the same sequence of passes, so every rank samples the
+    same pass. That matters: a sampled pass runs eagerly, and ranks that disagreed on graph vs eager
+    would call different communicators and hang.
+    """
+
+    def __init__(self, interval: int):
+        if interval < 1:
+            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 1; got {interval}")
+        self.interval = interval
+        self.passes: Dict[str, int] = {m: 0 for m in MODES}
+
+    def should_sample(self, mode: str) -> bool:
+        if mode not in self.passes:
+            raise ValueError(f"unknown pass mode {mode!r}; expected one of {MODES}")
+        self.passes[mode] += 1
+        return self.passes[mode] % self.interval == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# One measured pass
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassRecord:
+    mode: str  # "verify" | "decode"
+    pass_ms: float
+    allreduce_ms: float  # plain TP all-reduce calls
+    fused_ms: float  # fused all-reduce+RMSNorm calls
+    allreduce_calls: int
+    fused_calls: int
+    tokens: int  # tokens in the pass: bs * draft tokens for verify, bs for decode
+    requests: int
+
+    @property
+    def comm_ms(self) -> float:
+        return self.allreduce_ms + self.fused_ms
+
+    @property
+    def compute_ms(self) -> float:
+        return self.pass_ms - self.comm_ms
+
+    @property
+    def comm_calls(self) -> int:
+        return self.allreduce_calls + self.fused_calls
+
+
+def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], tokens: int, requests: int) -> PassRecord:
+    """Fold the (kind, ms) spans of one pass into a record."""
+    if mode not in MODES:
+        raise ValueError(f"unknown pass mode {mode!r}; expected one of {MODES}")
+    totals = {k: 0.0 for k in SPAN_KINDS}
+    calls = {k: 0 for k in SPAN_KINDS}
+    for kind, ms in spans:
+        if kind not in totals:
+            raise ValueError(f"unknown span kind {kind!r}; expected one of {SPAN_KINDS}")
+        totals[kind] += ms
+        calls[kind] += 1
+    return PassRecord(
+        mode=mode,
+        pass_ms=pass_ms,
+        allreduce_ms=totals["all_reduce"],
+        fused_ms=totals["allreduce_norm"],
+        allreduce_calls=calls["all_reduce"],
+        fused_calls=calls["allreduce_norm"],
+        tokens=int(tokens),
+        requests=int(requests),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Aggregation and the log line
+# --------------------------------------------------------------------------------------------------
+def percentile(values: List[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class ModeSummary:
+    mode: str
+    samples: int
+    pass_ms: float  # means over the window, so pass = all-reduce + compute holds exactly
+    comm_ms: float
+    fused_ms: float
+    compute_ms: float
+    comm_calls: float
+    fused_calls: float
+    tokens: float
+    requests: float
+    p50_pass_ms: float
+    p90_pass_ms: float
+    p99_pass_ms: float
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_ms / self.pass_ms if self.pass_ms > 0 else 0.0
+
+    @property
+    def us_per_call(self) -> float:
+        return 1000.0 * self.comm_ms / self.comm_calls if self.comm_calls else 0.0
+
+
+def summarize(mode: str, records: List[PassRecord]) -> ModeSummary:
+    if not records:
+        raise ValueError(f"no {mode} records to summarize")
+    n = len(records)
+
+    def mean(f: Callable[[PassRecord], float]) -> float:
+        return sum(f(r) for r in records) / n
+
+    passes = [r.pass_ms for r in records]
+    return ModeSummary(
+        mode=mode,
+        samples=n,
+        pass_ms=mean(lambda r: r.pass_ms),
+        comm_ms=mean(lambda r: r.comm_ms),
+        fused_ms=mean(lambda r: r.fused_ms),
+        compute_ms=mean(lambda r: r.compute_ms),
+        comm_calls=mean(lambda r: r.comm_calls),
+        fused_calls=mean(lambda r: r.fused_calls),
+        tokens=mean(lambda r: r.tokens),
+        requests=mean(lambda r: r.requests),
+        p50_pass_ms=percentile(passes, 50),
+        p90_pass_ms=percentile(passes, 90),
+        p99_pass_ms=percentile(passes, 99),
+    )
+
+
+def _count(x: float) -> str:
+    """A mean count: '8' when whole, else one decimal ('12.5')."""
+    return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.1f}"
+
+
+def format_mode(s: ModeSummary) -> str:
+    """One mode's part of the log line, e.g.
+
+    verify: 30.1 ms, all-reduce 24.9 ms (83%), 8 tok, 1 req, compute 5.2 ms, 122 calls 204.1 us/call, p90 31.2 ms, n 12
+    A fused all-reduce+RMSNorm share is added after the call count when the pass had fused calls:
+    ..., 122 calls 204.1 us/call (fused 61 calls 12.0 ms), ...
+    """
+    text = (
+        f"{s.mode}: {s.pass_ms:.1f} ms, all-reduce {s.comm_ms:.1f} ms ({100 * s.comm_share:.0f}%), "
+        f"{_count(s.tokens)} tok, {_count(s.requests)} req, compute {s.compute_ms:.1f} ms, "
+        f"{_count(s.comm_calls)} calls {s.us_per_call:.1f} us/call"
+    )
+    if s.fused_calls:
+        text += f" (fused {_count(s.fused_calls)} calls {s.fused_ms:.1f} ms)"
+    return text + f", p90 {s.p90_pass_ms:.1f} ms, n {s.samples}"
+
+
+def format_log_line(summaries: List[ModeSummary], tp_rank: int, tp_size: int, dropped: int) -> str:
+    """'Verify timing [tp 0/2], verify: ... | decode: ..., dropped 0' (modes in MODES order)."""
+    parts = " | ".join(format_mode(s) for s in summaries)
+    return f"Verify timing [tp {tp_rank}/{tp_size}], {parts}, dropped {dropped}"
+
+
+class Aggregator:
+    """Per-mode window of records between two log lines, plus lifetime counters."""
+
+    def __init__(self):
+        self.window: Dict[str, List[PassRecord]] = {m: [] for m in MODES}
+        self.window_dropped = 0
+        self.total: Dict[str, int] = {m: 0 for m in MODES}
+        self.total_dropped: Dict[str, int] = {m: 0 for m in MODES}
+
+    def add(self, record: PassRecord) -> None:
+        self.window[record.mode].append(record)
+        self.total[record.mode] += 1
+
+    def drop(self, mode: str) -> None:
+        self.window_dropped += 1
+        self.total_dropped[mode] += 1
+
+    def empty(self) -> bool:
+        return not any(self.window.values())
+
+    def flush(self) -> Tuple[List[ModeSummary], int]:
+        summaries = [summarize(m, self.window[m]) for m in MODES if self.window[m]]
+        dropped = self.window_dropped
+        self.window = {m: [] for m in MODES}
+        self.window_dropped = 0
+        return summaries, dropped
+
+
+# --------------------------------------------------------------------------------------------------
+# Prometheus metrics (names, labels, buckets)
+# --------------------------------------------------------------------------------------------------
+METRIC_LABELS = ("model_name", "mode", "tp_size", "tp_rank")
+# 0.25 ms .. 1 s: a decode pass of a small model on NVLink is ~5 ms, the reference Kimi-K2.5 verify
+# pass on 8x PCIe was ~30 ms, its all-reduce share ~25 ms.
+SECONDS_BUCKETS = (
+    0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02,
+    0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+CALL_BUCKETS = (0, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512)
+SHARE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+METRIC_HELP = {
+    "sglang:verify_pass_seconds": "GPU time of a sampled forward pass (mode=verify: TARGET_VERIFY, mode=decode: plain decode).",
+    "sglang:verify_allreduce_seconds": "GPU time inside TP all-reduce and fused all-reduce+RMSNorm calls of a sampled pass.",
+    "sglang:verify_fused_allreduce_norm_seconds": "GPU time inside fused all-reduce+RMSNorm calls of a sampled pass (part of verify_allreduce_seconds).",
+    "sglang:verify_compute_seconds": "GPU time of a sampled pass outside all-reduces (pass - all-reduce).",
+    "sglang:verify_allreduce_share": "All-reduce share of a sampled pass's GPU time (0..1).",
+    "sglang:verify_pass_tokens": "Tokens in a sampled pass (verified tokens for mode=verify, batch size for decode).",
+    "sglang:verify_pass_requests": "Requests in a sampled pass.",
+    "sglang:verify_allreduce_calls": "All-reduce calls (plain + fused) in a sampled pass.",
+    "sglang:verify_timing_samples": "Sampled passes by outcome: recorded, or dropped (the host could not enqueue the pass before the GPU reached it).",
+}
+
+
+class VerifyMetrics:
+    """The Prometheus side. ``prometheus`` is the prometheus_client module (imported by the caller after
+    PROMETHEUS_MULTIPROC_DIR is set, as SGLang's own collectors do); ``registry`` None = its default."""
+
+    def __init__(self, prometheus: Any, config: TimingConfig, registry: Any = None):
+        kw = {} if registry is None else {"registry": registry}
+        H, C = prometheus.Histogram, prometheus.Counter
+        names = list(METRIC_LABELS)
+
+        def hist(name: str, buckets) -> Any:
+            return H(name=name, documentation=METRIC_HELP[name], labelnames=names, buckets=buckets, **kw)
+
+        self.pass_seconds = hist("sglang:verify_pass_seconds", SECONDS_BUCKETS)
+        self.allreduce_seconds = hist("sglang:verify_allreduce_seconds", SECONDS_BUCKETS)
+        self.fused_seconds = hist("sglang:verify_fused_allreduce_norm_seconds", SECONDS_BUCKETS)
+        self.compute_seconds = hist("sglang:verify_compute_seconds", SECONDS_BUCKETS)
+        self.share = hist("sglang:verify_allreduce_share", SHARE_BUCKETS)
+        self.tokens = hist("sglang:verify_pass_tokens", TOKEN_BUCKETS)
+        self.requests = hist("sglang:verify_pass_requests", TOKEN_BUCKETS)
+        self.calls = hist("sglang:verify_allreduce_calls", CALL_BUCKETS)
+        self.samples = C(
+            name="sglang:verify_timing_samples",
+            documentation=METRIC_HELP["sglang:verify_timing_samples"],
+            labelnames=names + ["outcome"],
+            **kw,
+        )
+        self._base = {"model_name": config.model_name, "tp_size": str(config.tp_size), "tp_rank": str(config.tp_rank)}
+
+    def _labels(self, mode: str) -> Dict[str, str]:
+        return dict(self._base, mode=mode)
+
+    def observe(self, r: PassRecord) -> None:
+        lab = self._labels(r.mode)
+        self.pass_seconds.labels(**lab).observe(r.pass_ms / 1000.0)
+        self.allreduce_seconds.labels(**lab).observe(r.comm_ms / 1000.0)
+        self.fused_seconds.labels(**lab).observe(r.fused_ms / 1000.0)
+        self.compute_seconds.labels(**lab).observe(r.compute_ms / 1000.0)
+        self.share.labels(**lab).observe(r.comm_ms / r.pass_ms if r.pass_ms > 0 else 0.0)
+        self.tokens.labels(**lab).observe(r.tokens)
+        self.requests.labels(**lab).observe(r.requests)
+        self.calls.labels(**lab).observe(r.comm_calls)
+        self.samples.labels(outcome="recorded", **lab).inc()
+
+    def dropped(self, mode: str) -> None:
+        self.samples.labels(outcome="dropped", **self._labels(mode)).inc()
+
+
+# --------------------------------------------------------------------------------------------------
+# The hold before a sampled pass
+# --------------------------------------------------------------------------------------------------
+class HoldController:
+    """Sizes the GPU busy-wait that precedes a sampled eager pass.
+
+    The hold must outlast the host's enqueue of the whole eager pass (so the GPU then runs it back to
+    back); anything longer is pure overhead. Target = 1.5 x the last measured host enqueue time, within
+    [min_ms, max_ms]; a starved sample doubles it. The busy-wait is given in GPU clock cycles, so the
+    cycles-per-ms rate is re-estimated from every measured hold (events around the busy-wait).
+
+    Overhead per sampled pass ~= hold + (eager GPU time - graph GPU time); one sample in ``interval``
+    passes. Example: 30 ms extra per sample, 10 ms passes, interval 500 -> 30 / (500 * 10) = 0.6%.
+    """
+
+    def __init__(self, min_ms: float = 2.0, max_ms: float = 250.0, cycles_per_ms: float = 1.5e6):
+        self.min_ms = min_ms
+        self.max_ms = max_ms
+        self.cycles_per_ms = cycles_per_ms  # 1.5 GHz first guess; H200 SM clock is up to 1.98 GHz
+        self.target_ms = min_ms * 5
+
+    def cycles(self) -> int:
+        return int(self.target_ms * self.cycles_per_ms)
+
+    def observe(self, cycles: int, hold_ms: float, enqueue_ms: float, starved: bool) -> None:
+        if hold_ms > 0 and cycles > 0:
+            self.cycles_per_ms = cycles / hold_ms
+        if starved:
+            self.target_ms = min(self.max_ms, 2.0 * max(self.target_ms, enqueue_ms))
+        else:
+            self.target_ms = min(self.max_ms, max(self.min_ms, 1.5 * enqueue_ms))
+
+
+# --------------------------------------------------------------------------------------------------
+# The pass timer: sampling -> marks on the stream -> records -> metrics and log line
+# --------------------------------------------------------------------------------------------------
+class DeviceClock(Protocol):
+    def mark(self) -> Any:
+        """Record a timing event on the current stream now; return it."""
+
+    def done(self, mark: Any) -> bool:
+        """The GPU has passed the mark."""
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """GPU milliseconds between two completed marks."""
+
+    def hold(self, cycles: int) -> None:
+        """Enqueue a GPU busy-wait of about ``cycles`` clock cycles on the current stream."""
+
+
+@dataclass
+class _OpenPass:
+    mode: str
+    tokens: int
+    requests: int
+    cycles: int
+    hold_start: Any
+    start: Any
+    host_start: float
+    spans: List[Tuple[str, Any, Any]] = field(default_factory=list)
+    end: Any = None
+    enqueue_ms: float = 0.0
+    starved: bool = False
+
+
+class PassTimer:
+    """Owns sampling, the open pass, the pending (not yet completed on the GPU) passes and the sinks.
+
+    The glue calls: ``begin(mode, tokens, requests)`` before a forward (True = this pass is sampled and
+    must run eagerly), ``span(kind)`` around each all-reduce while a pass is open, ``end()`` after the
+    forward, and ``poll()`` whenever convenient (it only queries events; it never waits on the GPU).
+    """
+
+    def __init__(
+        self,
+        config: TimingConfig,
+        clock: DeviceClock,
+        *,
+        metrics: Optional[VerifyMetrics] = None,
+        log: Optional[Callable[[str], None]] = None,
+        host_clock: Callable[[], float] = time.perf_counter,
+        hold: Optional[HoldController] = None,
+    ):
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics
+        self.log = log
+        self.host_clock = host_clock
+        self.hold = hold or HoldController()
+        self.sampler = Sampler(config.interval)
+        self.aggregator = Aggregator()
+        self.open: Optional[_OpenPass] = None
+        self._in_call = False
+        self.pending: Deque[_OpenPass] = deque()
+        self.last_log = host_clock()
+        self.records: Deque[PassRecord] = deque(maxlen=256)  # recent records, for inspection
+
+    # -- pass boundaries ---------------------------------------------------------------------------
+    def begin(self, mode: str, tokens: int, requests: int) -> bool:
+        self.poll()
+        if self.open is not None or not self.sampler.should_sample(mode):
+            return False
+        cycles = self.hold.cycles()
+        hold_start = self.clock.mark()
+        self.clock.hold(cycles)
+        start = self.clock.mark()
+        self.open = _OpenPass(mode, int(tokens), int(requests), cycles, hold_start, start, self.host_clock())
+        return True
+
+    def end(self) -> None:
+        p = self.open
+        if p is None:
+            return
+        self.open = None
+        p.end = self.clock.mark()
+        p.enqueue_ms = 1000.0 * (self.host_clock() - p.host_start)
+        # Host finished enqueuing; if the GPU already passed the pass's start mark, it ran (part of)
+        # the pass as fast as the host fed it: launch gaps would count as GPU time. Drop it.
+        p.starved = self.clock.done(p.start)
+        self.pending.append(p)
+
+    def abort(self) -> None:
+        """The forward raised: forget the open pass (its marks may be incomplete)."""
+        self.open = None
+
+    def timed_call(self, kind: str, fn: Callable, args: tuple, kwargs: dict, applied: Optional[Callable[[Any], bool]] = None):
+        """Run ``fn(*args, **kwargs)``; while a sampled pass is open, bracket it with two marks.
+
+        ``applied(result)`` False discards the span (a fused call that declined and fell back to a plain
+        all-reduce, which is then timed on its own). A call nested in a timed call is not timed again.
+        """
+        p = self.open
+        if p is None or self._in_call:
+            return fn(*args, **kwargs)
+        if kind not in SPAN_KINDS:
+            raise ValueError(f"unknown span kind {kind!r}; expected one of {SPAN_KINDS}")
+        a = self.clock.mark()
+        self._in_call = True
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            self._in_call = False
+        b = self.clock.mark()
+        if applied is None or applied(out):
+            p.spans.append((kind, a, b))
+        return out
+
+    # -- completion --------------------------------------------------------------------------------
+    def poll(self) -> None:
+        while self.pending and self.clock.done(self.pending[0].end):
+            self._complete(self.pending.popleft())
+        self._maybe_log()
+
+    def _complete(self, p: _OpenPass) -> None:
+        ms = self.clock.elapsed_ms
+        hold_ms = ms(p.hold_start, p.start)
+        self.hold.observe(p.cycles, hold_ms, p.enqueue_ms, p.starved)
+        if p.starved:
+            self.aggregator.drop(p.mode)
+            if self.metrics is not None:
+                self.metrics.dropped(p.mode)
+            return
+        record = build_record(p.mode, ms(p.start, p.end), [(k, ms(a, b)) for k, a, b in p.spans], p.tokens, p.requests)
+        self.records.append(record)
+        self.aggregator.add(record)
+        if self.metrics is not None:
+            self.metrics.observe(record)
+
+    def _maybe_log(self) -> None:
+        if self.log is None or not self.config.log_rank or self.config.log_interval_s <= 0:
+            return
+        now = self.host_clock()
+        if now - self.last_log < self.config.log_interval_s:
+            return
+        if self.aggregator.empty() and not self.aggregator.window_dropped:
+            return
+        self.last_log = now
+        summaries, dropped = self.aggregator.flush()
+        if summaries:
+            self.log(format_log_line(summaries, self.config.tp_rank, self.config.tp_size, dropped))
+        else:
+            self.log(f"Verify timing [tp {self.config.tp_rank}/{self.config.tp_size}], no pass recorded, dropped {dropped}")
