@@ -390,7 +390,7 @@ class HoldController:
         self.target_ms = min_ms * 5
 
     def cycles(self) -> int:
-        return int(self.target_ms * self.cycles_per_ms)
+        return int(round(self.target_ms * self.cycles_per_ms))
 
     def observe(self, cycles: int, hold_ms: float, enqueue_ms: float, starved: bool) -> None:
         if hold_ms > 0 and cycles > 0:
