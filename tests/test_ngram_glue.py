@@ -1,0 +1,138 @@
+"""Glue of patch 0005 (fastverify.glue.ngram), and the patched SGLang worker's draft path in tree and chain mode."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastverify.chain import ChainConfig
+from fastverify.glue import ngram as g
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cfg(**kw):
+    base = dict(speculative_ngram_verify_mode="tree", speculative_num_draft_tokens=8,
+                speculative_ngram_match_type="BFS")
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_spec_overrides():
+    assert g.spec_overrides(cfg()) == {}
+    assert g.spec_overrides(cfg(speculative_ngram_verify_mode="chain")) == {
+        "speculative_eagle_topk": 1, "speculative_num_steps": 7}
+    with pytest.raises(ValueError, match="--speculative-ngram-verify-mode chain cannot be combined with --enable-watermark"):
+        g.spec_overrides(cfg(speculative_ngram_verify_mode="chain", enable_watermark=True))
+    with pytest.raises(ValueError, match="--speculative-ngram-verify-mode must be one of tree, chain"):
+        g.spec_overrides(cfg(speculative_ngram_verify_mode="path"))
+
+
+def test_dummy_mask_and_device():
+    import torch
+
+    m = torch.ones(4, dtype=torch.bool)
+    assert g.dummy_custom_mask("tree", m) is m and g.dummy_custom_mask("chain", m) is None
+    assert g.verify_input_device(None, torch.zeros(2), None) == torch.device("cpu")
+
+
+def test_hook_chain_and_accounting():
+    h = g.NgramVerifyHook(ChainConfig(mode="chain", num_draft_tokens=4), log_interval=2)
+    toks = np.array([3, 4, 44, 55, 9, 0, 0, 0])
+    mask = np.concatenate([np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]).reshape(-1),
+                           np.tril(np.ones((4, 4)))[:, :].reshape(-1) * 0 + np.eye(4).reshape(-1)])
+    mask[16:20] = [1, 0, 0, 0]
+    mask[20:24] = [1, 1, 0, 0]
+    mask[24:28] = [1, 0, 1, 0]
+    mask[28:32] = [1, 0, 0, 1]
+    ct, cm = h.after_batch_get(toks, mask, 2)
+    assert ct.tolist() == [3, 44, 55, 0, 9, 0, 0, 0]
+    h.on_verify_complete([2, 0])
+    s = h.stats.summary()
+    assert s["accept_length"] == 2.0 and s["verified_tokens_per_step"] == 8 and s["no_match_fraction"] == 0.5
+    tree = g.NgramVerifyHook(ChainConfig(mode="tree", num_draft_tokens=4))
+    t2, m2 = tree.after_batch_get(toks, mask, 2)
+    assert t2 is toks and m2 is mask
+
+
+def _patched_sglang(tmp_path_factory):
+    """Folder holding a copy of the installed SGLang with patch 0005 (or None if the install already has it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        pytest.skip("SGLang is not installed")
+    pkg = Path(spec.submodule_search_locations[0])
+    from importlib.metadata import version as dist_version
+
+    version = dist_version("sglang")
+    patch = ROOT / "patches" / f"sglang-{version}" / "0005-ngram-chain-verify.patch"
+    if not patch.exists():
+        pytest.skip(f"no series for SGLang {version}")
+    if "fv_ngram" in (pkg / "srt" / "speculative" / "ngram_info.py").read_text():
+        return None, version
+    dst = tmp_path_factory.mktemp("sglang-patched")
+    shutil.copytree(pkg, dst / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-i", str(patch)], cwd=dst, check=True)
+    return dst, version
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    folder, version = _patched_sglang(tmp_path_factory)
+    model = tmp_path_factory.mktemp("tiny-model")
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 1000,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5}))
+    env = dict(os.environ)
+    paths = ([str(folder)] if folder else []) + [str(ROOT / "python"), str(ROOT / "tests" / "stubs")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+    sp = Path(__import__("sglang").__path__[0]) if folder is None else folder / "sglang"
+    result_h = next(sp.glob("**/csrc/ngram_corpus/result.h"))
+    if version == "0.5.16" and "<cstddef>" not in result_h.read_text():
+        env["CXX"] = "c++ -include cstddef"  # 0.5.16 without patch 0001 does not build with GCC 12
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "ngram_probe.py"), str(model)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    return json.loads(line[0][6:])
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_flags(probe):
+    assert probe["args_chain"] == {"speculative_ngram_verify_mode": "chain", "speculative_eagle_topk": 1,
+                                   "speculative_num_steps": 7, "speculative_num_draft_tokens": 8}
+    # the same flags in tree mode hit stock SGLang's topk>1 + page_size>1 restriction, which chain mode lifts
+    assert "only supported for the 'flashinfer' backend" in probe["args_tree"]["error"]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_worker_tree_mode_is_stock(probe):
+    w = probe["worker_tree"]
+    assert not w["mask_is_none"]
+    assert w["draft"][:2] == [[3, 4, 44, 5, 55, 6, 66, 77], [44, 55, 66, 77, 88, 99, 100, 0]]
+    assert w["positions"][0] == [4, 5, 5, 6, 6, 7, 7, 8]
+    assert w["next_token"][0] == [1, 3, 4, 5, 6, -1, 7, -1]
+    assert w["next_sibling"][0][:3] == [-1, 2, -1]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_worker_chain_mode(probe):
+    w = probe["worker_chain"]
+    assert w["mask_is_none"] and w["device"] == "cpu"
+    assert w["draft"] == [[3, 44, 55, 66, 77, 0, 0, 0], [44, 55, 66, 77, 88, 99, 100, 0], [999] + [0] * 7]
+    assert w["positions"] == [list(range(s, s + 8)) for s in (4, 3, 3)]
+    assert w["next_token"] == [[1, 2, 3, 4, 5, 6, 7, -1]] * 3
+    assert w["next_sibling"] == [[-1] * 8] * 3
+    assert w["retrieve_index"] == [list(range(b * 8, b * 8 + 8)) for b in range(3)]
+    s = w["stats"]
+    assert s["steps"] == 1 and s["no_match_fraction"] == pytest.approx(1 / 3) and s["verified_tokens_per_step"] == 24
