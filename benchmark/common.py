@@ -194,7 +194,7 @@ def time_graph_us(fn: Callable[[], Any], replays: int, warmup: int = 3, stream=N
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
+    with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
         fn()
     torch.cuda.synchronize()
     for _ in range(warmup):
