@@ -140,7 +140,8 @@ def load_trace(path) -> Trace:
 @dataclass(frozen=True)
 class ReplayConfig:
     """One replayed verify shape. `size` is the tree width d (tokens per verify pass, root included) for
-    mode='tree', and the chain length k (draft tokens after the root) for mode='chain'."""
+    mode='tree', and the chain length L (draft tokens after the root) for mode='chain', which the server runs as
+    --speculative-ngram-verify-mode chain --speculative-num-draft-tokens L+1."""
 
     mode: str
     size: int
@@ -148,7 +149,7 @@ class ReplayConfig:
     max_trie_depth: int = SERVER_MAX_TRIE_DEPTH
     min_bfs_breadth: int = SERVER_MIN_BFS_BREADTH
     max_bfs_breadth: int = SERVER_MAX_BFS_BREADTH
-    capacity: int = 10_000_000
+    capacity: int = 1_000_000  # server default 10M; only matters once the trie is full (10M costs ~20 s to build)
     concurrency: int = 1  # requests decoded together; they share the corpus like one server batch
 
     def __post_init__(self):
@@ -173,7 +174,7 @@ class ReplayConfig:
 
     @property
     def label(self) -> str:
-        return f"tree d={self.size}" if self.mode == "tree" else f"chain k={self.size}"
+        return f"tree d={self.size}" if self.mode == "tree" else f"chain L={self.size}"
 
 
 # ------------------------------------------------------------------------------------ tree helpers
@@ -219,43 +220,46 @@ def has_real_candidate(tokens: Sequence[int], parents: Sequence[int]) -> bool:
     return any(not (t == 0 and p == 0) for t, p in zip(tokens[1:], parents[1:]))
 
 
-# --- chain adapter ---------------------------------------------------------------------------------
-# Minimal internal stand-in for fastverify.chain (tree draft -> one chain) until that module lands;
-# replay switches to it then. Rule used here: the longest root-to-leaf path of real (non-pad) nodes,
-# ties to the path met first in the corpus' order, cut to k tokens.
-def chain_corpus_width(k: int) -> int:
-    return k + 1
+# --- chain reduction: fastverify.chain (the same code the patched server runs) ---------------------
+def chain_corpus_width(length: int) -> int:
+    """Chain of `length` draft tokens = --speculative-num-draft-tokens length + 1 (root included)."""
+    return length + 1
 
 
-def _adapter_chain_from_tree(tokens: Sequence[int], parents: Sequence[int], k: int) -> list[int]:
-    n = len(tokens)
-    real = [i > 0 and not (tokens[i] == 0 and parents[i] == 0) for i in range(n)]
-    depth = [0] * n
-    best = 0
-    for i in range(1, n):
-        if real[i] and (parents[i] == 0 or real[parents[i]]):
-            depth[i] = depth[parents[i]] + 1
-            if depth[i] > depth[best]:
-                best = i
-        else:
-            real[i] = False
-    path = []
-    while best > 0:
-        path.append(tokens[best])
-        best = parents[best]
-    return path[::-1][:k]
+def _mask_from_parents(parents: Sequence[int]) -> list[list[int]]:
+    d = len(parents)
+    rows = []
+    for i in range(d):
+        row = [0] * d
+        j = i
+        while j >= 0:
+            row[j] = 1
+            j = parents[j]
+        rows.append(row)
+    return rows
 
 
-chain_from_tree = _adapter_chain_from_tree
+def _adapter_chain_from_tree(tokens: Sequence[int], parents: Sequence[int], k: int,
+                             match_type: str = "BFS") -> list[int]:
+    """Real draft tokens of the corpus' best path (fastverify.chain.extract_chains), cut to k tokens."""
+    from fastverify.chain import extract_chains
+
+    chain_tokens, chain_len = extract_chains([list(tokens)], [_mask_from_parents(parents)], match_type)
+    n = int(chain_len[0])
+    return [int(t) for t in chain_tokens[0, 1:1 + n]][:k]
 
 
 # ------------------------------------------------------------------------------------------ replay
 @dataclass
 class ReplayResult:
     config: ReplayConfig
-    accept_lens: list[int] = field(default_factory=list)  # per step: accepted drafts + bonus
-    pass_tokens: list[int] = field(default_factory=list)  # per step: tokens in the verify pass
-    matched: list[bool] = field(default_factory=list)  # per step: the corpus offered a real candidate
+    buckets: tuple = ()  # captured verify widths assumed for no-match gating (() = only d)
+    accept_lens: list[int] = field(default_factory=list)  # per request-step: accepted drafts + bonus
+    matched: list[bool] = field(default_factory=list)  # per request-step: the corpus offered a real candidate
+    draft_lens: list[int] = field(default_factory=list)  # per request-step: real draft tokens verified
+    step_static: list[int] = field(default_factory=list)  # per batch step: tokens verified at width d (bs*d)
+    step_planned: list[int] = field(default_factory=list)  # per batch step: tokens with no-match gating
+    step_bs: list[int] = field(default_factory=list)  # per batch step: requests in the batch
 
     @property
     def steps(self) -> int:
@@ -272,10 +276,14 @@ class ReplayResult:
             "mode": self.config.mode,
             "size": self.config.size,
             "label": self.config.label,
+            "num_draft_tokens": self.config.corpus_draft_tokens,
             "steps": self.steps,
+            "batch_steps": len(self.step_bs),
             "tokens": self.tokens,
             "mean_accept_length": self.tokens / steps,
-            "verified_tokens_per_step": sum(self.pass_tokens) / steps,
+            "verified_tokens_per_step": sum(self.step_static) / steps,
+            "gated_tokens_per_step": sum(self.step_planned) / steps,
+            "drafted_tokens_per_step": sum(self.draft_lens) / steps,
             "match_rate": sum(self.matched) / steps,
             "accept_length_hist": {str(k): hist[k] for k in sorted(hist)},
         }
@@ -310,12 +318,35 @@ def _query_window(prompt: Sequence[int], out: Sequence[int], g: int, depth: int)
     return list(prompt[-(depth - len(tail)):]) + tail
 
 
+def _step_drafts(cfg: ReplayConfig, flat_tokens, flat_mask, bs: int):
+    """Corpus output of one batch step -> per request (tokens [d], parents [d], real draft length), in the
+    shape the server verifies: the tree as is, or the chain fastverify.chain reduces it to."""
+    from fastverify import chain as fc
+
+    d = cfg.corpus_draft_tokens
+    if cfg.mode == "chain":
+        flat_tokens, flat_mask, lens = fc.reduce_to_chain(flat_tokens, flat_mask, d, cfg.match_type)
+    else:
+        lens = fc.real_draft_lengths(flat_tokens, flat_mask, d)
+    tokens = [[int(t) for t in row] for row in flat_tokens.reshape(bs, d)]  # [bs, d]
+    parents = fc.tree_parents(flat_mask.reshape(bs, d, d)).tolist()  # [bs, d]
+    return tokens, parents, [int(x) for x in lens]
+
+
 def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sglang_corpus_factory,
-           progress: Optional[Callable[[int], None]] = None) -> ReplayResult:
-    """Replay every request of `trace` through a fresh corpus under `cfg` (see the module docstring)."""
+           progress: Optional[Callable[[int], None]] = None, buckets: Sequence[int] = ()) -> ReplayResult:
+    """Replay every request of `trace` through a fresh corpus under `cfg` (see the module docstring).
+
+    `buckets`: verify widths assumed captured for no-match gating (fastverify.chain.plan_verify); widths above
+    the config's d are ignored. The static count (every step verifies d tokens per request) is always reported.
+    """
+    import numpy as np
+    from fastverify.chain import plan_verify
+
     corpus = corpus_factory(cfg)
     d = cfg.corpus_draft_tokens
-    result = ReplayResult(cfg)
+    buckets = tuple(sorted({int(w) for w in buckets if 1 <= int(w) <= d}))
+    result = ReplayResult(cfg, buckets)
     pending = [(f"r{i}", r) for i, r in enumerate(trace.requests) if len(r.output_ids) >= 2]
     pending.reverse()
     running: dict[str, list] = {}  # rid -> [request, generated count g]
@@ -331,28 +362,21 @@ def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sgla
             queries.append(_query_window(req.prompt_ids, req.output_ids, g, cfg.max_trie_depth))
             total_lens.append(len(req.prompt_ids) + g)
         corpus.synchronize()
-        flat_tokens, flat_mask = corpus.batch_get(rids, queries, total_lens)
-        flat_tokens = [int(t) for t in flat_tokens]
-        flat_mask = [int(m) for m in flat_mask]
+        flat_tokens, flat_mask = corpus.batch_get(rids, queries, total_lens)  # [bs*d], [bs*d*d]
+        tokens, parents, lens = _step_drafts(cfg, np.asarray(flat_tokens), np.asarray(flat_mask), len(rids))
+        plan = plan_verify(lens, d, buckets)
+        result.step_bs.append(len(rids))
+        result.step_static.append(plan.tokens_static)
+        result.step_planned.append(plan.tokens_planned)
         for b, rid in enumerate(rids):
             req, g = running[rid]
-            tokens = flat_tokens[b * d:(b + 1) * d]  # [d]
-            mask = [flat_mask[(b * d + i) * d:(b * d + i + 1) * d] for i in range(d)]  # [d, d]
-            parents = tree_parents(mask)
             target = req.output_ids[g:len(req.output_ids) - 1]  # a bonus token must remain
-            matched = has_real_candidate(tokens, parents)
-            if cfg.mode == "tree":
-                accepted = len(greedy_accept_tree(tokens, parents, target))
-                passed = d
-            else:
-                chain = chain_from_tree(tokens, parents, cfg.size) if matched else []
-                accepted = 0
-                while accepted < min(len(chain), len(target)) and chain[accepted] == target[accepted]:
-                    accepted += 1
-                passed = 1 + len(chain)  # no real candidate -> plain decode step
+            # The server as it runs today verifies all d nodes, pads included; a pad is accepted only where the
+            # target itself emits token 0, so gated steps would differ only there.
+            accepted = len(greedy_accept_tree(tokens[b], parents[b], target))
             result.accept_lens.append(accepted + 1)
-            result.pass_tokens.append(passed)
-            result.matched.append(matched)
+            result.matched.append(lens[b] > 0)
+            result.draft_lens.append(lens[b])
             running[rid][1] = g + accepted + 1
             if progress is not None:
                 progress(accepted + 1)
@@ -437,15 +461,22 @@ def load_cost_table(path) -> CostTable:
 
 
 def predict(result: ReplayResult, cost: CostTable) -> dict:
-    """Predicted single-stream decode throughput.
+    """Predicted single-stream decode throughput (needs a replay with concurrency 1).
 
     tokens/s = sum over steps of (accepted + 1) / sum over steps of t(tokens in that pass); with a fixed pass
-    size this is mean(accept length) / t(pass). No speculation: 1 token per decode pass, 1 / t_decode.
+    size this is mean(accept length) / t(pass). "static": every step verifies d tokens (stock SGLang, and the
+    chain patch as it runs today); "gated": a step with no real candidate is a plain decode (t_decode) and a
+    step with one verifies the smallest captured width that fits it. No speculation: 1 / t_decode.
     """
-    total_ms = sum(cost.pass_ms(n) for n in result.pass_tokens)
-    spec = result.tokens / total_ms * 1000.0 if total_ms > 0 else 0.0
+    if any(bs != 1 for bs in result.step_bs):
+        raise CostTableError(f"{cost.source}: throughput predictions model one stream; replay with --concurrency 1")
+    static_ms = sum(cost.pass_ms(n) for n in result.step_static)
+    gated_ms = sum(cost.pass_ms(n) for n in result.step_planned)
     base = 1000.0 / cost.decode_ms
-    return {"tokens_per_s": spec, "no_spec_tokens_per_s": base, "speedup": spec / base}
+    spec = result.tokens / static_ms * 1000.0
+    gated = result.tokens / gated_ms * 1000.0
+    return {"tokens_per_s": spec, "gated_tokens_per_s": gated, "no_spec_tokens_per_s": base,
+            "speedup": spec / base, "gated_speedup": gated / base}
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -470,15 +501,17 @@ def _progress_bar(total: int, desc: str):
 
 def format_table(rows: list[dict]) -> str:
     has_cost = any("tokens_per_s" in r for r in rows)
-    head = f"{'config':<12} {'steps':>7} {'mean accept':>11} {'tokens/step verified':>20} {'match rate':>10}"
+    head = (f"{'config':<12} {'flag d':>6} {'steps':>7} {'accept len':>10} {'verified/step':>13} "
+            f"{'gated/step':>10} {'match rate':>10}")
     if has_cost:
-        head += f" {'tok/s':>8} {'vs no-spec':>10}"
+        head += f" {'tok/s':>8} {'x no-spec':>9} {'gated tok/s':>11} {'x no-spec':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        line = (f"{r['label']:<12} {r['steps']:>7} {r['mean_accept_length']:>11.3f} "
-                f"{r['verified_tokens_per_step']:>20.2f} {r['match_rate']:>10.3f}")
+        line = (f"{r['label']:<12} {r['num_draft_tokens']:>6} {r['steps']:>7} {r['mean_accept_length']:>10.3f} "
+                f"{r['verified_tokens_per_step']:>13.2f} {r['gated_tokens_per_step']:>10.2f} {r['match_rate']:>10.3f}")
         if has_cost:
-            line += f" {r['tokens_per_s']:>8.1f} {r['speedup']:>9.2f}x"
+            line += (f" {r['tokens_per_s']:>8.1f} {r['speedup']:>8.2f}x"
+                     f" {r['gated_tokens_per_s']:>11.1f} {r['gated_speedup']:>8.2f}x")
         lines.append(line)
     return "\n".join(lines)
 
@@ -508,7 +541,9 @@ def plot(rows: list[dict], out: str, title: str, no_spec_tokens_per_s: Optional[
         pts = [r for r in rows if r["mode"] == mode]
         if pts:
             ax.plot([r["verified_tokens_per_step"] for r in pts], [r["mean_accept_length"] for r in pts],
-                    marker=marker, label=mode)
+                    marker=marker, label=f"{mode} (every step verifies d)")
+            ax.plot([r["gated_tokens_per_step"] for r in pts], [r["mean_accept_length"] for r in pts],
+                    marker=marker, ls="--", mfc="none", label=f"{mode}, no-match gating")
             for r in pts:
                 ax.annotate(r["label"].split()[1], (r["verified_tokens_per_step"], r["mean_accept_length"]),
                             fontsize=8, xytext=(3, 3), textcoords="offset points")
@@ -518,10 +553,13 @@ def plot(rows: list[dict], out: str, title: str, no_spec_tokens_per_s: Optional[
     ax.legend(fontsize=8)
     if has_cost:
         ax = axes[2]
-        ax.bar([r["label"] for r in rows], [r["tokens_per_s"] for r in rows])
+        xs = list(range(len(rows)))
+        ax.bar([x - 0.2 for x in xs], [r["tokens_per_s"] for r in rows], width=0.4, label="every step verifies d")
+        ax.bar([x + 0.2 for x in xs], [r["gated_tokens_per_s"] for r in rows], width=0.4, label="no-match gating")
+        ax.set_xticks(xs, [r["label"] for r in rows])
         if no_spec_tokens_per_s:
             ax.axhline(no_spec_tokens_per_s, color="k", ls="--", label="no speculation")
-            ax.legend(fontsize=8)
+        ax.legend(fontsize=8)
         ax.set_ylabel("predicted tokens/s (1 stream)")
         ax.set_title("predicted throughput")
         ax.tick_params(axis="x", rotation=45, labelsize=8)
@@ -542,6 +580,12 @@ def _int_list(flag: str):
             raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}")
         return vals
     return parse
+
+
+def _buckets(text: str):
+    if text.strip() == "all":
+        return tuple(range(1, 1025))
+    return tuple(_int_list("--buckets")(text))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -566,19 +610,26 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-trie-depth", type=int, default=SERVER_MAX_TRIE_DEPTH)
     p.add_argument("--min-bfs-breadth", type=int, default=SERVER_MIN_BFS_BREADTH)
     p.add_argument("--max-bfs-breadth", type=int, default=SERVER_MAX_BFS_BREADTH)
+    p.add_argument("--buckets", type=_buckets, default=(),
+                   help="verify widths assumed captured for no-match gating: comma-separated, or 'all' (1..d); "
+                        "default: only d (a step with no real candidate becomes a plain decode, others verify d)")
+    p.add_argument("--capacity", type=int, default=1_000_000,
+                   help="trie node capacity (server default 10,000,000; equal results until the trie fills up)")
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests decoded together, sharing the corpus like one server batch (default 1)")
     p.add_argument("--cost-table", default=None,
                    help="JSON {\"decode_ms\": x, \"verify_ms\": {\"1\": ms, \"8\": ms, ...}}: predict tokens/s")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
+    p.add_argument("--from-json", default=None, metavar="RESULT.json",
+                   help="print and plot a saved --json result instead of replaying (no SGLang needed)")
     p.set_defaults(func=run_cli)
 
 
 def configs_from_args(args) -> list[ReplayConfig]:
     common = dict(match_type=args.match_type, max_trie_depth=args.max_trie_depth,
                   min_bfs_breadth=args.min_bfs_breadth, max_bfs_breadth=args.max_bfs_breadth,
-                  concurrency=args.concurrency)
+                  concurrency=args.concurrency, capacity=args.capacity)
     cfgs = []
     if args.mode in ("tree", "both"):
         cfgs += [ReplayConfig("tree", w, **common) for w in args.widths]
@@ -587,9 +638,34 @@ def configs_from_args(args) -> list[ReplayConfig]:
     return cfgs
 
 
+def _replot(args) -> int:
+    try:
+        saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        rows = saved["results"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: --from-json {args.from_json}: not a replay result ({e})", file=sys.stderr)
+        return 2
+    print(f"# {args.from_json}: {saved.get('repro_command', '')}")
+    print(format_table(rows))
+    if args.plot:
+        cost = saved.get("cost_table")
+        try:
+            plot(rows, args.plot, f"n-gram replay: {Path(saved['trace']['path']).name}",
+                 1000.0 / cost["decode_ms"] if cost else None)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"# wrote {args.plot}")
+    return 0
+
+
 def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=None) -> int:
+    if args.from_json:
+        return _replot(args)
     try:
         trace = load_trace(args.trace or DEFAULT_TRACE)
+        if args.trace is None:  # name the embedded trace the same way on every machine
+            trace = Trace(f"fastverify/data/{DEFAULT_TRACE.name}", trace.requests, trace.meta)
         cfgs = configs_from_args(args)
         cost = load_cost_table(args.cost_table) if args.cost_table else None
     except (TraceError, CostTableError, ValueError) as e:
@@ -599,7 +675,7 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
     for cfg in cfgs:
         update, close = _progress_bar(trace.decode_tokens, cfg.label)
         try:
-            res = replay(trace, cfg, corpus_factory, progress=update)
+            res = replay(trace, cfg, corpus_factory, progress=update, buckets=args.buckets)
         finally:
             close()
         row = res.summary()
@@ -613,7 +689,8 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
     print(f"# trace {trace.path}: {len(trace.requests)} requests, {trace.decode_tokens} decode tokens"
           + (f"; {trace.meta.get('model')}" if trace.meta.get("model") else ""))
     print(f"# corpus: match_type={args.match_type} max_trie_depth={args.max_trie_depth} "
-          f"bfs_breadth={args.min_bfs_breadth}..{args.max_bfs_breadth} concurrency={args.concurrency}")
+          f"bfs_breadth={args.min_bfs_breadth}..{args.max_bfs_breadth} concurrency={args.concurrency}; "
+          f"gating buckets: {'all widths' if len(args.buckets) > 64 else (args.buckets or 'd only')}")
     if cost is not None:
         print(f"# cost table {cost.source}: no speculation {1000.0 / cost.decode_ms:.1f} tok/s")
     print(format_table(rows))
@@ -623,6 +700,7 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
             "trace": {"path": str(trace.path), "requests": len(trace.requests),
                       "decode_tokens": trace.decode_tokens, "meta": trace.meta},
             "corpus": {k: v for k, v in asdict(cfgs[0]).items() if k not in ("mode", "size")} if cfgs else {},
+            "gating_buckets": "all" if len(args.buckets) > 64 else list(args.buckets),
             "sglang_version": _sglang_version(),
             "cost_table": ({"source": cost.source, "decode_ms": cost.decode_ms,
                             "verify_ms": {str(k): v for k, v in sorted(cost.verify_ms.items())}} if cost else None),

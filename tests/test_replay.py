@@ -1,0 +1,278 @@
+"""fastverify.replay: trace validation, greedy acceptance, cost model, and replays through SGLang's own corpus."""
+import json
+
+import pytest
+
+from fastverify import replay as rp
+
+# ------------------------------------------------------------------------------------ trace validation
+
+
+def _write(tmp_path, text, name="t.jsonl"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+GOOD = '{"prompt_ids": [1, 2], "output_ids": [3, 4]}\n'
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (GOOD + "{not json\n", r"t\.jsonl:2: not valid JSON"),
+        (GOOD + GOOD + "[1, 2]\n", r"t\.jsonl:3: expected a JSON object per line, got list"),
+        (GOOD + '{"prompt_ids": [1]}\n', r"t\.jsonl:2: missing key 'output_ids'"),
+        ('{"output_ids": [1]}\n', r"t\.jsonl:1: missing key 'prompt_ids'"),
+        (GOOD + '\n{"prompt_ids": [1, "a"], "output_ids": [2]}\n', r"t\.jsonl:3: 'prompt_ids'\[1\] must be a non-negative integer"),
+        ('{"prompt_ids": [1], "output_ids": [2, -5]}\n', r"t\.jsonl:1: 'output_ids'\[1\] must be a non-negative"),
+        ('{"prompt_ids": [1], "output_ids": [true]}\n', r"t\.jsonl:1: 'output_ids'\[0\] must be"),
+        ('{"prompt_ids": [1], "output_ids": "abc"}\n', r"t\.jsonl:1: 'output_ids' must be a list"),
+        ('{"prompt_ids": [], "output_ids": [2]}\n', r"t\.jsonl:1: 'prompt_ids' is empty"),
+        (GOOD + '{"meta": {"model": "x"}}\n', r"t\.jsonl:2: a \{\"meta\": ...\} header is only allowed as the first line"),
+        ("\n\n", r"t\.jsonl: no requests"),
+    ],
+)
+def test_trace_errors_name_the_line(tmp_path, text, match):
+    with pytest.raises(rp.TraceError, match=match):
+        rp.load_trace(_write(tmp_path, text))
+
+
+def test_trace_missing_file(tmp_path):
+    with pytest.raises(rp.TraceError, match="trace file not found"):
+        rp.load_trace(tmp_path / "nope.jsonl")
+
+
+def test_trace_header_and_extra_keys(tmp_path):
+    t = rp.load_trace(_write(tmp_path, '{"meta": {"model": "m"}}\n' + '{"kind": "code", "prompt_ids": [5], '
+                                       '"output_ids": [6, 7, 8]}\n\n' + GOOD))
+    assert t.meta == {"model": "m"}
+    assert [r.line for r in t.requests] == [2, 4]
+    assert t.requests[0].prompt_ids == (5,) and t.requests[0].output_ids == (6, 7, 8)
+    assert t.decode_tokens == 2 + 1
+
+
+# ---------------------------------------------------------------------------------- greedy acceptance
+# Hand-drawn tree (node: token), root 0 holds the last context token:
+#        0:9
+#       /    \
+#     1:5    2:7
+#     |      /  \
+#    3:6   4:8  5:4
+#                |
+#               6:2
+TREE_TOKENS = [9, 5, 7, 6, 8, 4, 2]
+TREE_PARENTS = [-1, 0, 0, 1, 2, 2, 5]
+
+
+def _mask(parents):
+    return rp._mask_from_parents(parents)
+
+
+def test_tree_parents_from_mask():
+    assert rp.tree_parents(_mask(TREE_PARENTS)) == TREE_PARENTS
+
+
+@pytest.mark.parametrize(
+    "target, accepted",
+    [
+        ([7, 4, 2, 1], [2, 5, 6]),  # deepest branch fully matched; bonus is target[3]
+        ([7, 8, 3], [2, 4]),
+        ([5, 6, 6], [1, 3]),
+        ([5, 7], [1]),  # 7 is a child of the root, not of node 1
+        ([3], []),
+        ([7, 4], [2, 5]),  # target shorter than the branch: capped by what the recording holds
+    ],
+)
+def test_greedy_accept_tree(target, accepted):
+    assert rp.greedy_accept_tree(TREE_TOKENS, TREE_PARENTS, target) == accepted
+
+
+def test_real_candidate_detection():
+    assert not rp.has_real_candidate([9, 0, 0, 0], [-1, 0, 0, 0])
+    assert rp.has_real_candidate([9, 3, 0, 0], [-1, 0, 0, 0])
+
+
+# ------------------------------------------------------------------------------------------ cost model
+
+
+def test_cost_table_math_by_hand():
+    cost = rp.parse_cost_table({"decode_ms": 10.0, "verify_ms": {"1": 10.0, "2": 11.0, "8": 14.0}})
+    assert cost.pass_ms(1) == 10.0 and cost.pass_ms(8) == 14.0
+    assert cost.pass_ms(5) == pytest.approx(11.0 + (14.0 - 11.0) * 3 / 6)  # linear between 2 and 8: 12.5
+    # 4 steps of one stream: accept lengths 1, 3, 2, 1 (7 tokens); every step verifies 8 tokens; with gating the
+    # two no-match steps are plain decodes and the two others verify 8.
+    res = rp.ReplayResult(rp.ReplayConfig("tree", 8), accept_lens=[1, 3, 2, 1], matched=[False, True, True, False],
+                          draft_lens=[0, 5, 2, 0], step_static=[8, 8, 8, 8], step_planned=[1, 8, 8, 1],
+                          step_bs=[1, 1, 1, 1])
+    p = rp.predict(res, cost)
+    assert p["no_spec_tokens_per_s"] == pytest.approx(100.0)  # 1 / 10 ms
+    assert p["tokens_per_s"] == pytest.approx(7 / (4 * 14.0) * 1000)  # 125.0
+    assert p["gated_tokens_per_s"] == pytest.approx(7 / (10 + 14 + 14 + 10) * 1000)  # 145.83
+    assert p["speedup"] == pytest.approx(1.25)
+
+
+def test_cost_table_errors(tmp_path):
+    with pytest.raises(rp.CostTableError, match="missing key 'verify_ms'"):
+        rp.parse_cost_table({"decode_ms": 3})
+    with pytest.raises(rp.CostTableError, match=r"'decode_ms' must be a positive number"):
+        rp.parse_cost_table({"decode_ms": -1, "verify_ms": {"1": 1}})
+    with pytest.raises(rp.CostTableError, match=r"key 'eight' is not a token count"):
+        rp.parse_cost_table({"decode_ms": 1, "verify_ms": {"eight": 1}})
+    cost = rp.parse_cost_table({"decode_ms": 1, "verify_ms": {"2": 1, "4": 2}}, "c.json")
+    with pytest.raises(rp.CostTableError, match="c.json: no verify time for 9 tokens"):
+        cost.pass_ms(9)
+    with pytest.raises(rp.CostTableError, match="not valid JSON"):
+        rp.load_cost_table(_write(tmp_path, "{", "c.json"))
+    res = rp.ReplayResult(rp.ReplayConfig("tree", 2), accept_lens=[1, 1], step_static=[4], step_planned=[2],
+                          step_bs=[2])
+    with pytest.raises(rp.CostTableError, match="--concurrency 1"):
+        rp.predict(res, cost)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="mode must be one of tree, chain"):
+        rp.ReplayConfig("fan", 4)
+    with pytest.raises(ValueError, match="--match-type must be one of BFS, PROB"):
+        rp.ReplayConfig("tree", 4, match_type="LRU")
+    with pytest.raises(ValueError, match="tree width"):
+        rp.ReplayConfig("tree", 1)
+    with pytest.raises(ValueError, match="--chain-lengths must be >= 1"):
+        rp.ReplayConfig("chain", 0)
+
+
+def test_cli_bad_trace_exits_2(tmp_path, capsys):
+    bad = _write(tmp_path, GOOD + "oops\n")
+    assert rp.main([str(bad)]) == 2
+    assert "t.jsonl:2: not valid JSON" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- replays through the corpus
+# Prompt 1 2 3, then a period of five new tokens repeated three times.
+HAND = '{"prompt_ids": [1, 2, 3], "output_ids": [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11, 12, 13, 14]}\n'
+
+
+@pytest.fixture(scope="module")
+def corpus_factory():
+    pytest.importorskip("sglang.srt.speculative.cpp_ngram.ngram_corpus")
+    return rp.sglang_corpus_factory
+
+
+@pytest.fixture(scope="module")
+def hand_trace(tmp_path_factory):
+    p = tmp_path_factory.mktemp("hand") / "hand.jsonl"
+    p.write_text(HAND)
+    return rp.load_trace(p)
+
+
+# Expected accept lengths, worked out by hand from the server's protocol (query = last 18 context tokens,
+# insert the same window after each verify, prompts never inserted) and the corpus' BFS rule:
+#   g=1..5 (contexts end in 10..14): each last token is new to the corpus -> no match, accept 1 (5 steps).
+#   d=8, g=6: context ends "14 10"; only the suffix [10] matches; it continues 11 12 13 14 (window of step g=5),
+#     the draft is 10|11 12 13 14 + 3 pads; all four match (target 11 12 13 14), bonus 10 -> 5.
+#   d=8, g=11: deepest suffix [10 11 12 13 14 10] has no child; suffix [10] now continues 11 12 13 14 10, but only
+#     3 drafts fit before the recording's end (a bonus token must remain) -> 4. Total 5 + 5 + 4 = 14 tokens.
+#   d=4, g=6: 3 drafts 11 12 13 all match, bonus 14 -> 4.
+#   d=4, g=10: context ends "...13 14"; every matching suffix continues only with 10 (windows end there) -> the
+#     draft is 14|10 + 2 pads; 10 matches, bonus 11 -> 2.
+#   d=4, g=12: deepest suffix [10 11 12 13 14 10 11] continues 12 13 14; 2 may be accepted before the end -> 3.
+HAND_EXPECTED = {
+    ("tree", 8): [1, 1, 1, 1, 1, 5, 4],
+    ("tree", 4): [1, 1, 1, 1, 1, 4, 2, 3],
+    ("chain", 4): [1, 1, 1, 1, 1, 5, 4],  # d=5: the tree is already one path: 11 12 13 14 at g=6
+    ("chain", 2): [1, 1, 1, 1, 1, 3, 3, 3],  # d=3: 11 12 | 14 10 | 12 13, each fully accepted
+}
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, size", list(HAND_EXPECTED))
+def test_hand_trace_exact_accept_lengths(corpus_factory, hand_trace, mode, size):
+    cfg = rp.ReplayConfig(mode, size)
+    res = rp.replay(hand_trace, cfg, corpus_factory)
+    assert res.accept_lens == HAND_EXPECTED[(mode, size)]
+    assert res.tokens == hand_trace.decode_tokens == 14  # the replay reproduces the recording, token for token
+    d = cfg.corpus_draft_tokens
+    assert res.step_static == [d] * res.steps
+    # gating: the five no-match steps are plain decodes, the others verify d
+    assert res.step_planned == [1] * 5 + [d] * (res.steps - 5)
+
+
+class RecordingCorpus:
+    """The real corpus, with its inserts and state erasures recorded (to check the server protocol)."""
+
+    def __init__(self, inner):
+        self.inner, self.puts, self.erased, self.gets = inner, [], [], []
+
+    def synchronize(self):
+        self.inner.synchronize()
+
+    def batch_get(self, rids, queries, total_lens):
+        self.gets.append((list(rids), [list(q) for q in queries], list(total_lens)))
+        return self.inner.batch_get(rids, queries, total_lens)
+
+    def batch_put(self, queries):
+        self.puts.append([list(q) for q in queries])
+        self.inner.batch_put(queries)
+
+    def erase_match_state(self, rids):
+        self.erased.append(list(rids))
+        self.inner.erase_match_state(rids)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_server_protocol_two_streams(corpus_factory, tmp_path):
+    trace = rp.load_trace(_write(tmp_path, HAND + '{"prompt_ids": [7], "output_ids": [8, 9, 8]}\n'))
+    made = []
+
+    def factory(cfg):
+        made.append(RecordingCorpus(corpus_factory(cfg)))
+        return made[-1]
+
+    cfg = rp.ReplayConfig("tree", 4, max_trie_depth=3, concurrency=2)
+    res = rp.replay(trace, cfg, factory)
+    rec = made[0]
+    assert rec.gets[0] == (["r0", "r1"], [[2, 3, 10], [7, 8]], [4, 2])  # last 3 context tokens; prompt + g
+    assert rec.puts[0] == rec.gets[0][1]  # the server inserts the query windows after verify
+    assert all(put == get[1] for put, get in zip(rec.puts, rec.gets))
+    assert len(res.step_bs) == len(rec.gets) and res.step_bs[0] == 2
+    assert ["r1"] in rec.erased  # the short request leaves first and its match state is erased
+    assert res.tokens == trace.decode_tokens
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_default_trace_sane(corpus_factory):
+    trace = rp.load_trace(rp.DEFAULT_TRACE)
+    assert len(trace.requests) >= 12 and trace.meta.get("model_file", "").endswith(".gguf")
+    for cfg in (rp.ReplayConfig("chain", 1), rp.ReplayConfig("tree", 8)):
+        res = rp.replay(trace, cfg, corpus_factory)
+        s = res.summary()
+        assert res.tokens == trace.decode_tokens
+        assert 1.0 <= s["mean_accept_length"]
+        assert max(res.accept_lens) <= cfg.corpus_draft_tokens
+        assert 0.0 < s["match_rate"] < 1.0
+        assert s["gated_tokens_per_step"] <= s["verified_tokens_per_step"]
+        if cfg.mode == "chain":
+            assert max(res.accept_lens) <= 2 and s["mean_accept_length"] <= 2
+        else:
+            assert s["verified_tokens_per_step"] == 8  # stock tree: every step verifies all 8 nodes
+            assert s["mean_accept_length"] > 1.05  # real outputs repeat themselves: the tree earns something
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_cli_json_and_cost_prediction(corpus_factory, tmp_path, capsys):
+    trace = _write(tmp_path, HAND, "hand.jsonl")
+    cost = _write(tmp_path, json.dumps({"decode_ms": 10, "verify_ms": {"2": 11, "8": 14}}), "cost.json")
+    out = tmp_path / "r.json"
+    argv = [str(trace), "--mode", "tree", "--draft-tokens", "8", "--cost-table", str(cost), "--json", str(out)]
+    assert rp.main(argv) == 0
+    saved = json.loads(out.read_text())
+    row = saved["results"][0]
+    assert saved["repro_command"] == "fastverify replay " + " ".join(argv)
+    assert row["steps"] == 7 and row["tokens"] == 14 and row["accept_length_hist"] == {"1": 5, "4": 1, "5": 1}
+    assert row["tokens_per_s"] == pytest.approx(14 / (7 * 14) * 1000)  # 7 verify passes of 8 tokens at 14 ms
+    assert row["gated_tokens_per_s"] == pytest.approx(14 / (5 * 10 + 2 * 14) * 1000)
+    assert "tree d=8" in capsys.readouterr().out
