@@ -17,7 +17,7 @@ LINE=$(awk -v v="$VER" '$1==v' "$ROOT/pins.txt")
 [ -n "$LINE" ] || { echo "error: SGLang $VER is not in pins.txt (supported: $(awk '!/^#/ && NF {print $1}' "$ROOT/pins.txt" | xargs))" >&2; exit 2; }
 pin() { echo "$LINE" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 TORCH=$(pin torch_test)
-KEY=$(cat "$0" "$ROOT/pins.txt" $(find "$ROOT/tests/stubs" -type f -name '*.py' | sort) | sha256sum | cut -c1-16)
+KEY=$(cat "$0" "$ROOT/pins.txt" $(find "$ROOT/tests/stubs/torchvision" -type f -name "*.py" | sort) | sha256sum | cut -c1-16)
 if [ -f "$VENV/.fastverify-stamp" ] && [ "$(cat "$VENV/.fastverify-stamp")" = "$KEY" ]; then
   echo "[setup $VER] environment up to date: $VENV"; exit 0
 fi
