@@ -223,7 +223,7 @@ def measured_best(rows, *, sm: int, fabric: str, tp: int, payload_bytes: int, ca
 # the decision
 # ----------------------------------------------------------------------------------------------------
 
-def _plan(path: str, sglang_version, reason: str) -> AllReducePlan:
+def plan_for_path(path: str, sglang_version, reason: str) -> AllReducePlan:
     pcie_ipc = has_pcie_ipc(sglang_version)
     if path == "nccl":
         fields = {"disable_custom_all_reduce": True, "flashinfer_allreduce_fusion_backend": None}
@@ -242,14 +242,14 @@ def _plan(path: str, sglang_version, reason: str) -> AllReducePlan:
 def _explicit(choice: str, sglang_version, topo: Topology, tp_size: int, nnodes: int,
               flashinfer_version) -> AllReducePlan:
     if choice == "nccl":
-        return _plan("nccl", sglang_version, "requested: every TP all-reduce through NCCL")
+        return plan_for_path("nccl", sglang_version, "requested: every TP all-reduce through NCCL")
     if choice == "custom":
         if tp_size > 2 and topo.has_nvlink is False:
             raise AllReduceConfigError(
                 f"--tp-allreduce custom: SGLang disables its custom all-reduce on more than two PCIe-only GPUs "
                 f"(TP {tp_size} without NVLink). Allowed here: "
                 + ("pcie-ipc, nccl" if has_pcie_ipc(sglang_version) else "nccl (SGLang 0.5.16 has no pcie-ipc)"))
-        return _plan("custom", sglang_version, "requested: SGLang custom all-reduce")
+        return plan_for_path("custom", sglang_version, "requested: SGLang custom all-reduce")
     if choice == "pcie-ipc":
         if not has_pcie_ipc(sglang_version):
             raise AllReduceConfigError(
@@ -259,7 +259,7 @@ def _explicit(choice: str, sglang_version, topo: Topology, tp_size: int, nnodes:
         if tp_size not in PCIE_IPC_TP_SIZES:
             raise AllReduceConfigError(f"--tp-allreduce pcie-ipc: TP size {tp_size} is not supported; allowed TP "
                                        f"sizes: {', '.join(map(str, PCIE_IPC_TP_SIZES))}")
-        return _plan("pcie-ipc", sglang_version, "requested: SGLang PCIe IPC all-reduce (bf16; others use NCCL)")
+        return plan_for_path("pcie-ipc", sglang_version, "requested: SGLang PCIe IPC all-reduce (bf16; others use NCCL)")
     if choice == "flashinfer-fused":
         if tp_size < 2:
             raise AllReduceConfigError("--tp-allreduce flashinfer-fused: needs TP size >= 2 (no all-reduce at TP 1)")
@@ -275,7 +275,7 @@ def _explicit(choice: str, sglang_version, topo: Topology, tp_size: int, nnodes:
                        "compare against nccl/pcie-ipc with the all-reduce benchmark")
         if topo.multicast is False:
             reason += "; no multicast on this device: the workspace preflight skips the multicast probe"
-        return _plan("flashinfer-fused", sglang_version, reason)
+        return plan_for_path("flashinfer-fused", sglang_version, reason)
     raise AllReduceConfigError(f"--tp-allreduce: {choice!r}; allowed: {', '.join(CHOICES)}")
 
 
@@ -309,4 +309,4 @@ def decide(choice: Optional[str], *, sglang_version, topology: Topology, tp_size
     row, compared = best
     summary = ", ".join(f"{r['path']} {r['us']:g} us @ {r['bytes']} B ({r.get('source', '?')}, {r.get('date', '?')})"
                         for r in compared)
-    return _plan(row["path"], sglang_version, f"auto: fastest measured for {where} in {table_source}: {summary}")
+    return plan_for_path(row["path"], sglang_version, f"auto: fastest measured for {where} in {table_source}: {summary}")

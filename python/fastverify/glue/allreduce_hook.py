@@ -155,7 +155,7 @@ def apply_in_worker(server_args, environ: Optional[MutableMapping[str, str]] = N
     path = getattr(server_args, "tp_allreduce", None)
     if path not in ar.PATHS:
         return {}
-    env = ar._plan(path, sglang_version(), "").env_dict()
+    env = ar.plan_for_path(path, sglang_version(), "").env_dict()
     (os.environ if environ is None else environ).update(env)
     return env
 
