@@ -276,3 +276,20 @@ def test_cli_json_and_cost_prediction(corpus_factory, tmp_path, capsys):
     assert row["tokens_per_s"] == pytest.approx(14 / (7 * 14) * 1000)  # 7 verify passes of 8 tokens at 14 ms
     assert row["gated_tokens_per_s"] == pytest.approx(14 / (5 * 10 + 2 * 14) * 1000)
     assert "tree d=8" in capsys.readouterr().out
+
+
+def test_cost_table_from_microbenchmark_json():
+    bench = {"summary": {"rows": [
+        {"backend": "nccl", "tokens": 1, "pass_us": 2000.0, "error": None},
+        {"backend": "nccl", "tokens": 8, "pass_us": 2600.0, "error": None},
+        {"backend": "symm-oneshot", "tokens": 1, "pass_us": 1000.0, "error": None},
+        {"backend": "symm-oneshot", "tokens": 8, "pass_us": 1200.0, "error": None},
+        {"backend": "flashinfer-ar", "tokens": 1, "pass_us": None, "error": "absent"},
+    ]}}
+    with pytest.raises(rp.CostTableError, match=r"--cost-backend \(nccl, symm-oneshot\)"):
+        rp.parse_cost_table(bench, "b.json")
+    with pytest.raises(rp.CostTableError, match=r"--cost-backend 'flashinfer-ar' is not in b.json; allowed: nccl, symm"):
+        rp.parse_cost_table(bench, "b.json", "flashinfer-ar")
+    cost = rp.parse_cost_table(bench, "b.json", "symm-oneshot")
+    assert cost.decode_ms == 1.0 and cost.pass_ms(8) == 1.2
+    assert cost.pass_ms(4) == pytest.approx(1.0 + 0.2 * 3 / 7)

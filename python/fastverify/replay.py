@@ -426,8 +426,15 @@ def _positive_ms(value, where: str) -> float:
     return float(value)
 
 
-def parse_cost_table(obj, source: str = "<cost table>") -> CostTable:
-    """Accepts {"decode_ms": x, "verify_ms": {"1": ms, "2": ms, "8": ms, ...}} (keys: tokens in the pass)."""
+def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] = None) -> CostTable:
+    """A verify-cost table from either form:
+
+    - simple: {"decode_ms": x, "verify_ms": {"1": ms, "2": ms, "8": ms, ...}} (keys: tokens in the pass);
+    - the microbenchmark's --json (benchmark/allreduce_vs_compute.py): summary.rows with backend, tokens and
+      pass_us (CUDA-graph median of one modeled pass); `backend` picks the rows, decode = the 1-token pass.
+    """
+    if isinstance(obj, dict) and isinstance(obj.get("summary"), dict) and "rows" in obj["summary"]:
+        return _cost_from_microbenchmark(obj["summary"]["rows"], source, backend)
     if not isinstance(obj, dict):
         raise CostTableError(f"{source}: expected a JSON object with 'decode_ms' and 'verify_ms'")
     for key in ("decode_ms", "verify_ms"):
@@ -449,7 +456,25 @@ def parse_cost_table(obj, source: str = "<cost table>") -> CostTable:
     return CostTable(decode, verify, source)
 
 
-def load_cost_table(path) -> CostTable:
+def _cost_from_microbenchmark(rows, source: str, backend: Optional[str]) -> CostTable:
+    usable = [r for r in rows if isinstance(r, dict) and not r.get("error") and r.get("pass_us")]
+    backends = sorted({r.get("backend") for r in usable if r.get("backend")})
+    if not backends:
+        raise CostTableError(f"{source}: the microbenchmark result has no rows with a pass time (pass_us)")
+    if backend is None:
+        if len(backends) > 1:
+            raise CostTableError(f"{source}: several all-reduce backends; choose one with --cost-backend "
+                                 f"({', '.join(backends)})")
+        backend = backends[0]
+    if backend not in backends:
+        raise CostTableError(f"--cost-backend {backend!r} is not in {source}; allowed: {', '.join(backends)}")
+    verify = {int(r["tokens"]): float(r["pass_us"]) / 1000.0 for r in usable if r.get("backend") == backend}
+    if 1 not in verify:
+        raise CostTableError(f"{source}: backend {backend!r} has no 1-token pass to use as the decode time")
+    return CostTable(verify[1], verify, f"{source} [{backend}]")
+
+
+def load_cost_table(path, backend: Optional[str] = None) -> CostTable:
     p = Path(path)
     if not p.is_file():
         raise CostTableError(f"--cost-table {path}: file not found")
@@ -457,7 +482,7 @@ def load_cost_table(path) -> CostTable:
         obj = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CostTableError(f"--cost-table {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return parse_cost_table(obj, f"--cost-table {path}")
+    return parse_cost_table(obj, f"--cost-table {path}", backend)
 
 
 def predict(result: ReplayResult, cost: CostTable) -> dict:
@@ -618,7 +643,10 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests decoded together, sharing the corpus like one server batch (default 1)")
     p.add_argument("--cost-table", default=None,
-                   help="JSON {\"decode_ms\": x, \"verify_ms\": {\"1\": ms, \"8\": ms, ...}}: predict tokens/s")
+                   help="JSON {\"decode_ms\": x, \"verify_ms\": {\"1\": ms, \"8\": ms, ...}}, or the --json of "
+                        "benchmark/allreduce_vs_compute.py: predict tokens/s")
+    p.add_argument("--cost-backend", default=None,
+                   help="with a microbenchmark --json as --cost-table: which all-reduce backend's pass times to use")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
     p.add_argument("--from-json", default=None, metavar="RESULT.json",
@@ -667,7 +695,7 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
         if args.trace is None:  # name the embedded trace the same way on every machine
             trace = Trace(f"fastverify/data/{DEFAULT_TRACE.name}", trace.requests, trace.meta)
         cfgs = configs_from_args(args)
-        cost = load_cost_table(args.cost_table) if args.cost_table else None
+        cost = load_cost_table(args.cost_table, args.cost_backend) if args.cost_table else None
     except (TraceError, CostTableError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
