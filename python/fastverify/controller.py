@@ -1,0 +1,583 @@
+"""Cost-aware verify control for n-gram speculation (`--speculative-ngram-verify-mode auto`).
+
+Each decode step the controller picks, for the whole batch, the option with the highest expected tokens per
+second among: no speculation, a chain of k draft tokens (k = 1..K), and the corpus tree:
+
+    rate(option) = E[tokens emitted by the batch] / t(pass)
+                 = (bs + sum_i E[accepted_i | option]) / t_verify(tokens in the pass)        speculating
+    rate(none)   = bs / t_decode(bs)
+
+Two inputs, both measured, neither taken from a paper:
+- cost: `CostTable`, a verify-cost table t_verify(tokens in the pass) and the plain decode cost t_decode(bs),
+  calibrated at server start (glue/auto.py) or loaded from the microbenchmark's JSON;
+- gain: `GainModel`, per request, the observed distribution of accepted draft tokens as a function of the
+  n-gram match (matched depth, root branch count), updated online and forgetting with a half-life in steps.
+
+Per-request gating: request i speculates under an option only if its own expected speedup is at least one,
+
+    gain_i(option) = E[1 + accepted_i | option] * t_decode(bs) / t_verify(bs * width(option)) >= 1,
+
+otherwise it verifies nothing that step (one token: the plain decode token). Hysteresis: the current option is
+kept unless another one is expected to be more than `hysteresis` (relative) faster; so the option kept is never
+expected to be slower than the best, and in particular than no speculation, by more than that margin.
+
+The gain model learns from *resolved drafts*: a draft made at position p resolves once the request's real
+continuation shows where it first diverges (`ShadowTracker`). This needs no verify at all, so the controller
+keeps learning while it does not speculate and never has to gamble to explore: with acceptance 0 it stays at
+no speculation after the first steps. Greedy output does not depend on the option chosen (verification is exact).
+
+Follow bound (stated and tested in tests/test_sim.py): after acceptance changes, the estimate's weight on the
+old regime after n steps is at most 2**(-n / half_life); a draft resolves at most K + 1 steps after it is made.
+`follow_bound_steps` returns K + 1 + ceil(half_life * log2(1 / eps)) with eps = 0.1.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional, Sequence
+
+SHAPES = ("ragged", "uniform")
+NONE, CHAIN, TREE = "none", "chain", "tree"
+
+
+class CostTableError(ValueError):
+    """A cost table (flag or file) that cannot be used; the message names its source and the key."""
+
+
+# ----------------------------------------------------------------------------------------------- costs
+def _positive(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise CostTableError(f"{where} must be a positive number of milliseconds, got {value!r}")
+    return float(value)
+
+
+def _points(obj, key: str, source: str) -> tuple:
+    if not isinstance(obj, Mapping) or not obj:
+        raise CostTableError(f"{source}: '{key}' must be a non-empty object mapping a count to milliseconds")
+    pts = []
+    for k, v in obj.items():
+        try:
+            n = int(k)
+        except (TypeError, ValueError):
+            raise CostTableError(f"{source}: '{key}' key {k!r} is not an integer count") from None
+        if n < 1 or str(n) != str(k).strip():
+            raise CostTableError(f"{source}: '{key}' key {k!r} must be an integer >= 1")
+        pts.append((n, _positive(v, f"{source}: '{key}'[{k!r}]")))
+    return tuple(sorted(pts))
+
+
+def _interp(pts: tuple, x: float) -> float:
+    """Piecewise-linear in x; flat below the first point; linear extrapolation from the last two points above
+    the last one (never below the last value)."""
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if len(pts) == 1:
+        return pts[0][1]
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    return max(y1, y1 + (y1 - y0) * (x - x1) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Measured pass times. decode: ((bs, ms), ...) for a plain decode step of bs requests; verify:
+    ((tokens, ms), ...) for a target-verify pass of that many tokens (all requests together)."""
+
+    decode: tuple
+    verify: tuple
+    source: str = "<cost table>"
+
+    def decode_ms(self, bs: int) -> float:
+        return _interp(self.decode, bs)
+
+    def verify_ms(self, tokens: int) -> float:
+        return _interp(self.verify, tokens)
+
+    def scaled(self, verify: float = 1.0, decode: float = 1.0) -> "CostTable":
+        return CostTable(tuple((n, ms * decode) for n, ms in self.decode),
+                         tuple((n, ms * verify) for n, ms in self.verify), self.source)
+
+    def to_json(self) -> dict:
+        return {"decode_ms": {str(n): ms for n, ms in self.decode},
+                "verify_ms": {str(n): ms for n, ms in self.verify}, "source": self.source}
+
+
+def parse_cost_table(obj, source: str = "<cost table>") -> CostTable:
+    """Accepted JSON forms (keys are counts; values milliseconds):
+
+    1. {"decode_ms": {"<bs>": ms, ...}, "verify_ms": {"<tokens in the pass>": ms, ...}}
+    2. the same with a scalar "decode_ms" (one stream: decode of bs=1, the replay tool's form);
+    3. a microbenchmark result that carries form 1 under the key "cost_table".
+    """
+    if isinstance(obj, Mapping) and "cost_table" in obj and "verify_ms" not in obj:
+        return parse_cost_table(obj["cost_table"], f"{source} ['cost_table']")
+    if not isinstance(obj, Mapping):
+        raise CostTableError(f"{source}: expected a JSON object with 'decode_ms' and 'verify_ms'")
+    for key in ("decode_ms", "verify_ms"):
+        if key not in obj:
+            raise CostTableError(
+                f"{source}: missing key '{key}' (format: {{\"decode_ms\": {{\"1\": 12.2, \"8\": 12.9}}, "
+                f"\"verify_ms\": {{\"2\": 14.8, \"8\": 30.0}}}})")
+    dec = obj["decode_ms"]
+    decode = ((1, _positive(dec, f"{source}: 'decode_ms'")),) if not isinstance(dec, Mapping) else \
+        _points(dec, "decode_ms", source)
+    return CostTable(decode, _points(obj["verify_ms"], "verify_ms", source), source)
+
+
+def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table") -> CostTable:
+    p = Path(path)
+    if not p.is_file():
+        raise CostTableError(f"{flag} {path}: file not found")
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CostTableError(f"{flag} {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return parse_cost_table(obj, f"{flag} {path}")
+
+
+def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], verify_tokens: Sequence[int],
+              repeats: int = 5, budget_s: float = 20.0, clock: Callable[[], float] = time.monotonic,
+              log: Optional[Callable[[str], None]] = None, source: str = "calibration") -> CostTable:
+    """Build a cost table from `time_pass(kind, n) -> ms` ("decode", bs) / ("verify", tokens), e.g. a replay of
+    the server's captured CUDA graph timed with CUDA events. Median of `repeats` per point; points are measured
+    small to large and measurement stops at `budget_s` (the points taken so far are kept; at least one of each
+    kind must fit or this raises)."""
+    if repeats < 1:
+        raise ValueError(f"calibration repeats must be >= 1, got {repeats}")
+    t0 = clock()
+    tables = {"decode": [], "verify": []}
+    plan = [("decode", n) for n in sorted(set(decode_bs))] + [("verify", n) for n in sorted(set(verify_tokens))]
+    # interleave kinds so that a budget cut keeps both ends of the table
+    plan.sort(key=lambda kn: (kn[1], kn[0]))
+    skipped = []
+    for kind, n in plan:
+        if clock() - t0 > budget_s:
+            skipped.append((kind, n))
+            continue
+        samples = sorted(float(time_pass(kind, n)) for _ in range(repeats))
+        med = samples[len(samples) // 2] if repeats % 2 else 0.5 * (samples[repeats // 2 - 1] + samples[repeats // 2])
+        tables[kind].append((n, _positive(med, f"{source}: {kind}[{n}]")))
+    if not tables["decode"] or not tables["verify"]:
+        raise CostTableError(f"{source}: the time budget of {budget_s} s ran out before one decode and one verify "
+                             f"point were measured; pass --speculative-ngram-auto-cost-table instead")
+    table = CostTable(tuple(tables["decode"]), tuple(tables["verify"]), source)
+    if log is not None:
+        log(f"{source}: {len(tables['decode'])} decode + {len(tables['verify'])} verify points in "
+            f"{clock() - t0:.2f} s ({repeats} repeats each, median); skipped {len(skipped)} past the "
+            f"{budget_s} s budget; table {json.dumps(table.to_json())}")
+    return table
+
+
+# --------------------------------------------------------------------------------------------- features
+@dataclass(frozen=True)
+class DraftFeatures:
+    """What the n-gram lookup says about one request's draft this step."""
+
+    match_len: int  # depth of the real (non-padding) draft: how far the corpus continuation reaches
+    branches: int  # root children of the real draft (alternatives the corpus offers for the next token)
+
+
+_MATCH_EDGES = (0, 1, 2, 4, 8)  # bucket lower edges of match_len
+_BRANCH_EDGES = (0, 1, 2, 4)
+
+
+def feature_bucket(f: DraftFeatures) -> tuple:
+    m = sum(1 for e in _MATCH_EDGES[1:] if f.match_len >= e)
+    b = sum(1 for e in _BRANCH_EDGES[1:] if f.branches >= e)
+    return (m, b)
+
+
+def draft_features(tokens: Sequence[int], parents: Sequence[int]) -> DraftFeatures:
+    """Features of one draft tree: draft nodes only (root excluded), parents[j] = index of node j's parent
+    among the draft nodes or -1 for a child of the root. Pass only the real (non-padding) nodes."""
+    depth = [0] * len(tokens)
+    for j, p in enumerate(parents):
+        depth[j] = 1 if p < 0 else depth[p] + 1
+    return DraftFeatures(max(depth, default=0), sum(1 for p in parents if p < 0))
+
+
+# ------------------------------------------------------------------------------------------- gain model
+class _Hist:
+    """Exponentially forgetting histogram over 0..n: weights decay by 2**(-dt / half_life) per step."""
+
+    __slots__ = ("w", "mass", "step")
+
+    def __init__(self, n: int):
+        self.w = [0.0] * (n + 1)
+        self.mass = 0.0
+        self.step = 0
+
+    def _age(self, step: int, decay: float) -> None:
+        if step > self.step:
+            f = decay ** (step - self.step)
+            self.w = [x * f for x in self.w]
+            self.mass *= f
+            self.step = step
+
+    def add(self, value: int, step: int, decay: float) -> None:
+        self._age(step, decay)
+        self.w[min(value, len(self.w) - 1)] += 1.0
+        self.mass += 1.0
+
+
+class GainModel:
+    """Per-request distribution of accepted drafts for the chain (the best K-token path) and the tree.
+
+    Three forgetting histograms, each blended into the next finer one with weight `prior_strength`:
+    all requests -> the feature bucket -> the request itself (the first and last kept apart for drafts with
+    and without a corpus match, so that no-match steps do not dilute the estimate for matched ones). The all-requests histogram starts with
+    `prior_mass` pseudo-observations of 0 accepted at step 0 (pessimistic cold start: no speculation until
+    drafts have been seen to match); they are forgotten like any observation.
+    E[accepted | chain k] = sum_{j=1..k} P(A >= j)."""
+
+    def __init__(self, max_chain: int, tree_depth: int, half_life_steps: float = 8.0,
+                 prior_strength: float = 4.0, prior_mass: float = 2.0):
+        self.K = max_chain
+        self.D = max(tree_depth, 0)
+        self.decay = 0.5 ** (1.0 / half_life_steps)
+        self.prior_strength = prior_strength
+        self._global = {}  # matched (bool) -> (chain _Hist, tree _Hist)
+        for matched in (False, True):
+            self._global[matched] = (_Hist(self.K), _Hist(self.D))
+            for h in self._global[matched]:
+                h.w[0] = prior_mass
+                h.mass = prior_mass
+        self._local: dict = {}  # (req_id, matched) -> (chain _Hist, tree _Hist)
+        self._bucket: dict = {}  # bucket -> (chain _Hist, tree _Hist)
+
+    def _pair(self, table: dict, key) -> tuple:
+        if key not in table:
+            table[key] = (_Hist(self.K), _Hist(self.D))
+        return table[key]
+
+    def observe(self, req_id, features: DraftFeatures, step: int, chain_accept: int,
+                tree_accept: Optional[int] = None) -> None:
+        """A resolved draft: it would have had `chain_accept` tokens accepted as a K-chain (capped at K) and
+        `tree_accept` as the full tree (None when no tree was drafted)."""
+        m = features.match_len > 0
+        for pair in (self._global[m], self._pair(self._local, (req_id, m)),
+                     self._pair(self._bucket, feature_bucket(features))):
+            pair[0].add(chain_accept, step, self.decay)
+            if tree_accept is not None and self.D:
+                pair[1].add(tree_accept, step, self.decay)
+
+    def drop(self, req_id) -> None:
+        self._local.pop((req_id, False), None)
+        self._local.pop((req_id, True), None)
+
+    def _blend(self, h: Optional[_Hist], parent: list, step: int) -> list:
+        if h is None:
+            return parent
+        h._age(step, self.decay)
+        tot = h.mass + self.prior_strength
+        return [(h.w[a] + self.prior_strength * parent[a]) / tot for a in range(len(parent))]
+
+    def _dist(self, req_id, features: DraftFeatures, step: int, which: int) -> list:
+        m = features.match_len > 0
+        g = self._global[m][which]
+        g._age(step, self.decay)
+        if g.mass > 1e-12:
+            dist = [x / g.mass for x in g.w]
+        else:  # everything forgotten (long idle): back to the pessimistic prior
+            dist = [1.0] + [0.0] * (len(g.w) - 1)
+        b = self._bucket.get(feature_bucket(features))
+        dist = self._blend(None if b is None else b[which], dist, step)
+        loc = self._local.get((req_id, m))
+        return self._blend(None if loc is None else loc[which], dist, step)
+
+    def expected(self, req_id, features: DraftFeatures, step: int) -> tuple:
+        """(chain, tree): chain[k-1] = E[accepted | chain of k], k = 1..K; tree = E[accepted | tree]."""
+        p = self._dist(req_id, features, step, 0)
+        tail, chain = 0.0, []
+        surv = 1.0 - p[0]  # P(A >= 1)
+        for k in range(1, self.K + 1):
+            tail += max(surv, 0.0)
+            chain.append(tail)
+            surv -= p[k]
+        tree = 0.0
+        if self.D:
+            q = self._dist(req_id, features, step, 1)
+            tree = sum(a * q[a] for a in range(len(q)))
+        return chain, tree
+
+
+# ------------------------------------------------------------------------------------------- the rule
+@dataclass(frozen=True)
+class Option:
+    kind: str  # "none" | "chain" | "tree"
+    k: int = 0  # chain length (draft tokens); for the tree, its draft nodes
+    width: int = 1  # tokens per speculating request in the pass (root included)
+
+    @property
+    def label(self) -> str:
+        return NONE if self.kind == NONE else (f"chain{self.k}" if self.kind == CHAIN else f"tree{self.width}")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    option: Option
+    rate: float  # expected tokens per ms for the batch
+    pass_ms: float
+    tokens: float  # expected tokens emitted by the batch
+    speculate: tuple  # per request: takes part (True) or verifies nothing (False)
+
+
+def evaluate(option: Option, costs: CostTable, gains: Sequence[float], shape: str = "ragged") -> Evaluation:
+    """Expected batch rate of `option` given per-request E[accepted | option] (`gains`)."""
+    bs = len(gains)
+    t_dec = costs.decode_ms(bs)
+    if option.kind == NONE or bs == 0:
+        return Evaluation(option, bs / t_dec, t_dec, float(bs), (False,) * bs)
+    t_full = costs.verify_ms(bs * option.width)
+    spec = tuple((1.0 + g) * t_dec >= t_full for g in gains)  # gain_i >= 1
+    n = sum(spec)
+    if n == 0:  # nobody speculates: the step is a plain decode step
+        return Evaluation(option, bs / t_dec, t_dec, float(bs), spec)
+    tokens_in_pass = bs * option.width if shape == "uniform" else n * option.width + (bs - n)
+    t = costs.verify_ms(tokens_in_pass)
+    emitted = bs + sum(g for g, s in zip(gains, spec) if s)
+    return Evaluation(option, emitted / t, t, emitted, spec)
+
+
+def choose(evals: Sequence[Evaluation], current: Optional[Option], hysteresis: float) -> Evaluation:
+    """Best expected rate, but keep `current` unless the best beats it by more than `hysteresis` (relative).
+    Ties go to the cheaper option (the order of `evals`)."""
+    best = max(evals, key=lambda e: e.rate)  # max keeps the first of equals
+    if current is not None:
+        for e in evals:
+            if e.option == current and best.rate <= e.rate * (1.0 + hysteresis):
+                return e
+    return best
+
+
+def options_for(max_chain: int, tree_width: int, chain_widths: Sequence[int] = ()) -> tuple:
+    """The option list: none, chain k for k = 1..max_chain (or only the widths a server captured), the tree."""
+    ks = range(1, max_chain + 1) if not chain_widths else sorted({w - 1 for w in chain_widths if 2 <= w})
+    opts = [Option(NONE)] + [Option(CHAIN, k, k + 1) for k in ks if k <= max_chain]
+    if tree_width >= 2:
+        opts.append(Option(TREE, tree_width - 1, tree_width))
+    return tuple(opts)
+
+
+# ---------------------------------------------------------------------------------------- controller
+@dataclass(frozen=True)
+class AutoConfig:
+    """Built once from the server flags by glue/auto.py."""
+
+    max_chain: int = 7  # K: longest chain considered (--speculative-num-draft-tokens - 1)
+    tree_width: int = 8  # tokens of a tree verify per request (root included); 0: no tree option
+    chain_widths: tuple = ()  # verify widths the server can run for chains (root included); () = 2..K+1
+    hysteresis: float = 0.03  # --speculative-ngram-auto-hysteresis
+    half_life_steps: float = 8.0
+    prior_strength: float = 4.0
+    shape: str = "ragged"  # "uniform": every request in a verify pass occupies `width` slots
+    log_interval_s: float = 30.0
+
+    def __post_init__(self):
+        if not isinstance(self.max_chain, int) or self.max_chain < 1:
+            raise ValueError(f"--speculative-num-draft-tokens must be >= 2 for auto verify (max chain "
+                             f"{self.max_chain!r})")
+        if not isinstance(self.tree_width, int) or self.tree_width < 0 or self.tree_width == 1:
+            raise ValueError(f"tree width must be 0 (no tree) or >= 2, got {self.tree_width!r}")
+        if not (isinstance(self.hysteresis, (int, float)) and 0.0 <= self.hysteresis < 0.5):
+            raise ValueError(f"--speculative-ngram-auto-hysteresis must be in [0, 0.5), got {self.hysteresis!r}")
+        if not self.half_life_steps > 0:
+            raise ValueError(f"half_life_steps must be > 0, got {self.half_life_steps!r}")
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
+
+
+def follow_bound_steps(cfg: AutoConfig, eps: float = 0.1) -> int:
+    """Steps after an acceptance change within which the controller acts on the new regime: a draft resolves
+    within K + 1 steps; after n more steps the old regime's weight is <= 2**(-n / half_life) <= eps."""
+    return cfg.max_chain + 1 + math.ceil(cfg.half_life_steps * math.log2(1.0 / eps))
+
+
+@dataclass(frozen=True)
+class RequestView:
+    req_id: object
+    features: DraftFeatures
+
+
+@dataclass(frozen=True)
+class Decision:
+    option: Option
+    speculate: tuple  # per request in the order given
+    rates: dict  # option label -> expected tokens per ms
+    pass_ms: float
+    step: int
+
+    @property
+    def speedup(self) -> float:
+        return self.rates[self.option.label] / self.rates[NONE]
+
+
+class Controller:
+    """The per-step decision: `decide(requests)` then, when drafts resolve, `observe(...)`."""
+
+    def __init__(self, cfg: AutoConfig, costs: CostTable, log: Optional[Callable[[dict], None]] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self.costs = costs
+        self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
+        self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps, cfg.prior_strength)
+        self.current: Optional[Option] = None
+        self.step = 0
+        self._log = log
+        self._clock = clock
+        self._last_log = -math.inf
+        self._suppressed = 0
+        self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0}
+        self.steps_by_mode = {o.label: 0 for o in self.options}
+        self.last: Optional[Decision] = None
+
+    def decide(self, requests: Sequence[RequestView]) -> Decision:
+        self.step += 1
+        per_req = [self.gain.expected(r.req_id, r.features, self.step) for r in requests]
+        evals = []
+        for o in self.options:
+            if o.kind == NONE:
+                g = [0.0] * len(per_req)
+            elif o.kind == CHAIN:
+                g = [c[o.k - 1] for c, _ in per_req]
+            else:
+                g = [t for _, t in per_req]
+            evals.append(evaluate(o, self.costs, g, self.cfg.shape))
+        chosen = choose(evals, self.current, self.cfg.hysteresis)
+        if not any(chosen.speculate):  # an option nobody takes part in is a plain decode step
+            chosen = evals[0]
+        if self.current is not None and chosen.option != self.current:
+            self.counters["switches"] += 1
+        self.current = chosen.option
+        d = Decision(chosen.option, chosen.speculate, {e.option.label: e.rate for e in evals}, chosen.pass_ms,
+                     self.step)
+        self.last = d
+        self.counters["steps"] += 1
+        self.counters["requests"] += len(requests)
+        self.counters["gated_requests"] += sum(1 for s in chosen.speculate if not s) if chosen.option.kind != NONE else 0
+        self.steps_by_mode[chosen.option.label] += 1
+        self._maybe_log(d, requests, per_req)
+        return d
+
+    def observe(self, req_id, features: DraftFeatures, chain_accept: int, tree_accept: Optional[int] = None) -> None:
+        self.gain.observe(req_id, features, self.step, chain_accept, tree_accept)
+
+    def finish(self, req_id) -> None:
+        self.gain.drop(req_id)
+
+    def _maybe_log(self, d: Decision, requests, per_req) -> None:
+        if self._log is None:
+            return
+        now = self._clock()
+        if now - self._last_log < self.cfg.log_interval_s:
+            self._suppressed += 1
+            return
+        self._last_log = now
+        k = self.cfg.max_chain
+        self._log({
+            "step": d.step, "bs": len(requests), "option": d.option.label, "speedup_vs_none": round(d.speedup, 4),
+            "rates_tok_per_ms": {lbl: round(r, 5) for lbl, r in d.rates.items()},
+            "pass_ms": round(d.pass_ms, 4), "decode_ms": round(self.costs.decode_ms(len(requests)), 4),
+            "speculating": sum(d.speculate) if d.option.kind != NONE else 0,
+            "mean_expected_chain_accept": round(sum(c[k - 1] for c, _ in per_req) / max(len(per_req), 1), 4),
+            "mean_expected_tree_accept": round(sum(t for _, t in per_req) / max(len(per_req), 1), 4),
+            "switches": self.counters["switches"], "decisions_since_last_log": self._suppressed + 1,
+        })
+        self._suppressed = 0
+
+    def metrics(self) -> dict:
+        """Values for the server's metrics exporter (gauges and counters, all numbers)."""
+        d = self.last
+        out = {
+            "auto_steps_total": float(self.counters["steps"]),
+            "auto_switches_total": float(self.counters["switches"]),
+            "auto_gated_requests_total": float(self.counters["gated_requests"]),
+            "auto_requests_total": float(self.counters["requests"]),
+        }
+        for lbl, n in self.steps_by_mode.items():
+            out[f"auto_steps_{lbl}_total"] = float(n)
+        if d is not None:
+            out.update({
+                "auto_chain_k": float(d.option.k if d.option.kind == CHAIN else 0),
+                "auto_tree": float(d.option.kind == TREE),
+                "auto_expected_speedup": d.speedup,
+                "auto_pass_ms": d.pass_ms,
+            })
+        return out
+
+
+# ------------------------------------------------------------------------------------ shadow resolution
+@dataclass
+class _Pending:
+    pos: int
+    features: DraftFeatures
+    chain: tuple
+    tree_tokens: Optional[tuple]
+    tree_parents: Optional[tuple]
+
+
+def chain_accept(chain: Sequence[int], actual: Sequence[int]) -> tuple:
+    """(accepted, resolved): accepted leading tokens of `chain` against the known continuation `actual`."""
+    n = 0
+    while n < len(chain) and n < len(actual):
+        if chain[n] != actual[n]:
+            return n, True
+        n += 1
+    return n, n == len(chain)
+
+
+def tree_accept(tokens: Sequence[int], parents: Sequence[int], actual: Sequence[int]) -> tuple:
+    """(accepted, resolved): greedy walk of the tree (draft nodes, parent -1 = root) along `actual`."""
+    node, n = -1, 0
+    while True:
+        kids = [j for j, p in enumerate(parents) if p == node]
+        if not kids:
+            return n, True
+        if n >= len(actual):
+            return n, False
+        nxt = next((j for j in kids if tokens[j] == actual[n]), None)
+        if nxt is None:
+            return n, True
+        node, n = nxt, n + 1
+
+
+class ShadowTracker:
+    """Resolves each step's drafts against what the request really produced, verified or not.
+
+    `record(req, pos, ...)`: the draft made when the request had `pos` tokens (it proposes tokens pos, pos+1..).
+    `advance(req, tokens)`: the request's tokens so far (any sequence indexable from 0 that covers pos..);
+    returns resolved (features, chain_accept, tree_accept) tuples. A draft resolves at its first divergence or
+    when fully matched, so at most K + 1 tokens after it was made."""
+
+    def __init__(self, max_pending: int = 64):
+        self._pending: dict = {}
+        self.max_pending = max_pending
+
+    def record(self, req_id, pos: int, features: DraftFeatures, chain: Sequence[int],
+               tree_tokens: Optional[Sequence[int]] = None, tree_parents: Optional[Sequence[int]] = None) -> None:
+        q = self._pending.setdefault(req_id, [])
+        q.append(_Pending(pos, features, tuple(chain), None if tree_tokens is None else tuple(tree_tokens),
+                          None if tree_parents is None else tuple(tree_parents)))
+        del q[:-self.max_pending]
+
+    def advance(self, req_id, tokens: Sequence[int], length: Optional[int] = None) -> list:
+        q = self._pending.get(req_id)
+        if not q:
+            return []
+        n = len(tokens) if length is None else length
+        done, keep = [], []
+        for p in q:
+            actual = tokens[p.pos:n]
+            ca, cres = chain_accept(p.chain, actual)
+            ta, tres = (None, True) if p.tree_tokens is None else tree_accept(p.tree_tokens, p.tree_parents, actual)
+            (done if cres and tres else keep).append((p, ca, ta))
+        self._pending[req_id] = [p for p, _, _ in keep]
+        return [(p.features, ca, ta) for p, ca, ta in done]
+
+    def drop(self, req_id) -> None:
+        self._pending.pop(req_id, None)

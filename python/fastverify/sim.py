@@ -1,0 +1,443 @@
+"""Decode-loop simulator that drives the real `fastverify.controller` with traces and cost tables.
+
+Only the model forward is simulated: its cost comes from a `CostTable`, and the number of draft tokens it
+would accept at each position of each request comes from a trace (position-indexed, so every policy sees the
+same text). A step:
+
+    views  = [(req, features at its position)]              what the n-gram lookup reports
+    plan   = policy.decide(views)                            the REAL Controller for "auto"; fixed otherwise
+    accept = chain: min(A_chain[pos], k); tree: A_tree[pos]; not speculating: 0
+    time  += decode_ms(bs) or verify_ms(tokens in the pass)  from the TRUE cost table
+    pos   += 1 + accept
+    drafts made at earlier steps resolve once the produced tokens show their first divergence (at most K + 1
+    tokens later) and are fed to the controller, verified or not (ShadowTracker does this in the server).
+
+Traces: `synthetic_requests` (known acceptance: geometric with continuation probability p, the regime may
+change with the step number) and `replay_requests` (drafts from SGLang's n-gram corpus over the recorded
+default trace, via fastverify.replay; needs the JIT-built corpus).
+
+Cost tables (`cost_table(name)`), both in the form the server loads:
+- "h200-nvlink": CONTEXT.md's 2x H200 measurements: 122 NCCL all-reduces in a CUDA graph at 19.8 / 19.5 /
+  24.8 us for 1 / 8 / 64 tokens and a dense compute stand-in of 9.7 ms per pass at 1-64 tokens;
+- "pcie-comm-bound": the reference report's 8x PCIe box: 30 ms verify of 8 tokens of which 25 ms are
+  122 all-reduces, compute 5 ms, decode 12.2 ms (82 tok/s), all-reduce time linear in tokens between them.
+Above 64 tokens both are extrapolations, not measurements: compute = c * max(1, tokens / 192) (a roofline
+knee for bf16 GEMMs), all-reduce linear in tokens. `python -m fastverify.sim` prints every table used.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
+                                   RequestView, follow_bound_steps, options_for)
+
+TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+_KNEE_TOKENS = 192  # assumed compute knee above the measured 64 tokens (extrapolation)
+
+
+def _compute_ms(base_ms: float, tokens: int) -> float:
+    return base_ms * max(1.0, tokens / _KNEE_TOKENS)
+
+
+def _h200_allreduce_us(tokens: int) -> float:
+    # CONTEXT.md, 2x H200 NV18, torch NCCL all-reduce of [tokens, 7168] bf16 inside a CUDA graph
+    pts = ((1, 19.8), (8, 19.5), (64, 24.8))
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if tokens <= x1:
+            return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+    return 24.8 + (24.8 - 19.5) / 56 * (tokens - 64)
+
+
+def _pcie_allreduce_us(tokens: int) -> float:
+    # reference report: decode 12.2 ms = 5 ms compute + 122 x 59 us; verify(8) 30 ms = 5 ms + 122 x 205 us
+    return 59.0 + (205.0 - 59.0) / 7.0 * (tokens - 1)
+
+
+def cost_table(name: str) -> CostTable:
+    if name == "h200-nvlink":
+        f = lambda t: _compute_ms(9.7, t) + 122 * _h200_allreduce_us(t) / 1000.0
+    elif name == "pcie-comm-bound":
+        f = lambda t: _compute_ms(5.0, t) + 122 * _pcie_allreduce_us(t) / 1000.0
+    else:
+        raise ValueError(f"unknown cost table {name!r}; choose one of {', '.join(COST_TABLES)}")
+    pts = tuple((t, round(f(t), 4)) for t in TABLE_POINTS)
+    return CostTable(pts, pts, name)  # a decode step of bs requests is a pass of bs tokens
+
+
+COST_TABLES = ("h200-nvlink", "pcie-comm-bound")
+
+
+# ------------------------------------------------------------------------------------------------ traces
+@dataclass
+class SimRequest:
+    """Per position: features of the draft made there, accepted drafts as the best K-chain and as the tree.
+    `regimes` holds alternative (features, chain, tree) lists; `regime_of_step` picks one per step."""
+
+    rid: object
+    regimes: list  # [(features list, chain list, tree list)]
+
+    @property
+    def length(self) -> int:
+        return len(self.regimes[0][1])
+
+
+def _geometric(rng: random.Random, p: float, cap: int) -> int:
+    n = 0
+    while n < cap and rng.random() < p:
+        n += 1
+    return n
+
+
+def synthetic_requests(n: int, length: int, ps: Sequence[float], max_chain: int = 7, tree_width: int = 8,
+                       match_rate: float = 0.9, seed: int = 0) -> list:
+    """Requests with known acceptance: at each position the lookup matches with probability `match_rate`
+    (features drawn at random, so they carry no information about the outcome); a match is accepted for
+    A ~ Geometric(p) tokens (capped at K) as a chain, and the tree (2 branches) accepts the better of two
+    independent paths capped at its depth. One regime per p in `ps`."""
+    rng = random.Random(seed)
+    depth = max(1, (tree_width - 1) // 2)
+    reqs = []
+    for r in range(n):
+        regimes = []
+        for p in ps:
+            feats, ch, tr = [], [], []
+            for _ in range(length):
+                if rng.random() < match_rate:
+                    f = DraftFeatures(rng.randint(1, 8), rng.randint(1, 3))
+                    a = _geometric(rng, p, max_chain)
+                    b = _geometric(rng, p, depth)
+                    feats.append(f), ch.append(a), tr.append(max(min(a, depth), b))
+                else:
+                    feats.append(DraftFeatures(0, 0)), ch.append(0), tr.append(0)
+            regimes.append((feats, ch, tr))
+        reqs.append(SimRequest(f"r{r}", regimes))
+    return reqs
+
+
+def replay_requests(trace_path=None, max_chain: int = 7, tree_width: int = 8, concurrency: int = 1,
+                    corpus_factory=None) -> list:
+    """Position-indexed acceptance from SGLang's n-gram corpus over a recorded trace (fastverify.replay).
+
+    The corpus is queried at every position of every request (requests run `concurrency` at a time in trace
+    order, and the query window is inserted after every position); the tree is the corpus draft of
+    `tree_width` tokens and the chain is the corpus path of K tokens (fastverify.replay's chain extraction).
+    The server inserts once per step rather than once per token, so these are close to, not equal to, the
+    server's drafts."""
+    from fastverify import replay as rp
+    from fastverify.controller import draft_features, chain_accept, tree_accept
+
+    trace = rp.load_trace(trace_path or rp.DEFAULT_TRACE)
+    cfg = rp.ReplayConfig(mode="tree", size=tree_width)
+    factory = corpus_factory or rp.sglang_corpus_factory
+    corpus = factory(cfg)
+    d = cfg.corpus_draft_tokens
+    out = []
+    reqs = [(f"r{i}", r) for i, r in enumerate(trace.requests) if len(r.output_ids) >= 2]
+    for start in range(0, len(reqs), concurrency):
+        group = reqs[start:start + concurrency]
+        data = {rid: ([], [], []) for rid, _ in group}
+        for g in range(1, max(len(r.output_ids) for _, r in group)):
+            live = [(rid, r) for rid, r in group if g < len(r.output_ids)]
+            queries = [rp._query_window(r.prompt_ids, r.output_ids, g, cfg.max_trie_depth) for _, r in live]
+            corpus.synchronize()
+            toks, mask = corpus.batch_get([rid for rid, _ in live], queries,
+                                          [len(r.prompt_ids) + g for _, r in live])
+            toks, mask = [int(t) for t in toks], [int(m) for m in mask]
+            for b, (rid, r) in enumerate(live):
+                tokens = toks[b * d:(b + 1) * d]
+                parents = rp.tree_parents([mask[(b * d + i) * d:(b * d + i + 1) * d] for i in range(d)])
+                target = r.output_ids[g:]
+                # draft nodes only: drop the root (index 0) and renumber parents (root -> -1)
+                nodes, par = tokens[1:], [p - 1 for p in parents[1:]]
+                real = rp.has_real_candidate(tokens, parents)
+                chain = rp._adapter_chain_from_tree(tokens, parents, max_chain) if real else []
+                f = draft_features(nodes, par) if real else DraftFeatures(0, 0)
+                data[rid][0].append(f)
+                data[rid][1].append(chain_accept(chain, target)[0])
+                data[rid][2].append(tree_accept(nodes, par, target)[0])
+            corpus.batch_put(queries)
+        for rid, _ in group:
+            out.append(SimRequest(rid, [data[rid]]))
+        corpus.erase_match_state([rid for rid, _ in group])
+    return out
+
+
+# -------------------------------------------------------------------------------------------- policies
+class FixedPolicy:
+    """One option every step. `gate_no_match`: requests whose lookup found nothing verify nothing (the chain
+    mode's no-match gating); the tree verifies every request (stock SGLang)."""
+
+    def __init__(self, option: Option, gate_no_match: bool = True):
+        self.option = option
+        self.gate_no_match = gate_no_match
+        self.label = option.label
+
+    def decide(self, views):
+        if self.option.kind == NONE:
+            return self.option, (False,) * len(views)
+        return self.option, tuple((v.features.match_len > 0) or not self.gate_no_match for v in views)
+
+    def observe(self, rid, features, chain, tree):
+        pass
+
+    def finish(self, rid):
+        pass
+
+
+class AutoPolicy:
+    label = "auto"
+
+    def __init__(self, controller: Controller):
+        self.c = controller
+
+    def decide(self, views):
+        d = self.c.decide(views)
+        return d.option, d.speculate
+
+    def observe(self, rid, features, chain, tree):
+        self.c.observe(rid, features, chain, tree)
+
+    def finish(self, rid):
+        self.c.finish(rid)
+
+
+@dataclass
+class SimResult:
+    label: str
+    tokens: int = 0
+    time_ms: float = 0.0
+    steps: int = 0
+    options: list = field(default_factory=list)  # chosen option label per step
+    batch: list = field(default_factory=list)  # running requests per step
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_ms * 1000.0 if self.time_ms else 0.0
+
+
+def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, shape: str = "ragged",
+             max_chain: int = 7, tree_width: int = 8,
+             regime_of_step: Optional[Callable[[int], int]] = None) -> SimResult:
+    """Run `requests` through a decode loop of at most `bs` concurrent requests (refilled in order)."""
+    res = SimResult(policy.label)
+    queue = list(requests)[::-1]
+    active: dict = {}  # rid -> [request, pos, pending drafts [(pos, regime)]]
+    cap_tree = max(tree_width - 1, 1)
+    step = 0
+    while queue or active:
+        while queue and len(active) < bs:
+            r = queue.pop()
+            active[r.rid] = [r, 0, []]
+        regime = regime_of_step(step) if regime_of_step else 0
+        step += 1
+        rids = list(active)
+        views = [RequestView(rid, active[rid][0].regimes[regime][0][active[rid][1]]) for rid in rids]
+        option, spec = policy.decide(views)
+        n_spec = sum(spec) if option.kind != NONE else 0
+        if n_spec == 0:
+            res.time_ms += costs.decode_ms(len(rids))
+        else:
+            width = option.width
+            tokens = len(rids) * width if shape == "uniform" else n_spec * width + (len(rids) - n_spec)
+            res.time_ms += costs.verify_ms(tokens)
+        res.options.append(option.label if n_spec else NONE)
+        res.batch.append(len(rids))
+        res.steps += 1
+        for rid, s in zip(rids, spec):
+            st = active[rid]
+            req, pos = st[0], st[1]
+            feats, ch, tr = req.regimes[regime]
+            st[2].append((pos, regime))
+            acc = 0
+            if n_spec and s:
+                acc = min(ch[pos], option.k) if option.kind == CHAIN else tr[pos]
+            adv = min(1 + acc, req.length - pos)
+            res.tokens += adv
+            st[1] = pos + adv
+            keep = []
+            for p0, rg in st[2]:  # shadow resolution: the first divergence is known once produced
+                f, a_c, a_t = req.regimes[rg][0][p0], req.regimes[rg][1][p0], req.regimes[rg][2][p0]
+                need = max(min(a_c + 1, max_chain), min(a_t + 1, cap_tree))
+                if st[1] - p0 >= need:
+                    policy.observe(rid, f, a_c, a_t)
+                else:
+                    keep.append((p0, rg))
+            st[2] = keep
+            if st[1] >= req.length:
+                policy.finish(rid)
+                del active[rid]
+    return res
+
+
+def fixed_policies(max_chain: int, tree_width: int) -> list:
+    return [FixedPolicy(o) for o in options_for(max_chain, tree_width)]
+
+
+def run_all(requests, costs, bs, cfg: AutoConfig, regime_of_step=None, controller_costs=None) -> dict:
+    """Every fixed option and auto on the same requests; returns label -> SimResult."""
+    out = {}
+    for pol in fixed_policies(cfg.max_chain, cfg.tree_width) + [
+            AutoPolicy(Controller(cfg, controller_costs or costs))]:
+        out[pol.label] = simulate(requests, pol, costs, bs, cfg.shape, cfg.max_chain, cfg.tree_width,
+                                  regime_of_step)
+    return out
+
+
+def summarize(results: dict) -> dict:
+    none = results[NONE].tokens_per_s
+    fixed = {k: v for k, v in results.items() if k != "auto"}
+    best = max(fixed, key=lambda k: fixed[k].tokens_per_s)
+    auto = results["auto"]
+    mix: dict = {}
+    for o in auto.options:
+        mix[o] = mix.get(o, 0) + 1
+    return {
+        "tokens_per_s": {k: round(v.tokens_per_s, 2) for k, v in results.items()},
+        "best_fixed": best,
+        "auto_vs_none": round(auto.tokens_per_s / none, 4),
+        "auto_vs_best_fixed": round(auto.tokens_per_s / fixed[best].tokens_per_s, 4),
+        "auto_option_steps": dict(sorted(mix.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def regime_rates(requests: Sequence[SimRequest], regime: int, costs: CostTable, bs: int, cfg: AutoConfig) -> dict:
+    """True expected rate (tokens per ms) of every option for a batch of `bs` under `regime`, from the trace's
+    own mean acceptance over all positions (what a controller with perfect knowledge would use)."""
+    from fastverify.controller import evaluate
+    ch = [a for r in requests for a in r.regimes[regime][1]]
+    tr = [a for r in requests for a in r.regimes[regime][2]]
+    out = {}
+    for o in options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths):
+        g = 0.0 if o.kind == NONE else (sum(min(a, o.k) for a in ch) / len(ch) if o.kind == CHAIN
+                                          else sum(tr) / len(tr))
+        out[o.label] = evaluate(o, costs, [g] * bs, cfg.shape).rate
+    return out
+
+
+def follow_steps(res: SimResult, start: int, end: int, rates_for: Callable[[int], dict], tol: float = 0.15):
+    """Steps after `start` from which every chosen option (until `end`) has a true expected rate within `tol`
+    of the best option's; None if the last step of the window is still off."""
+    last_bad = None
+    for s in range(start, end):
+        rates = rates_for(res.batch[s])
+        if rates[res.options[s]] < (1.0 - tol) * max(rates.values()):
+            last_bad = s
+    if last_bad is None:
+        return 0
+    return None if last_bad == end - 1 else last_bad + 1 - start
+
+
+def switching_run(costs: CostTable, bs: int, cfg: AutoConfig, period: int = 200, p_high: float = 0.85,
+                  length: int = 1024, seed: int = 0, tol: float = 0.15) -> tuple:
+    """Acceptance switches between 0 and `p_high` every `period` steps (every position matches, so the
+    features cannot tell). Returns (results, follow steps per switch that has a full window)."""
+    reqs = synthetic_requests(2 * bs + 2, length, (0.0, p_high), cfg.max_chain, cfg.tree_width,
+                              match_rate=1.0, seed=seed)
+    res = run_all(reqs, costs, bs, cfg, regime_of_step=lambda s: (s // period) % 2)
+    auto = res["auto"]
+    cache: dict = {}
+
+    def rates_for(regime):
+        def get(b):
+            if (regime, b) not in cache:
+                cache[(regime, b)] = regime_rates(reqs, regime, costs, b, cfg)
+            return cache[(regime, b)]
+        return get
+    follow = []
+    for s0 in range(period, len(auto.options) - period + 1, period):
+        if auto.batch[s0 + period - 1] != bs:  # only windows with a full batch (no draining tail)
+            break
+        follow.append(follow_steps(auto, s0, s0 + period, rates_for((s0 // period) % 2), tol))
+    return res, follow
+
+
+# -------------------------------------------------------------------------------------------- scenarios
+SCENARIOS = {"zero": (0.0,), "low": (0.3,), "high": (0.85,)}
+
+
+def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, length=256, seed=0,
+                    cfg: Optional[AutoConfig] = None, replay: bool = False, switch_period: int = 200) -> dict:
+    cfg = cfg or AutoConfig()
+    rows = []
+    for table in tables:
+        costs = cost_table(table)
+        for bs in batch_sizes:
+            for name, ps in SCENARIOS.items():
+                reqs = synthetic_requests(n_requests, length, ps, cfg.max_chain, cfg.tree_width, seed=seed)
+                rows.append({"table": table, "bs": bs, "trace": f"synthetic-{name}", **summarize(
+                    run_all(reqs, costs, bs, cfg))})
+            res, follow = switching_run(costs, bs, cfg, switch_period, seed=seed)
+            rows.append({"table": table, "bs": bs, "trace": f"switch-0/0.85-every-{switch_period}",
+                         "follow_steps": follow, "follow_bound": follow_bound_steps(cfg), **summarize(res)})
+            if replay:
+                reqs = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width)
+                rows.append({"table": table, "bs": bs, "trace": "replay-default", **summarize(
+                    run_all(reqs, costs, bs, cfg))})
+    return {"config": cfg.__dict__, "rows": rows,
+            "cost_tables": {t: cost_table(t).to_json() for t in tables}}
+
+
+def format_rows(rows) -> str:
+    head = f"{'table':<16} {'bs':>3} {'trace':<26} {'none':>8} {'best fixed':>18} {'auto':>8} " \
+           f"{'auto/none':>9} {'auto/best':>9}  auto options (steps)"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        tps = r["tokens_per_s"]
+        best = f"{r['best_fixed']} {tps[r['best_fixed']]:.1f}"
+        mix = ", ".join(f"{k}:{v}" for k, v in list(r["auto_option_steps"].items())[:3])
+        extra = f"  follow {r['follow_steps']} (bound {r['follow_bound']})" if "follow_steps" in r else ""
+        lines.append(f"{r['table']:<16} {r['bs']:>3} {r['trace']:<26} {tps['none']:>8.1f} {best:>18} "
+                     f"{tps['auto']:>8.1f} {r['auto_vs_none']:>9.3f} {r['auto_vs_best_fixed']:>9.3f}  {mix}{extra}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("sim", help="simulate auto verify control against fixed modes (CPU)")
+    _fill_parser(p)
+    p.set_defaults(func=run_cli)
+    return p
+
+
+def _fill_parser(p):
+    p.add_argument("--batch-sizes", default="1,8,64", help="comma-separated concurrent requests")
+    p.add_argument("--tables", default=",".join(COST_TABLES), help=f"cost tables: {', '.join(COST_TABLES)}")
+    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--length", type=int, default=256, help="tokens per synthetic request")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replay", action="store_true", help="also the replayed default trace (builds the corpus)")
+    p.add_argument("--json", help="write the report here")
+
+
+def run_cli(args, argv=None) -> int:
+    bss = tuple(int(x) for x in args.batch_sizes.split(","))
+    tables = tuple(t for t in args.tables.split(",") if t)
+    for t in tables:
+        if t not in COST_TABLES:
+            print(f"--tables: unknown table {t!r}; choose from {', '.join(COST_TABLES)}", file=sys.stderr)
+            return 2
+    rep = scenario_report(bss, tables, args.requests, args.length, args.seed, replay=args.replay)
+    rep["repro_command"] = "python -m fastverify.sim " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"# fastverify.sim: simulated decode loop, real controller; config {json.dumps(rep['config'])}")
+    for t, tab in rep["cost_tables"].items():
+        print(f"# cost table {t} (ms): " + ", ".join(f"{k}:{v:.2f}" for k, v in tab["verify_ms"].items()))
+    print(format_rows(rep["rows"]))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rep, f, indent=1)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fastverify.sim", description=__doc__.split("\n")[0])
+    _fill_parser(p)
+    args = p.parse_args(argv)
+    return run_cli(args, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
