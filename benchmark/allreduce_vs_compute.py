@@ -177,10 +177,14 @@ class _Ctx:
         self.rank, self.world = rank, world
         torch.cuda.set_device(rank)
         self.dev = torch.device("cuda", rank)
+        import datetime
+
+        # a rank that fails alone must not leave its peer waiting for the default 10-30 minutes
+        tmo = datetime.timedelta(seconds=opts.get("collective_timeout_s", 60))
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                device_id=self.dev)
+                                device_id=self.dev, timeout=tmo)
         self.group = dist.group.WORLD
-        self.cpu_group = dist.new_group(backend="gloo")
+        self.cpu_group = dist.new_group(backend="gloo", timeout=tmo)
         self.stream = torch.cuda.Stream()
         torch.cuda.set_stream(self.stream)
         self.plan, self.opts = plan, opts

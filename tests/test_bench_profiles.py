@@ -376,3 +376,10 @@ def test_extract_allreduce(tmp_path):
     dst = str(tmp_path / "k.json")
     assert cmp.main(["--extract-allreduce", src, dst]) == 0
     assert cmp.main([dst, dst]) == 0
+
+
+def test_cli_subcommand_dispatches(capsys):
+    import cli as bench_cli
+    assert bench_cli.main(["bench", "allreduce", "--dry-run", "--widths", "8", "--backends", "nccl"]) == 0
+    assert "122 all-reduces per pass" in capsys.readouterr().out
+    assert bench_cli.main(["bench", "compare", "missing-a.json", "missing-b.json"]) == 2
