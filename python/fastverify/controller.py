@@ -373,7 +373,7 @@ class AutoConfig:
     tree_width: int = 8  # tokens of a tree verify per request (root included); 0: no tree option
     chain_widths: tuple = ()  # verify widths the server can run for chains (root included); () = 2..K+1
     hysteresis: float = 0.03  # --speculative-ngram-auto-hysteresis
-    half_life_steps: float = 8.0
+    half_life_steps: float = 16.0  # forgetting of the gain model; sets the follow bound (follow_bound_steps)
     prior_strength: float = 4.0
     shape: str = "ragged"  # "uniform": every request in a verify pass occupies `width` slots
     log_interval_s: float = 30.0

@@ -1,0 +1,282 @@
+"""The auto verify controller: cost tables, gain model, decision rule (golden and property tests), shadow
+resolution, logging and metrics. Pure Python; runs in both CPU environments."""
+import json
+import math
+import random
+
+import pytest
+
+from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, CostTableError,
+                                   DraftFeatures, GainModel, Option, RequestView, ShadowTracker, calibrate,
+                                   chain_accept, choose, draft_features, evaluate, follow_bound_steps,
+                                   load_cost_table, options_for, parse_cost_table, tree_accept)
+
+FLAT = CostTable(((1, 10.0), (64, 10.0)), ((1, 10.0), (8, 10.0), (64, 10.0)), "flat")  # verify as cheap as decode
+LINEAR = CostTable(((1, 10.0), (8, 17.0)), ((1, 10.0), (8, 17.0), (64, 73.0)), "linear")  # 1 ms per token + 9
+
+
+# ------------------------------------------------------------------------------------------- cost tables
+def test_cost_table_interpolates_and_extrapolates():
+    assert LINEAR.verify_ms(4) == pytest.approx(13.0)
+    assert LINEAR.verify_ms(128) == pytest.approx(137.0)  # linear from the last two points
+    assert LINEAR.verify_ms(0) == 10.0  # flat below the first point
+    assert LINEAR.decode_ms(2) == pytest.approx(11.0)
+
+
+def test_parse_cost_table_forms(tmp_path):
+    t = parse_cost_table({"decode_ms": {"1": 12.2, "8": 13}, "verify_ms": {"2": 14.8, "8": 30.0}})
+    assert t.decode == ((1, 12.2), (8, 13.0)) and t.verify_ms(8) == 30.0
+    t1 = parse_cost_table({"decode_ms": 12.2, "verify_ms": {"8": 30.0}})  # the replay tool's single-stream form
+    assert t1.decode_ms(1) == 12.2
+    wrapped = parse_cost_table({"gpu": "H200", "cost_table": {"decode_ms": {"1": 1}, "verify_ms": {"1": 2}}})
+    assert wrapped.verify_ms(1) == 2.0
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(t.to_json()))
+    assert load_cost_table(p).verify == t.verify
+
+
+@pytest.mark.parametrize("obj, match", [
+    ([], "expected a JSON object"),
+    ({"verify_ms": {"1": 1}}, "missing key 'decode_ms'"),
+    ({"decode_ms": {"1": 1}, "verify_ms": {}}, "'verify_ms' must be a non-empty object"),
+    ({"decode_ms": {"1": 1}, "verify_ms": {"x": 1}}, "key 'x' is not an integer"),
+    ({"decode_ms": {"1": 1}, "verify_ms": {"0": 1}}, "must be an integer >= 1"),
+    ({"decode_ms": {"1": -1}, "verify_ms": {"1": 1}}, "positive number of milliseconds"),
+    ({"decode_ms": {"1": 1}, "verify_ms": {"1": float("nan")}}, "positive number of milliseconds"),
+])
+def test_bad_cost_tables(obj, match):
+    with pytest.raises(CostTableError, match=match):
+        parse_cost_table(obj)
+
+
+def test_bad_cost_table_files(tmp_path):
+    with pytest.raises(CostTableError, match="--speculative-ngram-auto-cost-table .*file not found"):
+        load_cost_table(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(CostTableError, match="not valid JSON"):
+        load_cost_table(bad)
+
+
+def test_calibrate_takes_medians_and_respects_budget():
+    calls = []
+
+    def time_pass(kind, n):
+        calls.append((kind, n))
+        k = sum(1 for c in calls if c == (kind, n))
+        return {1: 5.0, 2: 1.0, 3: 100.0}[k] + n  # median of (5, 1, 100) is 5
+
+    logs = []
+    t = calibrate(time_pass, [1, 4], [2, 8], repeats=3, log=logs.append)
+    assert t.decode == ((1, 6.0), (4, 9.0)) and t.verify == ((2, 7.0), (8, 13.0))
+    assert logs and "2 decode + 2 verify points" in logs[0]
+    clock = iter(range(100)).__next__  # each clock() call advances one second
+    t2 = calibrate(lambda k, n: 1.0, [1, 2, 4, 8], [1, 2, 4, 8], repeats=1, budget_s=3, clock=clock)
+    assert len(t2.decode) + len(t2.verify) < 8  # stopped by the budget, kept the small points
+    with pytest.raises(CostTableError, match="time budget"):
+        calibrate(lambda k, n: 1.0, [1], [1], budget_s=-1)
+
+
+# ------------------------------------------------------------------------------------------- features
+def test_draft_features_and_buckets():
+    # root -> a -> b, root -> c : depth 2, 2 branches
+    assert draft_features([5, 6, 7], [-1, 0, -1]) == DraftFeatures(2, 2)
+    assert draft_features([], []) == DraftFeatures(0, 0)
+
+
+def test_chain_and_tree_accept_golden():
+    assert chain_accept([1, 2, 3], [1, 2, 9, 9]) == (2, True)
+    assert chain_accept([1, 2, 3], [1, 2]) == (2, False)  # continuation not known yet
+    assert chain_accept([1, 2, 3], [1, 2, 3]) == (3, True)
+    tokens, parents = [1, 2, 4, 3], [-1, 0, -1, 1]  # 1 -> 2 -> 3, and 4
+    assert tree_accept(tokens, parents, [1, 2, 3, 7]) == (3, True)
+    assert tree_accept(tokens, parents, [4, 2]) == (1, True)  # 4 has no children
+    assert tree_accept(tokens, parents, [1, 5]) == (1, True)
+    assert tree_accept(tokens, parents, [1]) == (1, False)
+
+
+def test_shadow_tracker_resolves_at_first_divergence():
+    sh = ShadowTracker()
+    f = DraftFeatures(3, 1)
+    seq = [10, 11, 12]
+    sh.record("a", 3, f, [20, 21, 22], [20, 30], [-1, -1])
+    assert sh.advance("a", seq) == []
+    seq += [20]
+    assert sh.advance("a", seq) == []  # chain 20 ok, tree 20 leaf -> tree resolved, chain not yet
+    seq += [21, 99]
+    assert sh.advance("a", seq) == [(f, 2, 1)]
+    assert sh.advance("a", seq) == []  # resolved once
+    sh.record("a", 6, f, [1])
+    sh.drop("a")
+    assert sh.advance("a", seq + [1]) == []
+
+
+# ------------------------------------------------------------------------------------------- gain model
+def test_gain_model_learns_distribution_and_forgets():
+    g = GainModel(max_chain=4, tree_depth=3, half_life_steps=4)
+    f = DraftFeatures(4, 1)
+    chain, tree = g.expected("r", f, 0)
+    assert chain[0] == 0.0 and tree == 0.0  # pessimistic cold start
+    for step in range(1, 200):
+        g.observe("r", f, step, 4, 3)
+    chain, tree = g.expected("r", f, 200)
+    assert chain == pytest.approx([1, 2, 3, 4], rel=1e-3) and tree == pytest.approx(3, rel=1e-3)
+    for step in range(200, 260):
+        g.observe("r", f, step, 0, 0)
+    chain, _ = g.expected("r", f, 260)
+    assert chain[3] < 0.01  # 60 steps = 15 half-lives later the old regime is gone
+
+
+def test_gain_model_separates_matched_from_unmatched():
+    g = GainModel(max_chain=3, tree_depth=0)
+    hit, miss = DraftFeatures(5, 1), DraftFeatures(0, 0)
+    for s in range(1, 100):
+        g.observe("r", hit, s, 3)
+        g.observe("r", miss, s, 0)
+    assert g.expected("r", hit, 100)[0][2] > 2.9
+    assert g.expected("r", miss, 100)[0][2] < 0.1
+    assert g.expected("new", hit, 100)[0][2] > 2.5  # a new request starts from what others showed
+
+
+# -------------------------------------------------------------------------------------- decision rule
+def _evals(costs, gains_by_option, bs, shape="ragged"):
+    opts = options_for(4, 6)
+    out = []
+    for o in opts:
+        g = gains_by_option(o)
+        out.append(evaluate(o, costs, [g] * bs, shape))
+    return out
+
+
+def test_golden_rates():
+    # bs 2, chain 2 (width 3): verify(6 tokens) on LINEAR = 15 ms; 2 requests x (1 + 1.5) tokens
+    e = evaluate(Option(CHAIN, 2, 3), LINEAR, [1.5, 1.5])
+    assert e.pass_ms == pytest.approx(15.0) and e.tokens == pytest.approx(5.0) and e.rate == pytest.approx(5 / 15)
+    # request 2 has gain (1 + 0.2) * 11 / 15 < 1: it verifies nothing; ragged pass = 3 + 1 tokens
+    e = evaluate(Option(CHAIN, 2, 3), LINEAR, [1.5, 0.2])
+    assert e.speculate == (True, False) and e.pass_ms == pytest.approx(13.0) and e.tokens == pytest.approx(3.5)
+    e = evaluate(Option(CHAIN, 2, 3), LINEAR, [1.5, 0.2], shape="uniform")
+    assert e.pass_ms == pytest.approx(15.0)
+    assert evaluate(Option(NONE), LINEAR, [9.0, 9.0]).rate == pytest.approx(2 / 11)
+
+
+def test_acceptance_zero_picks_none_unless_verify_is_free():
+    for bs in (1, 4, 32):
+        evals = _evals(LINEAR, lambda o: 0.0, bs)
+        assert choose(evals, None, 0.03).option.kind == NONE
+
+
+def test_chain_beats_tree_when_cost_grows_with_tokens():
+    # same expected acceptance for chain 4 and the 6-wide tree: the chain's pass is smaller
+    evals = _evals(LINEAR, lambda o: 0.0 if o.kind == NONE else min(o.k, 3) * 0.9, 1)
+    best = choose(evals, None, 0.0).option
+    assert best.kind == CHAIN
+    evals = _evals(FLAT, lambda o: 0.0 if o.kind == NONE else (2.0 if o.kind == TREE else 0.3 * o.k), 1)
+    assert choose(evals, None, 0.0).option.kind == TREE  # verify is free: the tree's extra acceptance wins
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_property_never_below_none_by_more_than_hysteresis(seed):
+    rng = random.Random(seed)
+    h = rng.choice([0.0, 0.03, 0.1])
+    bs = rng.choice([1, 2, 8, 32])
+    pts = sorted(rng.sample(range(1, 300), 4))
+    vals = sorted(rng.uniform(5, 50) for _ in pts)
+    costs = CostTable(((1, vals[0]),), tuple(zip(pts, vals)))
+    opts = options_for(5, 8)
+    current = None
+    for _ in range(20):
+        per_req = [sorted(rng.uniform(0, 3) for _ in range(5)) for _ in range(bs)]
+        evals = [evaluate(o, costs, [0.0 if o.kind == NONE else (r[o.k - 1] if o.kind == CHAIN else r[-1] * 1.1)
+                                     for r in per_req]) for o in opts]
+        e = choose(evals, current, h)
+        best = max(x.rate for x in evals)
+        none = evals[0].rate
+        assert e.rate * (1 + h) >= best - 1e-12
+        assert e.rate * (1 + h) >= none - 1e-12
+        current = e.option
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_property_monotonic_in_cost_and_gain(seed):
+    rng = random.Random(seed)
+    bs = rng.choice([1, 4, 16])
+    base = rng.uniform(5, 20)
+    slope = rng.uniform(0.01, 2)
+    costs = CostTable(((1, base), (bs, base + slope * (bs - 1))),
+                      ((1, base), (512, base + slope * 511)))
+    gains = [rng.uniform(0, 2) for _ in range(bs)]
+    o = Option(CHAIN, 3, 4)
+    r0 = evaluate(o, costs, gains).rate
+    # more expected acceptance never lowers an option's rate; a dearer verify never raises it
+    assert evaluate(o, costs, [g + 0.5 for g in gains]).rate >= r0 - 1e-12
+    assert evaluate(o, costs.scaled(verify=1.5), gains).rate <= r0 + 1e-12
+    # the choice: more gain never moves from speculating to none; dearer verify never moves from none to spec
+    def pick(c, gs):
+        ev = [evaluate(op, c, [0.0 if op.kind == NONE else g * min(op.k, 3) / 3 for g in gs])
+              for op in options_for(4, 0)]
+        return choose(ev, None, 0.0).option
+    p0 = pick(costs, gains)
+    if p0.kind != NONE:
+        assert pick(costs, [g * 2 for g in gains]).kind != NONE
+    else:
+        assert pick(costs.scaled(verify=2.0), gains).kind == NONE
+
+
+def test_hysteresis_keeps_current_within_margin():
+    a = evaluate(Option(NONE), FLAT, [0.0])  # rate 0.1
+    b = evaluate(Option(CHAIN, 1, 2), FLAT, [0.02])  # rate 0.102
+    assert choose([a, b], Option(NONE), 0.03).option.kind == NONE
+    assert choose([a, b], None, 0.03).option.kind == CHAIN
+    c = evaluate(Option(CHAIN, 2, 3), FLAT, [0.5])
+    assert choose([a, b, c], Option(NONE), 0.03).option.k == 2
+
+
+def test_options_for_captured_widths():
+    labels = [o.label for o in options_for(7, 8, chain_widths=(2, 4, 8))]
+    assert labels == ["none", "chain1", "chain3", "chain7", "tree8"]
+    assert [o.label for o in options_for(2, 0)] == ["none", "chain1", "chain2"]
+
+
+# ------------------------------------------------------------------------------------------- controller
+def test_auto_config_validation():
+    with pytest.raises(ValueError, match="--speculative-ngram-auto-hysteresis"):
+        AutoConfig(hysteresis=0.7)
+    with pytest.raises(ValueError, match="--speculative-num-draft-tokens"):
+        AutoConfig(max_chain=0)
+    with pytest.raises(ValueError, match="shape must be one of ragged, uniform"):
+        AutoConfig(shape="square")
+    assert follow_bound_steps(AutoConfig(max_chain=7, half_life_steps=8)) == 8 + math.ceil(8 * math.log2(10))
+
+
+def test_controller_cold_start_learns_and_logs_rarely():
+    logs = []
+    now = [0.0]
+    c = Controller(AutoConfig(max_chain=3, tree_width=0, log_interval_s=10.0), LINEAR, log=logs.append,
+                   clock=lambda: now[0])
+    f = DraftFeatures(4, 1)
+    views = [RequestView("a", f), RequestView("b", f)]
+    assert c.decide(views).option.kind == NONE  # nothing seen yet: no speculation
+    for step in range(40):
+        for r in ("a", "b"):
+            c.observe(r, f, 3)
+        d = c.decide(views)
+        now[0] += 1.0
+    assert d.option == Option(CHAIN, 3, 4) and d.speculate == (True, True)
+    assert 3 <= len(logs) <= 5  # 41 decisions over 40 s at one line per 10 s
+    assert {"option", "rates_tok_per_ms", "decode_ms", "pass_ms", "bs"} <= set(logs[-1])
+    m = c.metrics()
+    assert m["auto_chain_k"] == 3.0 and m["auto_steps_total"] == 41.0 and m["auto_steps_none_total"] >= 1
+    assert m["auto_expected_speedup"] > 1.0
+    c.finish("a")
+    assert ("a", True) not in c.gain._local
+
+
+def test_controller_gates_unmatched_requests():
+    c = Controller(AutoConfig(max_chain=2, tree_width=0), LINEAR)
+    hit, miss = DraftFeatures(4, 1), DraftFeatures(0, 0)
+    for _ in range(30):
+        c.observe("a", hit, 2)
+        c.observe("b", miss, 0)
+        d = c.decide([RequestView("a", hit), RequestView("b", miss)])
+    assert d.option.kind == CHAIN and d.speculate == (True, False)
