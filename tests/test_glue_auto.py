@@ -1,0 +1,142 @@
+"""glue/auto.py on stand-in worker objects (no SGLang import): flag checks, the per-step width choice with
+per-request gating and the runtime swap through patch 0008's verify_runtime, the chain view for 0005."""
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fastverify.chain import chain_mask
+from fastverify.glue import auto
+from fastverify.glue.verify_runtime import VIEW_LISTS, VerifyRuntime, WidthRuntimes
+from fastverify.widths import parse_widths
+
+K = 4
+
+
+def _spec(tmp_path, table, **kw):
+    p = tmp_path / "costs.json"
+    p.write_text(json.dumps(table))
+    base = dict(speculative_ngram_verify_mode="auto", speculative_num_draft_tokens=K,
+                speculative_ngram_verify_widths="1,2,4", speculative_ngram_auto_cost_table=str(p),
+                speculative_ngram_auto_hysteresis=0.03, enable_metrics=False, decode_log_interval=40)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _worker(widths=(1, 2, 4)):
+    w = SimpleNamespace(model_runner=SimpleNamespace(attn_backend="attn4", decode_cuda_graph_runner=None),
+                        draft_token_num=K, speculative_num_draft_tokens=K, enable_overlap=False)
+    runtimes = {x: VerifyRuntime(x, f"attn{x}", None, {name: f"views{x}" for name, *_ in VIEW_LISTS})
+                for x in widths}
+    w._fv_widths = WidthRuntimes(parse_widths(",".join(map(str, widths)), K, "auto"), runtimes, K)
+    return w
+
+
+CHEAP = {"decode_ms": {"1": 10, "64": 10}, "verify_ms": {"1": 10, "256": 10.5}}  # verify ~ free
+DEAR = {"decode_ms": {"1": 10, "64": 12}, "verify_ms": {"1": 10, "8": 30, "256": 900}}  # 3x at 8 tokens
+
+
+def _drafts(rows):
+    """Chain-format drafts [bs*K] (root then the chain, zero-padded) and the lower-triangular mask."""
+    toks = np.zeros((len(rows), K), dtype=np.int64)
+    for i, r in enumerate(rows):
+        toks[i, 1:1 + len(r)] = r
+    return toks.reshape(-1), chain_mask(len(rows), K).reshape(-1)
+
+
+def _run(worker, spec, streams, steps, draft_of):
+    """Greedy decode of fixed `streams` (the target's output); each step the drafter proposes draft_of(s, n)."""
+    auto.setup(worker, spec)
+    reqs = [SimpleNamespace(rid=f"r{i}", output_ids=list(s[:1])) for i, s in enumerate(streams)]
+    widths = []
+    for _ in range(steps):
+        batch = SimpleNamespace(reqs=reqs, has_grammar=False)
+        rows = [draft_of(streams[i], len(r.output_ids)) for i, r in enumerate(reqs)]
+        toks, mask = _drafts(rows)
+        out_t, out_m = auto.step_drafts(worker, batch, toks, mask, len(reqs))
+        width = worker.draft_token_num
+        widths.append(width)
+        assert worker.model_runner.attn_backend == f"attn{width}"
+        assert len(out_t) == len(reqs) * width and len(out_m) == len(reqs) * width * width
+        # verify: accept the longest prefix of the truncated chain that matches the stream, plus a bonus token
+        for i, r in enumerate(reqs):
+            chain = out_t.reshape(len(reqs), width)[i, 1:]
+            n = len(r.output_ids)
+            acc = 0
+            while acc < len(chain) and n + acc < len(streams[i]) and chain[acc] == streams[i][n + acc]:
+                acc += 1
+            r.output_ids = list(streams[i][:n + acc + 1])
+        from fastverify.glue.verify_runtime import finish_step
+        import torch
+        finish_step(worker, torch.zeros(len(reqs) * width, dtype=torch.int64), len(reqs))
+        assert worker.draft_token_num == K
+    return widths
+
+
+def test_perfect_drafts_pick_the_widest_chain_when_verify_is_cheap(tmp_path):
+    streams = [list(range(100, 400)), list(range(500, 800))]
+    widths = _run(_worker(), _spec(tmp_path, CHEAP), streams, 40,
+                  lambda s, n: s[n:n + K - 1])  # the drafter predicts the next K-1 tokens exactly
+    assert widths[0] == 1  # cold start: nothing seen yet
+    assert widths[-10:] == [K] * 10
+
+
+def test_useless_drafts_keep_width_one(tmp_path):
+    streams = [list(range(100, 400))]
+    widths = _run(_worker(), _spec(tmp_path, DEAR), streams, 60, lambda s, n: [7, 7, 7])
+    assert widths == [1] * 60
+
+
+def test_unmatched_request_is_gated_to_no_draft(tmp_path):
+    streams = [list(range(100, 400)), list(range(500, 800))]
+    worker = _worker()
+    spec = _spec(tmp_path, CHEAP)
+    _run(worker, spec, streams, 30, lambda s, n: s[n:n + K - 1] if s[0] == 100 else [])
+    reqs = [SimpleNamespace(rid="r0", output_ids=streams[0][:200]), SimpleNamespace(rid="r1", output_ids=streams[1][:200])]
+    toks, mask = _drafts([streams[0][200:203], []])
+    out_t, _ = auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False), toks, mask, 2)
+    w = worker.draft_token_num
+    assert w > 1
+    rows = out_t.reshape(2, w)
+    assert list(rows[0, 1:]) == streams[0][200:200 + w - 1] and not rows[1, 1:].any()
+
+
+def test_flag_checks(tmp_path):
+    spec = _spec(tmp_path, CHEAP)
+    assert auto.validate_server_args(spec).chain_widths == (2, 4)
+    with pytest.raises(ValueError, match="--speculative-ngram-verify-widths with 1"):
+        auto.validate_server_args(_spec(tmp_path, CHEAP, speculative_ngram_verify_widths="2,4"))
+    with pytest.raises(ValueError, match="--speculative-ngram-verify-widths with 1"):
+        auto.validate_server_args(_spec(tmp_path, CHEAP, speculative_ngram_verify_widths=None))
+    with pytest.raises(ValueError, match="--speculative-ngram-auto-hysteresis"):
+        auto.validate_server_args(_spec(tmp_path, CHEAP, speculative_ngram_auto_hysteresis=0.9))
+    with pytest.raises(ValueError, match="--speculative-ngram-auto-cost-table needs --speculative-ngram-verify-mode auto"):
+        auto.validate_server_args(_spec(tmp_path, CHEAP, speculative_ngram_verify_mode="chain"))
+    with pytest.raises(ValueError, match="--speculative-ngram-auto-cost-table .*missing key 'verify_ms'"):
+        auto.validate_server_args(_spec(tmp_path, {"decode_ms": 1}))
+    assert auto.validate_server_args(_spec(tmp_path, CHEAP, speculative_ngram_verify_mode="tree",
+                                           speculative_ngram_auto_cost_table=None)) is None
+
+
+def test_chain_view_and_verify_shape(tmp_path):
+    spec = _spec(tmp_path, CHEAP)
+    v = auto.chain_view(spec)
+    assert v.speculative_ngram_verify_mode == "chain" and v.speculative_num_draft_tokens == K
+    tree = SimpleNamespace(speculative_ngram_verify_mode="tree")
+    assert auto.chain_view(tree) is tree
+    assert auto.verify_shape("auto") == "chain" and auto.verify_shape("tree") == "tree"
+
+
+def test_not_auto_is_a_no_op(tmp_path):
+    worker = _worker()
+    assert auto.setup(worker, _spec(tmp_path, CHEAP, speculative_ngram_verify_mode="chain")) is None
+    toks, mask = _drafts([[1, 2, 3]])
+    out = auto.step_drafts(worker, SimpleNamespace(reqs=[], has_grammar=False), toks, mask, 1)
+    assert out[0] is toks and out[1] is mask
+
+
+def test_calibrate_worker_needs_graphs(tmp_path):
+    from fastverify.controller import CostTableError
+    with pytest.raises(CostTableError, match="CUDA graphs are off"):
+        auto.calibrate_worker(_worker())
