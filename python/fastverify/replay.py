@@ -239,14 +239,16 @@ def _mask_from_parents(parents: Sequence[int]) -> list[list[int]]:
     return rows
 
 
-def _adapter_chain_from_tree(tokens: Sequence[int], parents: Sequence[int], k: int,
-                             match_type: str = "BFS") -> list[int]:
+def chain_path(tokens: Sequence[int], parents: Sequence[int], k: int, match_type: str = "BFS") -> list[int]:
     """Real draft tokens of the corpus' best path (fastverify.chain.extract_chains), cut to k tokens."""
     from fastverify.chain import extract_chains
 
     chain_tokens, chain_len = extract_chains([list(tokens)], [_mask_from_parents(parents)], match_type)
     n = int(chain_len[0])
     return [int(t) for t in chain_tokens[0, 1:1 + n]][:k]
+
+
+_adapter_chain_from_tree = chain_path  # earlier name, still used by fastverify.sim
 
 
 # ------------------------------------------------------------------------------------------ replay
