@@ -140,3 +140,56 @@ def test_calibrate_worker_needs_graphs(tmp_path):
     from fastverify.controller import CostTableError
     with pytest.raises(CostTableError, match="CUDA graphs are off"):
         auto.calibrate_worker(_worker())
+
+
+# ------------------------------------------------------------------ patched SGLang (series through 0007)
+def _patched_copy(tmp_path_factory):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    sglang = pytest.importorskip("sglang")
+    version = getattr(sglang, "__version__", "")
+    root = Path(__file__).resolve().parents[1]
+    series_dir = root / "patches" / f"sglang-{version}"
+    pristine = root / ".scratch" / "pristine" / version / "sglang"
+    if not series_dir.is_dir() or not pristine.is_dir():
+        pytest.skip(f"no series or pristine copy for SGLang {version}")
+    dst = tmp_path_factory.mktemp(f"sglang-{version}")
+    shutil.copytree(pristine, dst / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    names = [ln.strip() for ln in (series_dir / "series").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    for name in names:
+        subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-i", str(series_dir / name)], cwd=dst, check=True)
+    return dst, root
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    import os
+    import subprocess
+    import sys
+
+    folder, root = _patched_copy(tmp_path_factory)
+    model = tmp_path_factory.mktemp("tiny-model")
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 1000,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5}))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(root / "python"), str(root / "tests" / "stubs"),
+                                         env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, str(root / "tests" / "auto_probe.py"), str(model)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    return json.loads(line[0][6:])
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_server_args(probe):
+    assert probe["ok"] == {"speculative_ngram_verify_mode": "auto", "speculative_eagle_topk": 1,
+                           "speculative_num_steps": 7, "speculative_ngram_auto_hysteresis": 0.03}
+    assert "--speculative-ngram-verify-widths with 1" in probe["no_widths"]["error"]
+    assert "--speculative-ngram-auto-hysteresis must be in [0, 0.5)" in probe["bad_hysteresis"]["error"]
+    assert "needs --speculative-ngram-verify-mode auto" in probe["table_without_auto"]["error"]
