@@ -43,6 +43,7 @@ if [ -n "${FI_PREBUILT_DIR:-}" ]; then
       echo "no $FI_PREBUILT_DIR/$2.so: the GPU machine compiles $2 on first use"
     fi
   done
+# (the build links -lcuda: $CUDA_HOME/lib64/stubs/libcuda.so must exist, or build by hand and use FI_PREBUILT_DIR)
 elif command -v nvcc >/dev/null && nvcc --version | grep -q "V13.0.88" && [ -n "${FI_BUILD_PY:-}" ]; then
   for spec in "0.6.14 gen_trtllm_comm_module trtllm_comm" "0.7.2 gen_pcie_ipc_comm_module pcie_ipc_comm"; do
     set -- $spec
