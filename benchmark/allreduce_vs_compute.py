@@ -108,7 +108,10 @@ def build_plan(args: argparse.Namespace) -> Dict[str, Any]:
     tokens = token_counts(args.widths, args.batch_sizes)
     jobs: List[Dict[str, Any]] = []
     b = set(args.backends)
-    if "nccl" in b or args.compute:
+    if getattr(args, "compute_only", False):
+        b = set()
+        jobs.append({"name": "compute", "env": {}, "variants": [], "compute": True, "pass": False})
+    elif "nccl" in b or args.compute:
         jobs.append({"name": "nccl", "env": {}, "variants": ["nccl"], "compute": args.compute, "pass": True})
     sym = [v for v in ("symm-oneshot", "symm-twoshot") if v in b]
     if sym:
@@ -142,6 +145,7 @@ def build_plan(args: argparse.Namespace) -> Dict[str, Any]:
         "pass_counts": {str(t): summaries[t] for t in tokens},
         "jobs": jobs,
         "sglang_custom": "sglang-custom" in b,
+        "compute_only": bool(getattr(args, "compute_only", False)),
     }
 
 
@@ -690,6 +694,12 @@ def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[s
                 "arnorm_unfused_pass_us": rec.get("arnorm_unfused_graph_us_pass"),
                 "compute_us": comp, "pass_us": pas, "ar_share": share,
             })
+    if plan.get("compute_only"):
+        for t in plan["tokens"]:
+            rows.append({"backend": "compute-only", "tokens": t, "error": None, "ar_graph_us": None,
+                         "ar_eager_us": None, "ar_only_pass_us": None, "arnorm_pass_us": None,
+                         "arnorm_unfused_pass_us": None, "compute_us": compute.get(str(t)), "pass_us": None,
+                         "ar_share": None})
     targets = evaluate_targets(plan, rows)
     return {"rows": rows, "wrong_results": wrong, "targets": targets, "nccl_best": best}
 
@@ -796,6 +806,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-sizes", default="1", help="batch sizes (tokens = k x batch)")
     ap.add_argument("--backends", default="all", help=f"all or a comma list of: {', '.join(ALL_BACKENDS)}")
     ap.add_argument("--no-compute", dest="compute", action="store_false", help="skip the compute-only pass")
+    ap.add_argument("--compute-only", action="store_true",
+                    help="only the compute-only pass (runs on 1 GPU with --world 1): the GEMM side of the split")
     ap.add_argument("--no-passes", dest="passes", action="store_false",
                     help="only all-reduce timings, no interleaved passes")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per all-reduce measurement")
@@ -832,8 +844,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for b in args.nccl_buffsizes:
         if b != "default" and not b.isdigit():
             ap.error(f"--nccl-buffsizes: {b!r} is neither 'default' nor a byte count")
-    if args.world < 2:
-        ap.error("--world: an all-reduce needs at least 2 GPUs")
+    if args.world < 2 and not args.compute_only:
+        ap.error("--world: an all-reduce needs at least 2 GPUs (or use --compute-only)")
     return args
 
 

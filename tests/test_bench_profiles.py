@@ -383,3 +383,14 @@ def test_cli_subcommand_dispatches(capsys):
     assert bench_cli.main(["bench", "allreduce", "--dry-run", "--widths", "8", "--backends", "nccl"]) == 0
     assert "122 all-reduces per pass" in capsys.readouterr().out
     assert bench_cli.main(["bench", "compare", "missing-a.json", "missing-b.json"]) == 2
+
+
+def test_compute_only_plan_and_rows():
+    args = avc.parse_args(["--compute-only", "--world", "1", "--widths", "1,8"])
+    plan = avc.build_plan(args)
+    assert [j["name"] for j in plan["jobs"]] == ["compute"] and plan["compute_only"]
+    s = avc.summarize({**plan}, [{"job": "compute", "compute": {"1": 900.0, "8": 1000.0}, "variants": {}}])
+    assert [(r["backend"], r["tokens"], r["compute_us"]) for r in s["rows"]] == [
+        ("compute-only", 1, 900.0), ("compute-only", 8, 1000.0)]
+    with pytest.raises(SystemExit):
+        avc.parse_args(["--world", "1"])
