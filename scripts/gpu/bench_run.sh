@@ -59,17 +59,23 @@ print('LOAD pcie_ipc_comm 0.7.2: aot=%s %.1f s' % (aot, time.time()-t))"
 
 step kernels $(left 90) env CUDA_VISIBLE_DEVICES=0 $PY benchmark/kernels/run.py --json "$OUT/kernels_h200.json"
 
+NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 AT=$(left 290); [ $AT -gt 40 ] && AT=$(( AT - 20 ))
+if [ "$NGPU" -ge 2 ]; then
 step allreduce $AT $PY benchmark/allreduce_vs_compute.py --profile kimi-k2.5 --shard-tp 8 --batch-sizes 1,4 \
   --flashinfer-site $FI614:$TVM --flashinfer-pcie-site $FI072:$TVM --job-timeout 100 \
   --json "$OUT/allreduce_kimi.json" --png "$OUT/allreduce_kimi.png" --write-nccl-profile "$OUT/nccl_tuning_profile.json"
+else  # one GPU: the compute side of the split only
+step allreduce $AT $PY benchmark/allreduce_vs_compute.py --profile kimi-k2.5 --shard-tp 8 --batch-sizes 1,4 \
+  --compute-only --world 1 --json "$OUT/allreduce_kimi.json"
+fi
 [ -f "$OUT/allreduce_kimi.json" ] || cp "$OUT/allreduce_kimi.json.partial" "$LOGS/" 2>/dev/null
 rm -f "$OUT/allreduce_kimi.json.partial"
 [ -f "$OUT/allreduce_kimi.json" ] && step extract 30 $PY benchmark/kernels/compare.py \
   --extract-allreduce "$OUT/allreduce_kimi.json" "$OUT/kernels_allreduce_h200x2.json"
 # Do the NCCL variables reach NCCL in both ranks? With the tuning profile the sweep just wrote, through the
 # same --nccl-tuning-profile path the server uses (fixed flags if the sweep produced none).
-if [ -f benchmark/nccl_env_check.py ]; then
+if [ -f benchmark/nccl_env_check.py ] && [ "$NGPU" -ge 2 ]; then
   if [ -f "$OUT/nccl_tuning_profile.json" ]; then NARGS=(--nccl-tuning-profile "$OUT/nccl_tuning_profile.json")
   else NARGS=(--nccl-proto LL --nccl-max-channels 4); fi
   step nccl_env_check $(left 90) env PYTHONPATH=$ROOT/python $PY benchmark/nccl_env_check.py "${NARGS[@]}" \
