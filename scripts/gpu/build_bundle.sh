@@ -8,8 +8,9 @@
 #                                                (seconds to a minute; run it before each GPU session)
 #
 # Output (all git-ignored):
-#   .scratch/gpu-bundle/           carried in the last transfer: overlay.tar.xz (patched SGLang files + the
-#                                  fastverify package + pre-built JIT modules), models/ (configs, tokenizer),
+#   .scratch/gpu-bundle/           carried in the last transfer: overlay.tar.xz (patched SGLang files, the
+#                                  fastverify package, FlashInfer AOT modules), jitcache.tar.xz (SGLang JIT
+#                                  modules), models/ (configs, tokenizer),
 #                                  the run scripts and MANIFEST.txt
 #   .scratch/gpu-stage/chunk-NN/   the large payload (site.tar.xz = the installed wheel set, and the SmolLM2
 #                                  GGUF) split into parts of <= 60 MiB, one per transfer (stage_chunks.py)
@@ -101,6 +102,14 @@ stage_toolchain() {
         nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-runtime==13.0.96 \
         2> >(grep -v "is ignored" >&2)
   fi
+  # FlashInfer's common headers include cublasLt.h and curand_kernel.h: take the headers (only) of those wheels
+  if [ ! -f "$TK/include/cublasLt.h" ] || [ ! -f "$TK/include/curand_kernel.h" ]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_27_x86_64 \
+        -d "$BUILD/dl-tk" nvidia-cublas==13.0.2.14 nvidia-curand==10.4.5.25 2> >(grep -v "is ignored" >&2)
+    for w in "$BUILD"/dl-tk/nvidia_cublas-13.0.2.14-*.whl "$BUILD"/dl-tk/nvidia_curand-10.4.5.25-*.whl; do
+      unzip -q -o "$w" 'nvidia/cu13/include/*' -d "$BUILD/toolchain"
+    done
+  fi
   ln -sfn lib "$TK/lib64"
   ln -sf libcudart.so.13 "$TK/lib/libcudart.so"
   bash "$HERE/fakecuda/build_stub.sh" "$TK/include/cuda.h" "$BUILD/fakecuda"
@@ -159,18 +168,26 @@ stage_repatch() {
   find "$OV" -name '*.py' | sort | sed "s|^$OV/|  overlay: |" | grep -v "^  overlay: fastverify/" || true
   # JIT pre-build against the patched tree (cached modules are kept; only new cache keys compile)
   stage_prebuild "$P"
+  mkdir -p "$OV/flashinfer/data"; cp -r "$BUILD/aot" "$OV/flashinfer/data/aot"
+  # every server command line of run_e2e.sh must parse with the patched SGLang
+  HOME=/nonexistent bash "$HERE/run_e2e.sh" --print-commands | PYTHONPATH="$ROOT/python:$ROOT/tests/stubs" \
+      "${PREBUILD_PY:-$ROOT/.venv-$VER/bin/python}" "$HERE/check_args.py" "$P" 2>/dev/null | sed 's/^/  args /'
   (cd "$OV" && tar -cf - .) | xz -6 -T0 > "$DEST/overlay.tar.xz"
   (cd "$BUILD/jitcache" && tar -cf - $(find . -name '*.so' | sort)) | xz -6 -T0 > "$DEST/jitcache.tar.xz"
   say "6 repatch: overlay $(du -h "$DEST/overlay.tar.xz" | cut -f1), jitcache $(du -h "$DEST/jitcache.tar.xz" | cut -f1)"
 }
 
 stage_prebuild() {  # $1: folder holding the (patched) sglang package
-  local fiaot=$BUILD/site/flashinfer/data/aot
+  local fiaot=$BUILD/aot          # FlashInfer ahead-of-time modules; they travel in the overlay
   mkdir -p "$BUILD/jitcache"
   # the lead's CPU test venv has every import SGLang's jit_kernel needs; the patched sglang and the
   # device's flashinfer shadow its own through PYTHONPATH (nothing in that venv changes)
   local PYB=${PREBUILD_PY:-$ROOT/.venv-$VER/bin/python}
-  env FAKE_CUDA=1 PYTHONPATH="$1:$HERE/fakecuda:$BUILD/fi-only:$ROOT/python" LD_LIBRARY_PATH="$BUILD/fakecuda" \
+  # FlashInfer's imports that the CPU venv lacks, in a folder of their own
+  [ -d "$BUILD/pydeps/pynvml.py" ] || [ -f "$BUILD/pydeps/pynvml.py" ] || python3 -m pip install -q --no-deps \
+      --target "$BUILD/pydeps" nvidia-ml-py tabulate 2> >(grep -v "is ignored" >&2)
+  mkdir -p "$BUILD/fi-only"; ln -sfn "$BUILD/site/flashinfer" "$BUILD/fi-only/flashinfer"
+  env FAKE_CUDA=1 PYTHONPATH="$1:$HERE/fakecuda:$BUILD/fi-only:$BUILD/pydeps:$ROOT/python" LD_LIBRARY_PATH="$BUILD/fakecuda" \
       CUDA_HOME="$TK" PATH="$TK/bin:$PATH" TVM_FFI_CACHE_DIR="$BUILD/jitcache" \
       FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$BUILD/fiws" MAX_JOBS=2 \
       "$PYB" "$HERE/prebuild_jit.py" --flashinfer-aot "$fiaot" ${PREBUILD_ARGS:---no-trtllm} 2>&1 | tee "$BUILD/prebuild.log"
@@ -212,7 +229,6 @@ if [ -n "${ONLY:-}" ]; then for s in $ONLY; do "stage_$s"; done; exit 0; fi   # 
 stage_download; stage_strip
 [ -d "$BUILD/site/sglang" ] && [ -z "$(find "$BUILD/wheels" -newer "$BUILD/site" -print -quit)" ] || stage_install
 stage_toolchain
-mkdir -p "$BUILD/fi-only"; ln -sfn "$BUILD/site/flashinfer" "$BUILD/fi-only/flashinfer"
 stage_model
 stage_repatch
 stage_pack

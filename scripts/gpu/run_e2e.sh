@@ -3,8 +3,9 @@
 #
 #   bash run_e2e.sh [PLAN]        from the bundle folder (.scratch/gpu-bundle) on the GPU machine
 #   PLAN: "all" (default) or a space-separated list of case names (see cases() below)
-#   env:  OUT (results folder; default $HOME/e2e-out), STORE (staged parts; default /root/stage),
-#         DEADLINE_S (default 560: stop benchmarking, pack and leave inside the command limit)
+#   env:  WITH_WIDTHS=1 / WITH_AUTO=1 (default on: the cases of patches 0008 and 0007; 0 leaves them out), OUT (results folder; default $HOME/e2e-out), STORE (staged parts; default /root/stage),
+#         DEADLINE_S (default 560: stop benchmarking, pack and leave inside the command limit),
+#         SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; dryrun.sh puts a stand-in here)
 #
 # All servers of the plan start together (each TP=2 over both GPUs, its own ports and JIT cache copy) so the
 # ~80 s of Python imports is paid once; then each is benchmarked alone (the others idle with --sleep-on-idle)
@@ -13,30 +14,21 @@
 set -u
 set +m
 B=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-$HOME/e2e-out}; mkdir -p "$OUT"
-W=$HOME/e2e; rm -rf "$W"; mkdir -p "$W/logs" "$W/json"
+OUT=${OUT:-$HOME/e2e-out}
+W=$HOME/e2e
 DEADLINE_S=${DEADLINE_S:-560}
 T0=$(date +%s)
-TL=$OUT/timeline.txt; : > "$TL"
+TL=$OUT/timeline.txt
 el()   { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( DEADLINE_S - $(el) )); }
 log()  { echo "[$(el)s] $*" | tee -a "$TL"; }
 pack() { cp "$TL" "$W/"; tar -C "$HOME" -cJf "$OUT/e2e.tar.xz.tmp" e2e && mv "$OUT/e2e.tar.xz.tmp" "$OUT/e2e.tar.xz"; }
 
-log "start on $(hostname); plan: ${1:-all}"
-{ nvidia-smi -L; nvidia-smi topo -m; nvcc --version | tail -1; python3 -V; nproc
-  env | grep -E "^(NCCL|TORCH_|NVSHMEM|CUDA_HOME)" | sort; } > "$W/env.txt" 2>&1
-source "$B/device_env.sh" "$B" "${STORE:-/root/stage}" >> "$W/prepare.log" 2>&1 || {
-  log "prepare FAILED"; tail -30 "$W/prepare.log" | tee -a "$TL"; pack; exit 1; }
-log "prepared: site $(du -sm "$HOME/site" | cut -f1) MB, jit modules $(ls "$HOME/jitcache" | wc -l), models $(ls "$HOME/models" | tr '\n' ' ')"
-python3 -c "import sglang, fastverify, torch; print('sglang', sglang.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())" >> "$W/env.txt" 2>&1
-grep -c "" "$W/prepare.log" >/dev/null; tail -3 "$W/prepare.log" >> "$TL"
-
 # ---- the cases: name | port | model | client args | server args | extra env -------------------------------
 SM=$HOME/models/smollm2-135m-tp2
 DM=$HOME/models/dummy-7168
 NGRAM="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
-TIMING="--enable-verify-timing --verify-timing-interval 64 --verify-timing-log-interval 10"
+TIMING="--enable-verify-timing --verify-timing-interval 200 --verify-timing-log-interval 10"
 SM_CLIENT="--concurrency 1,8 --max-new-tokens 256 --long-gen 8000"
 DM_CLIENT="--concurrency 1,8 --max-new-tokens 256 --long-gen 2048 --input-ids --vocab-size 32000"
 cases() {
@@ -50,15 +42,34 @@ d_tree|30120|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM $TI
 d_chain|30130|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --speculative-ngram-verify-mode chain $TIMING|
 d_tree_fused|30140|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --tp-allreduce flashinfer-fused $TIMING|
 EOF
-if grep -q "speculative_ngram_verify_mode.*auto\|\"auto\"" "$HOME/site/sglang/srt/server_args.py" 2>/dev/null && \
-   grep -q "0007" "$HOME/site/sglang/srt/server_args.py" 2>/dev/null; then
-  echo "s_auto|30050|$SM|$SM_CLIENT|$NGRAM --speculative-ngram-verify-mode auto $TIMING|"
-  echo "d_auto|30150|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --speculative-ngram-verify-mode auto $TIMING|"
+if [ "${WITH_WIDTHS:-1}" = 1 ]; then    # patch 0008: chain verify at the smallest width that fits the drafts
+  echo "s_chain_w|30060|$SM|$SM_CLIENT|$NGRAM --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8 $TIMING|"
+  echo "d_chain_w|30160|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8 $TIMING|"
+fi
+if [ "${WITH_AUTO:-1}" = 1 ]; then      # patch 0007: per step, no speculation or the best chain width
+  echo "s_auto|30050|$SM|$SM_CLIENT|$NGRAM --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 $TIMING|"
+  echo "d_auto|30150|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 $TIMING|"
 fi
 }
 COMMON="--tp 2 --attention-backend triton --sampling-backend pytorch --cuda-graph-max-bs-decode 16
         --cuda-graph-backend-prefill disabled --max-total-tokens 65536 --decode-log-interval 40
         --enable-metrics --sleep-on-idle --log-level info"
+COMMON=$(echo $COMMON)
+if [ "${1:-}" = --print-commands ]; then    # name|server args, for check_args.py on the build host
+  cases | while IFS='|' read -r name port model cargs sargs senv; do
+    echo "$name|--model-path $model --port $port --nccl-port $((port + 5)) $COMMON $sargs"; done
+  exit 0
+fi
+mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/json"; : > "$TL"
+log "start on $(hostname); plan: ${1:-all}"
+{ nvidia-smi -L; nvidia-smi topo -m; nvcc --version | tail -1; python3 -V; nproc
+  env | grep -E "^(NCCL|TORCH_|NVSHMEM|CUDA_HOME)" | sort; } > "$W/env.txt" 2>&1
+source "$B/device_env.sh" "$B" "${STORE:-/root/stage}" >> "$W/prepare.log" 2>&1 || {
+  log "prepare FAILED"; tail -30 "$W/prepare.log" | tee -a "$TL"; pack; exit 1; }
+log "prepared: site $(du -sm "$HOME/site" | cut -f1) MB, jit modules $(ls "$HOME/jitcache" | wc -l), models $(ls "$HOME/models" | tr '\n' ' ')"
+python3 -c "import sglang, fastverify, torch; print('sglang', sglang.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())" >> "$W/env.txt" 2>&1
+grep -c "" "$W/prepare.log" >/dev/null; tail -3 "$W/prepare.log" >> "$TL"
+
 PLAN=${1:-all}
 selected() { [ "$PLAN" = all ] || [[ " $PLAN " == *" $1 "* ]]; }
 
@@ -67,7 +78,7 @@ declare -A PID PORT CARGS
 while IFS='|' read -r name port model cargs sargs senv; do
   [ -n "$name" ] && selected "$name" || continue
   cp -r "$HOME/jitcache" "$HOME/jit-$name"               # own JIT cache: no two servers build in one folder
-  cmd="python3 -m sglang.launch_server --model-path $model --port $port --nccl-port $((port + 5)) $COMMON $sargs"
+  cmd="${SGLANG_LAUNCH:-python3 -m sglang.launch_server} --model-path $model --port $port --nccl-port $((port + 5)) $COMMON $sargs"
   echo "$name: env $senv TVM_FFI_CACHE_DIR=$HOME/jit-$name $cmd" >> "$W/launch_commands.txt"
   env $senv TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid $cmd > "$W/logs/$name.log" 2>&1 &
   PID[$name]=$!; PORT[$name]=$port; CARGS[$name]=$cargs
@@ -101,7 +112,7 @@ stop() {
 }
 
 # ---- benchmark each healthy server alone (order: same model together, plain first) ------------------------
-ORDER=$(cases | cut -d'|' -f1)
+ORDER=$(cases | cut -d'|' -f1 | grep '^s_'; cases | cut -d'|' -f1 | grep -v '^s_')
 for n in $ORDER; do
   [ "${UP[$n]:-}" = ok ] || { [ -n "${PID[$n]:-}" ] && stop "$n"; continue; }
   l=$(left)
@@ -110,14 +121,15 @@ for n in $ORDER; do
   # shellcheck disable=SC2086
   timeout $((l - 15)) python3 "$B/serving.py" run --base-url "http://127.0.0.1:${PORT[$n]}" --tag "$n" \
       ${CARGS[$n]} --metrics --warmup 2 --no-progress --json "$W/json/$n.json" > "$W/json/$n.txt" 2>&1
-  log "$n: client rc=$? $(grep -E '^ +(c=|long)' "$W/json/$n.txt" | tr -s ' ' | tr '\n' ';')"
+  rc=$?
+  log "$n: client rc=$rc $(grep -E '^ +(c=|long)' "$W/json/$n.txt" | tr -s ' ' | tr '\n' ';')"
   stop "$n"; pack
 done
 
 # ---- lossless check, plots, log excerpts ------------------------------------------------------------------
 cd "$W/json"
-S=$(ls s_plain.json s_tree.json s_chain.json s_auto.json s_plain_nccl.json 2>/dev/null)
-D=$(ls d_plain.json d_tree.json d_chain.json d_auto.json d_tree_fused.json 2>/dev/null)
+S=""; for f in s_plain s_tree s_chain s_chain_w s_auto s_plain_nccl; do [ -f $f.json ] && S="$S $f.json"; done
+D=""; for f in d_plain d_tree d_chain d_chain_w d_auto d_tree_fused; do [ -f $f.json ] && D="$D $f.json"; done
 { for lv in c=1 c=8 long8000; do [ -n "$S" ] && python3 "$B/serving.py" compare $S --level $lv; done
   for lv in c=1 c=8 long2048; do [ -n "$D" ] && python3 "$B/serving.py" compare $D --level $lv; done; } > "$W/identity.txt" 2>&1
 [ -n "$S" ] && python3 "$B/serving.py" plot $S --out "$OUT/smollm2_tp2.png" >> "$W/identity.txt" 2>&1
