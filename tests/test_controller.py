@@ -280,3 +280,16 @@ def test_controller_gates_unmatched_requests():
         c.observe("b", miss, 0)
         d = c.decide([RequestView("a", hit), RequestView("b", miss)])
     assert d.option.kind == CHAIN and d.speculate == (True, False)
+
+
+def test_microbenchmark_json_form(tmp_path):
+    rows = [{"backend": "nccl", "tokens": 1, "pass_us": 2400.0}, {"backend": "nccl", "tokens": 8, "pass_us": 2500.0},
+            {"backend": "oneshot", "tokens": 1, "pass_us": 900.0}, {"backend": "nccl", "tokens": 64, "error": "oom"}]
+    p = tmp_path / "mb.json"
+    p.write_text(json.dumps({"summary": {"rows": rows}}))
+    with pytest.raises(CostTableError, match="several all-reduce backends; name one as PATH#backend"):
+        load_cost_table(p)
+    t = load_cost_table(f"{p}#nccl")
+    assert t.verify == ((1, 2.4), (8, 2.5)) and t.decode_ms(1) == 2.4
+    with pytest.raises(CostTableError, match="backend 'ring' not in the file"):
+        load_cost_table(f"{p}#ring")

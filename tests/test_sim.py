@@ -109,3 +109,23 @@ def test_cli_writes_json(tmp_path, capsys):
     assert rep["repro_command"].startswith("python -m fastverify.sim")
     assert {r["trace"] for r in rep["rows"]} >= {"synthetic-zero", "synthetic-high"}
     assert "auto/none" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def replayed():
+    pytest.importorskip("sglang.srt.speculative.cpp_ngram.ngram_corpus")
+    from fastverify import replay as rp
+    if not rp.DEFAULT_TRACE.is_file():
+        pytest.skip("no default trace in python/fastverify/data")
+    return sim.replay_requests(max_chain=CFG.max_chain, tree_width=CFG.tree_width)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_replayed_default_trace(replayed, table, bs):
+    # drafts from SGLang's own n-gram corpus over the recorded default trace (acceptance as the corpus gives it)
+    s = sim.summarize(sim.run_all(replayed, sim.cost_table(table), bs, CFG))
+    assert s["auto_vs_none"] >= 0.98, s
+    assert s["auto_vs_best_fixed"] >= 0.95, s

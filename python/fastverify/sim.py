@@ -125,7 +125,7 @@ def replay_requests(trace_path=None, max_chain: int = 7, tree_width: int = 8, co
 
     The corpus is queried at every position of every request (requests run `concurrency` at a time in trace
     order, and the query window is inserted after every position); the tree is the corpus draft of
-    `tree_width` tokens and the chain is the corpus path of K tokens (fastverify.replay's chain extraction).
+    `tree_width` tokens and the chain is the corpus path of K tokens (fastverify.replay.chain_path).
     The server inserts once per step rather than once per token, so these are close to, not equal to, the
     server's drafts."""
     from fastverify import replay as rp
@@ -155,7 +155,7 @@ def replay_requests(trace_path=None, max_chain: int = 7, tree_width: int = 8, co
                 # draft nodes only: drop the root (index 0) and renumber parents (root -> -1)
                 nodes, par = tokens[1:], [p - 1 for p in parents[1:]]
                 real = rp.has_real_candidate(tokens, parents)
-                chain = rp._adapter_chain_from_tree(tokens, parents, max_chain) if real else []
+                chain = rp.chain_path(tokens, parents, max_chain) if real else []
                 f = draft_features(nodes, par) if real else DraftFeatures(0, 0)
                 data[rid][0].append(f)
                 data[rid][1].append(chain_accept(chain, target)[0])
