@@ -293,3 +293,35 @@ def test_cost_table_from_microbenchmark_json():
     cost = rp.parse_cost_table(bench, "b.json", "symm-oneshot")
     assert cost.decode_ms == 1.0 and cost.pass_ms(8) == 1.2
     assert cost.pass_ms(4) == pytest.approx(1.0 + 0.2 * 3 / 7)
+
+
+def test_progress_falls_back_to_plain_lines(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm -> ImportError
+    update, close = rp._progress_bar(10, "tree d=8")
+    for _ in range(10):
+        update(1)
+    close()
+    err = capsys.readouterr().err
+    assert "[replay] tree d=8: 1/10 tokens" in err and "[replay] tree d=8: 10/10 tokens" in err
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(RuntimeError, match=r"--plot .*out.png: matplotlib is not installed"):
+        rp.plot([], str(tmp_path / "out.png"), "t")
+
+
+def test_from_json_replot_needs_no_corpus(tmp_path, capsys):
+    saved = {"repro_command": "fastverify replay x", "trace": {"path": "x.jsonl"}, "cost_table": None,
+             "results": [{"label": "tree d=8", "mode": "tree", "num_draft_tokens": 8, "steps": 7,
+                          "mean_accept_length": 2.0, "verified_tokens_per_step": 8.0, "gated_tokens_per_step": 3.0,
+                          "match_rate": 0.286, "accept_length_hist": {"1": 5, "4": 1, "5": 1}}]}
+    p = _write(tmp_path, json.dumps(saved), "r.json")
+    assert rp.main(["--from-json", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "tree d=8" in out and "2.000" in out
+    assert rp.main(["--from-json", str(_write(tmp_path, "{}", "bad.json"))]) == 2
