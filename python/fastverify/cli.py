@@ -28,6 +28,8 @@ class Subcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {
     "patches": Subcommand("fastverify.patchtool:add_parser",
                           "apply/revert/check/status of the SGLang patch series"),
+    "replay": Subcommand("fastverify.replay:add_parser",
+                         "replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)"),
 }
 
 
