@@ -193,3 +193,14 @@ def test_patched_server_args(probe):
     assert "--speculative-ngram-verify-widths with 1" in probe["no_widths"]["error"]
     assert "--speculative-ngram-auto-hysteresis must be in [0, 0.5)" in probe["bad_hysteresis"]["error"]
     assert "needs --speculative-ngram-verify-mode auto" in probe["table_without_auto"]["error"]
+
+
+def test_metrics_are_exported_as_gauges(tmp_path):
+    prom = pytest.importorskip("prometheus_client")
+    worker = _worker()
+    spec = _spec(tmp_path, CHEAP, enable_metrics=True, decode_log_interval=5)
+    streams = [list(range(100, 400))]
+    _run(worker, spec, streams, 20, lambda s, n: s[n:n + K - 1])
+    value = prom.REGISTRY.get_sample_value("sglang:fastverify_ngram_auto_steps_total")
+    assert value == 20.0  # exported every 5 steps; the last export was at step 20
+    assert prom.REGISTRY.get_sample_value("sglang:fastverify_ngram_auto_chain_k") == K - 1

@@ -168,7 +168,9 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     select_runtime(worker, width)
     if state.gauges is not None and d.step % state.metrics_every == 0:
         for name, value in state.controller.metrics().items():
-            state.gauges.setdefault(name, _gauge(name)).set(value)
+            if name not in state.gauges:
+                state.gauges[name] = _gauge(name)
+            state.gauges[name].set(value)
     return tokens, mask
 
 
@@ -240,11 +242,17 @@ def _spec_of(worker):
     return spec_of(worker)
 
 
+_GAUGES: dict = {}  # one Prometheus gauge per name and process
+
+
 def _gauge(name):
+    if name in _GAUGES:
+        return _GAUGES[name]
     from prometheus_client import Gauge
 
-    return Gauge(f"sglang:fastverify_ngram_{name}", f"n-gram auto verify: {name.replace('_', ' ')}",
-                 multiprocess_mode="mostrecent")
+    _GAUGES[name] = Gauge(f"sglang:fastverify_ngram_{name}", f"n-gram auto verify: {name.replace('_', ' ')}",
+                          multiprocess_mode="mostrecent")
+    return _GAUGES[name]
 
 
 def _make_gauges() -> dict:
