@@ -364,6 +364,7 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
                     cfg: Optional[AutoConfig] = None, replay: bool = False, switch_period: int = 200) -> dict:
     cfg = cfg or AutoConfig()
     rows = []
+    replayed = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width) if replay else None
     for table in tables:
         costs = cost_table(table)
         for bs in batch_sizes:
@@ -374,10 +375,9 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
             res, follow = switching_run(costs, bs, cfg, switch_period, seed=seed)
             rows.append({"table": table, "bs": bs, "trace": f"switch-0/0.85-every-{switch_period}",
                          "follow_steps": follow, "follow_bound": follow_bound_steps(cfg), **summarize(res)})
-            if replay:
-                reqs = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width)
+            if replayed is not None:
                 rows.append({"table": table, "bs": bs, "trace": "replay-default", **summarize(
-                    run_all(reqs, costs, bs, cfg))})
+                    run_all(replayed, costs, bs, cfg))})
     return {"config": cfg.__dict__, "rows": rows,
             "cost_tables": {t: cost_table(t).to_json() for t in tables}}
 
