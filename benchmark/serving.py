@@ -204,10 +204,18 @@ def run_request(ep, args, prompt, max_new_tokens):
     text_parts, reasoning_parts = [], []
     usage = None
     try:
+        ids_acc = []
         for t, ev in ep.stream(path, body):
             if args.backend == "sglang":
                 last = ev
-                n = len(ev.get("output_ids") or []) or (ev.get("meta_info") or {}).get("completion_tokens", 0)
+                ids = ev.get("output_ids") or []
+                n = (ev.get("meta_info") or {}).get("completion_tokens", len(ids))
+                # cumulative chunks (SGLang's default) carry all ids so far; incremental ones
+                # (--incremental-streaming-output) only the new ones
+                if len(ids) == n and len(ids) >= len(ids_acc):
+                    ids_acc = list(ids)
+                else:
+                    ids_acc.extend(ids)
                 if ttft is None and n:
                     ttft = t - t0
                 continue
@@ -231,10 +239,12 @@ def run_request(ep, args, prompt, max_new_tokens):
     rec["ttft_s"] = ttft if ttft is not None else latency
     if args.backend == "sglang":
         mi = (last or {}).get("meta_info") or {}
-        ids = (last or {}).get("output_ids")
-        n_out = mi.get("completion_tokens", len(ids or []))
+        n_out = mi.get("completion_tokens", len(ids_acc))
         rec.update(output_tokens=n_out, prompt_tokens=mi.get("prompt_tokens"), finish=str(mi.get("finish_reason")),
-                   output_ids=list(ids) if ids is not None else None, text=(last or {}).get("text"))
+                   output_ids=ids_acc if (last or {}).get("output_ids") is not None else None,
+                   text=(last or {}).get("text"))
+        if rec["output_ids"] is not None and len(ids_acc) != n_out:
+            rec["warning"] = f"{len(ids_acc)} output ids for {n_out} completion tokens"
         rec.update(accept_fields(mi, n_out))
     else:
         n_out = (usage or {}).get("completion_tokens") or chunk_tokens

@@ -29,8 +29,9 @@ N_TOKENS = 6
 class FakeServer:
     """SGLang-native and OpenAI-compatible streaming endpoints with scripted timing and spec meta_info."""
 
-    def __init__(self, spec=None, openai_usage=True, reasoning=False):
+    def __init__(self, spec=None, openai_usage=True, reasoning=False, incremental=False):
         self.bodies = []
+        self.incremental = incremental
         self.spec = spec                    # None or (verify_ct, accept_length or None)
         self.openai_usage = openai_usage
         self.reasoning = reasoning
@@ -95,7 +96,8 @@ class FakeServer:
                                 mi["spec_verify_ct"] = vc
                                 if al is not None:
                                     mi["spec_accept_length"] = al
-                        evs.append({"text": None, "output_ids": ids[:k], "meta_info": mi})
+                        out_ids = ids[k - 1:k] if outer.incremental else ids[:k]
+                        evs.append({"text": None, "output_ids": out_ids, "meta_info": mi})
                     return self._stream(evs)
                 if self.path == "/v1/chat/completions":
                     evs = []
@@ -217,6 +219,17 @@ def test_token_id_input_for_a_server_without_tokenizer(tmp_path):
     assert ids[1:4] == ids[4:7]
     with pytest.raises(ValueError, match="--vocab-size"):
         serving.text_to_ids("x", 50)
+
+
+def test_incremental_and_cumulative_streams_give_the_same_output_ids(tmp_path):
+    outs = []
+    for incremental in (False, True):
+        with FakeServer(incremental=incremental) as srv:
+            res = run_cli(tmp_path, srv.url)
+        reqs = res["levels"][0]["requests"]
+        assert all(len(r["output_ids"]) == r["output_tokens"] == N_TOKENS and "warning" not in r for r in reqs)
+        outs.append({r["prompt_id"]: r["output_ids"] for r in reqs})
+    assert outs[0] == outs[1]
 
 
 def test_text_prompts_use_chatml_by_default(tmp_path):

@@ -93,7 +93,7 @@ def read_gguf(path: str):
             w = unpermute_rows(w, hp["heads"])
         elif name.endswith("k_proj.weight"):
             w = unpermute_rows(w, hp["kv_heads"])
-        tensors[name] = np.ascontiguousarray(w)
+        tensors[name] = np.array(w, dtype=np.float32, order="C", copy=True)   # writable, owned
     return hp, tensors
 
 

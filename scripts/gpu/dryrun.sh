@@ -9,8 +9,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 D=${1:-$ROOT/.scratch/gpu-dryrun}
 PY=${PY:-$ROOT/.scratch/convert-venv/bin/python}
 rm -rf "$D"; mkdir -p "$D/home" "$D/out" "$D/store" "$D/bin"
-ln -s "$PY" "$D/bin/python3"
+printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/python3"   # (a venv python must not be symlinked)
 for c in "$ROOT"/.scratch/gpu-stage/chunk-*; do python3 "$ROOT/scripts/gpu/stage_chunks.py" receive "$c" "$D/store"; done
 HOME=$D/home OUT=$D/out STORE=$D/store DEADLINE_S=${DEADLINE_S:-400} PATH="$D/bin:$PATH" \
-  SGLANG_LAUNCH="python3 $ROOT/scripts/gpu/dryrun/fake_server.py" bash "$ROOT/.scratch/gpu-bundle/run_e2e.sh" ${PLAN:-all}
+  SGLANG_LAUNCH="python3 $ROOT/scripts/gpu/dryrun/fake_server.py" bash "$ROOT/.scratch/gpu-bundle/run_e2e.sh" "${PLAN:-all}"
 echo "--- rehearsal output in $D/out:"; ls -la "$D/out"

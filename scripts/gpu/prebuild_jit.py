@@ -7,7 +7,7 @@ each module on its name, template arguments, a hash of its sources, the arch (9.
 so a module built here is loaded there as-is; a shape not built here compiles there (~15-25 s each).
 
 Shapes (--attn HEAD_DIM:KV_HEADS_PER_RANK, repeatable) decide the rotary and KV-store modules:
-  SmolLM2-135M padded for TP=2: 64:2   SmolLM2-135M at TP=1: 64:3   dummy 7168-hidden model at TP=2: 128:4
+  SmolLM2-135M padded for TP=2: 64:2   SmolLM2-135M at TP=1: 64:3   dummy 7168-hidden model at TP=2: 128:4, at TP=1: 128:8
 --qk-norm HEAD_DIM: the per-head q/k RMSNorm of Qwen3-style models (the dummy model is a dense Qwen3).
 --flashinfer-aot DIR builds FlashInfer's RMSNorm module (sgl_kernel's rmsnorm calls into it) and the TRT-LLM
 all-reduce(+RMSNorm) fusion module into DIR/<name>/<name>.so, where FlashInfer loads ahead-of-time builds.
@@ -83,7 +83,7 @@ def flashinfer_modules(aot_dir, with_trtllm):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attn", action="append", default=None, metavar="HEAD_DIM:KV_PER_RANK",
-                    help="attention shape to build rotary + KV-store modules for (default: 64:2 64:3 128:4)")
+                    help="attention shape to build rotary + KV-store modules for (default: 64:2 64:3 128:4 128:8)")
     ap.add_argument("--world-size", type=int, action="append", default=None,
                     help="TP sizes for the custom all-reduce module (default: 2)")
     ap.add_argument("--qk-norm", type=int, action="append", default=None, metavar="HEAD_DIM",
@@ -92,7 +92,7 @@ def main(argv=None):
     ap.add_argument("--no-trtllm", action="store_true", help="skip the TRT-LLM all-reduce fusion module")
     a = ap.parse_args(argv)
     shapes = []
-    for s in a.attn or ["64:2", "64:3", "128:4"]:
+    for s in a.attn or ["64:2", "64:3", "128:4", "128:8"]:
         try:
             h, k = (int(x) for x in s.split(":"))
         except ValueError:

@@ -3,7 +3,7 @@
 #
 #   bash run_e2e.sh [PLAN]        from the bundle folder (.scratch/gpu-bundle) on the GPU machine
 #   PLAN: "all" (default) or a space-separated list of case names (see cases() below)
-#   env:  WITH_WIDTHS=1 / WITH_AUTO=1 (default on: the cases of patches 0008 and 0007; 0 leaves them out), OUT (results folder; default $HOME/e2e-out), STORE (staged parts; default /root/stage),
+#   env:  TP=2 (default; TP=1 for a one-GPU machine), WITH_WIDTHS=1 / WITH_AUTO=1 (default on: the cases of patches 0008 and 0007; 0 leaves them out), OUT (results folder; default $HOME/e2e-out), STORE (staged parts; default /root/stage),
 #         DEADLINE_S (default 560: stop benchmarking, pack and leave inside the command limit),
 #         SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; dryrun.sh puts a stand-in here)
 #
@@ -25,22 +25,24 @@ log()  { echo "[$(el)s] $*" | tee -a "$TL"; }
 pack() { cp "$TL" "$W/"; tar -C "$HOME" -cJf "$OUT/e2e.tar.xz.tmp" e2e && mv "$OUT/e2e.tar.xz.tmp" "$OUT/e2e.tar.xz"; }
 
 # ---- the cases: name | port | model | client args | server args | extra env -------------------------------
-SM=$HOME/models/smollm2-135m-tp2
+TP=${TP:-2}                  # 1 on a one-GPU machine: no all-reduce, so the NCCL/all-reduce-path cases drop out
+SM=$HOME/models/smollm2-135m-tp$TP   # TP=2: heads zero-padded 9/3 -> 12/4 (same function, see convert_smollm2.py)
 DM=$HOME/models/dummy-7168
 NGRAM="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
 TIMING="--enable-verify-timing --verify-timing-interval 200 --verify-timing-log-interval 10"
 SM_CLIENT="--concurrency 1,8 --max-new-tokens 256 --long-gen 8000"
 DM_CLIENT="--concurrency 1,8 --max-new-tokens 256 --long-gen 2048 --input-ids --vocab-size 32000"
+TP2_ONLY=$([ "$TP" = 1 ] && echo "#")
 cases() {
-cat <<EOF
+cat <<EOF | grep -v '^#'
 s_plain|30010|$SM|$SM_CLIENT|$TIMING|
 s_tree|30020|$SM|$SM_CLIENT|$NGRAM $TIMING|
 s_chain|30030|$SM|$SM_CLIENT|$NGRAM --speculative-ngram-verify-mode chain $TIMING|
-s_plain_nccl|30040|$SM|$SM_CLIENT|--tp-allreduce nccl --nccl-proto LL --nccl-max-channels 4 $TIMING|NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,TUNING
+${TP2_ONLY}s_plain_nccl|30040|$SM|$SM_CLIENT|--tp-allreduce nccl --nccl-proto LL --nccl-max-channels 4 $TIMING|NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,TUNING
 d_plain|30110|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $TIMING|
 d_tree|30120|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM $TIMING|
 d_chain|30130|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --speculative-ngram-verify-mode chain $TIMING|
-d_tree_fused|30140|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --tp-allreduce flashinfer-fused $TIMING|
+${TP2_ONLY}d_tree_fused|30140|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --tp-allreduce flashinfer-fused $TIMING|
 EOF
 if [ "${WITH_WIDTHS:-1}" = 1 ]; then    # patch 0008: chain verify at the smallest width that fits the drafts
   echo "s_chain_w|30060|$SM|$SM_CLIENT|$NGRAM --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8 $TIMING|"
@@ -51,12 +53,13 @@ if [ "${WITH_AUTO:-1}" = 1 ]; then      # patch 0007: per step, no speculation o
   echo "d_auto|30150|$DM|$DM_CLIENT|--load-format dummy --skip-tokenizer-init $NGRAM --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 $TIMING|"
 fi
 }
-COMMON="--tp 2 --attention-backend triton --sampling-backend pytorch --cuda-graph-max-bs-decode 16
+COMMON="--tp $TP --attention-backend triton --sampling-backend pytorch --cuda-graph-max-bs-decode 16
         --cuda-graph-backend-prefill disabled --max-total-tokens 65536 --decode-log-interval 40
-        --enable-metrics --sleep-on-idle --log-level info"
+        --enable-metrics --sleep-on-idle --incremental-streaming-output --log-level info"
 COMMON=$(echo $COMMON)
 if [ "${1:-}" = --print-commands ]; then    # name|server args, for check_args.py on the build host
   cases | while IFS='|' read -r name port model cargs sargs senv; do
+    [ -n "$name" ] || continue
     echo "$name|--model-path $model --port $port --nccl-port $((port + 5)) $COMMON $sargs"; done
   exit 0
 fi

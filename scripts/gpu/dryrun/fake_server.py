@@ -16,6 +16,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--speculative-algorithm", default=None)
 ap.add_argument("--speculative-num-draft-tokens", type=int, default=8)
+ap.add_argument("--incremental-streaming-output", action="store_true")
 a, rest = ap.parse_known_args()
 print("fake server (rehearsal only), args:", " ".join(sys.argv[1:]), flush=True)
 time.sleep(1.0)   # a start-up delay, so the health wait loop runs more than once
@@ -53,12 +54,15 @@ class H(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         step = 4 if a.speculative_algorithm else 1
+        prev = 0
         for k in range(step, n + step, step):
             k = min(k, n)
+            out_ids = ids[prev:k] if a.incremental_streaming_output else ids[:k]
+            prev = k
             mi = {"completion_tokens": k, "prompt_tokens": 3}
             if a.speculative_algorithm:
                 mi.update(spec_verify_ct=-(-k // step), spec_accept_length=k / -(-k // step))
-            self.wfile.write(b"data: " + json.dumps({"text": None, "output_ids": ids[:k], "meta_info": mi}).encode() + b"\n\n")
+            self.wfile.write(b"data: " + json.dumps({"text": None, "output_ids": out_ids, "meta_info": mi}).encode() + b"\n\n")
             time.sleep(0.0005)
         self.wfile.write(b"data: [DONE]\n\n")
 
