@@ -30,6 +30,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                           "apply/revert/check/status of the SGLang patch series"),
     "replay": Subcommand("fastverify.replay:add_parser",
                          "replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)"),
+    "sim": Subcommand("fastverify.sim:add_parser",
+                      "simulate the auto verify controller on traces and cost tables"),
 }
 
 
