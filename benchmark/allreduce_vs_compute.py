@@ -623,18 +623,33 @@ def best_nccl_per_size(sweep_results: Sequence[Dict[str, Any]], tokens: Sequence
 
 
 def nccl_profile_payload(best: Dict[int, Dict[str, Any]], hidden: int, dtype_bytes: int,
-                         source: Dict[str, Any]) -> Dict[str, Any]:
-    """The --nccl-tuning-profile document (fastverify.nccl format): the setting that wins the most sizes as
-    "env", and the best setting per all-reduce size as "by_size"."""
+                         source: Dict[str, Any], default_us: Optional[Dict[int, float]] = None) -> Dict[str, Any]:
+    """The --nccl-tuning-profile document (fastverify.nccl format).
+
+    "by_size": the best sweep setting per all-reduce size, with NCCL's default time at that size when it was
+    measured in the same run. "env": the setting that wins the most sizes among those where it beats the
+    default (all sizes when the default was not measured). ``source["beats_default_sizes"]`` says at how many
+    sizes the sweep beat the default: 0 means the defaults are already best on this machine.
+    """
     if not best:
         raise ValueError("no correct NCCL sweep results to build a tuning profile from")
+    default_us = default_us or {}
+    better = {t: b for t, b in best.items() if t not in default_us or b["us"] < default_us[t]}
+    pool = better or best
     wins: Dict[str, List[float]] = {}
-    for t, b in best.items():
+    for t, b in pool.items():
         wins.setdefault(json.dumps(b["env"], sort_keys=True), []).append(b["us"])
     overall = max(wins.items(), key=lambda kv: (len(kv[1]), -sum(kv[1])))[0]
-    by_size = [{"bytes": t * hidden * dtype_bytes, "tokens": t, "best": best[t]["env"], "us": round(best[t]["us"], 2)}
-               for t in sorted(best)]
-    return {"format": NCCL_PROFILE_FORMAT, "env": json.loads(overall), "source": dict(source), "by_size": by_size}
+    by_size = []
+    for t in sorted(best):
+        row = {"bytes": t * hidden * dtype_bytes, "tokens": t, "best": best[t]["env"], "us": round(best[t]["us"], 2)}
+        if t in default_us:
+            row["default_us"] = round(default_us[t], 2)
+        by_size.append(row)
+    src = dict(source)
+    if default_us:
+        src["beats_default_sizes"] = f"{len(better)} of {len(best)}"
+    return {"format": NCCL_PROFILE_FORMAT, "env": json.loads(overall), "source": src, "by_size": by_size}
 
 
 def write_nccl_profile(path: str, payload: Dict[str, Any]) -> str:
@@ -649,6 +664,19 @@ def write_nccl_profile(path: str, payload: Dict[str, Any]) -> str:
         return "fastverify.nccl.write_profile"
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
     return "json"
+
+
+def emit_nccl_profile(path: str, plan: Dict[str, Any], summary: Dict[str, Any], info: Dict[str, Any],
+                      command: str) -> Dict[str, Any]:
+    payload = nccl_profile_payload(summary["nccl_best"], plan["profile"]["hidden_size"], 2, source={
+        "gpu": ", ".join(info.get("gpus", [])), "nccl": info.get("nccl", ""), "date": info.get("date_utc", ""),
+        "command": command,
+        "note": "best per size over the sweep (CUDA-graph per-call medians); env = the setting that wins the "
+                "most sizes where it beats NCCL's defaults"}, default_us=summary.get("nccl_default"))
+    how = write_nccl_profile(path, payload)
+    beats = payload["source"].get("beats_default_sizes", "?")
+    print(f"# NCCL tuning profile written to {path} ({how}); the sweep beats NCCL's defaults at {beats} sizes")
+    return payload
 
 
 def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -676,6 +704,8 @@ def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[s
             if rec.get("error") == "wrong result":
                 wrong += 1
     best = best_nccl_per_size(sweep, plan["tokens"])
+    default_us = {t: rec["ar_graph_us_per_call"] for t, rec in per_backend.get("nccl", {}).items()
+                  if rec.get("ar_graph_us_per_call") is not None and not rec.get("error")}
     for t, b in best.items():
         per_backend.setdefault("nccl-tuned", {})[t] = {"ar_graph_us_per_call": b["us"], "best_env": b["env"]}
     for vname in sorted(per_backend, key=lambda n: ALL_BACKENDS.index(n) if n in ALL_BACKENDS else 99):
@@ -701,7 +731,7 @@ def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[s
                          "arnorm_unfused_pass_us": None, "compute_us": compute.get(str(t)), "pass_us": None,
                          "ar_share": None})
     targets = evaluate_targets(plan, rows)
-    return {"rows": rows, "wrong_results": wrong, "targets": targets, "nccl_best": best}
+    return {"rows": rows, "wrong_results": wrong, "targets": targets, "nccl_best": best, "nccl_default": default_us}
 
 
 def evaluate_targets(plan: Dict[str, Any], rows: Sequence[Dict[str, Any]], k: int = 8) -> Dict[str, Any]:
@@ -825,6 +855,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--png", default=None, help="write the stacked-bar plot here")
     ap.add_argument("--write-nccl-profile", default=None,
                     help="write the sweep's best NCCL settings as a --nccl-tuning-profile JSON")
+    ap.add_argument("--nccl-profile-from", default=None, metavar="RESULTS_JSON",
+                    help="no GPU: rebuild the --write-nccl-profile file from the JSON of an earlier run")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
     return ap
 
@@ -859,6 +891,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.dry_run:
         print_plan(plan)
+        return 0
+    if args.nccl_profile_from:
+        if not args.write_nccl_profile:
+            print("error: --nccl-profile-from needs --write-nccl-profile PATH", file=sys.stderr)
+            return 2
+        try:
+            old = json.loads(Path(args.nccl_profile_from).read_text())
+            summary = summarize(old["plan"], old["jobs"])
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --nccl-profile-from {args.nccl_profile_from}: {e}", file=sys.stderr)
+            return 2
+        if not summary["nccl_best"]:
+            print(f"error: --nccl-profile-from {args.nccl_profile_from}: no NCCL sweep results", file=sys.stderr)
+            return 2
+        emit_nccl_profile(args.write_nccl_profile, old["plan"], summary, old.get("env", {}),
+                          old.get("repro_command", ""))
         return 0
     try:
         common.require_gpus(args.world, "allreduce_vs_compute")
@@ -912,15 +960,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# wrong results: {summary['wrong_results']}")
     for name, t in summary["targets"].items():
         print(f"# target {name}: {json.dumps(t, default=str)}")
-    prof_src = None
     if args.write_nccl_profile and summary["nccl_best"]:
-        payload = nccl_profile_payload(summary["nccl_best"], plan["profile"]["hidden_size"], 2, source={
-            "gpu": ", ".join(info.get("gpus", [])), "nccl": info.get("nccl", ""), "date": info["date_utc"],
-            "command": common.repro_command(argv, SCRIPT),
-            "note": "best per size over the sweep (CUDA-graph per-call medians); env = the setting that wins "
-                    "the most sizes"})
-        prof_src = write_nccl_profile(args.write_nccl_profile, payload)
-        print(f"# NCCL tuning profile written to {args.write_nccl_profile} ({prof_src})")
+        emit_nccl_profile(args.write_nccl_profile, plan, summary, info, common.repro_command(argv, SCRIPT))
     if args.png:
         print(f"# plot: {args.png}" if plot_png(args.png, plan, summary) else "# plot: matplotlib missing")
     if args.json:

@@ -284,6 +284,13 @@ def test_best_per_size_and_profile_document(tmp_path):
         fv_nccl.load_profile(str(path))  # the flag's loader accepts what the benchmark writes
     with pytest.raises(ValueError):
         avc.nccl_profile_payload({}, 7168, 2, {})
+    # with NCCL's defaults measured in the same run: "env" comes only from sizes where the sweep beats them
+    doc2 = avc.nccl_profile_payload(best, 7168, 2, {"gpu": "t"}, default_us={1: 9.0, 8: 5.0, 64: 25.0})
+    assert doc2["env"] == b and doc2["source"]["beats_default_sizes"] == "1 of 3"  # a wins more sizes overall
+    assert doc2["by_size"][1]["default_us"] == 5.0
+    avc.write_nccl_profile(str(path), doc2)
+    if fv_nccl is not None and hasattr(fv_nccl, "load_profile"):
+        fv_nccl.load_profile(str(path))
 
 
 def _plan(tokens=(8,), bs=(1,)):
@@ -383,6 +390,19 @@ def test_cli_subcommand_dispatches(capsys):
     assert bench_cli.main(["bench", "allreduce", "--dry-run", "--widths", "8", "--backends", "nccl"]) == 0
     assert "122 all-reduces per pass" in capsys.readouterr().out
     assert bench_cli.main(["bench", "compare", "missing-a.json", "missing-b.json"]) == 2
+
+
+def test_nccl_profile_from_committed_results(tmp_path, capsys):
+    """The committed 2x H200 run rebuilds its tuning profile without a GPU, and the flag's loader takes it."""
+    res = ROOT / "benchmark" / "results" / "h200x2" / "allreduce_kimi.json"
+    if not res.exists():
+        pytest.skip("no committed run")
+    out = tmp_path / "p.json"
+    assert avc.main(["--nccl-profile-from", str(res), "--write-nccl-profile", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "fastverify-nccl-profile/1" and doc["env"]["NCCL_PROTO"] in ("LL", "LL128", "Simple")
+    assert all("default_us" in r for r in doc["by_size"])
+    assert avc.main(["--nccl-profile-from", str(tmp_path / "none.json"), "--write-nccl-profile", str(out)]) == 2
 
 
 def test_compute_only_plan_and_rows():
