@@ -15,7 +15,7 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import Sequence
 
 BENCH_DIR = Path(__file__).resolve().parent
 SCRIPTS = {
