@@ -6,7 +6,8 @@ VERSION ?= $(lastword $(shell awk '!/^\#/ && NF {print $$1}' pins.txt))
 FV = PYTHONPATH=$(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m fastverify
 DIRARG = $(if $(SGLANG_DIR),--sglang-dir $(SGLANG_DIR))
 
-.PHONY: apply-patches revert-patches check-patches status-patches test setup demo versions
+.PHONY: apply-patches revert-patches check-patches status-patches test setup demo versions \
+        bench-allreduce bench-kernels replay sim
 
 versions:          ## the supported SGLang releases (pins.txt)
 	@awk '!/^#/ && NF {print $$1}' pins.txt
@@ -31,3 +32,16 @@ demo: setup        ## fresh machine: install SGLang $(VERSION), patch it, show s
 
 test:              ## the test command (README): every pinned SGLang, patched, then pytest
 	bash scripts/run_tests.sh
+
+bench-allreduce:   ## GPU: all-reduce backends against the compute of a verify pass (BENCH_ARGS=..., 2+ GPUs)
+	$(FV) bench allreduce $(BENCH_ARGS)
+
+bench-kernels:     ## GPU: per-kernel benchmarks, then the regression compare against the stored H200 baseline
+	$(FV) bench kernels --json benchmark/results/local/kernels.json $(BENCH_ARGS)
+	$(FV) bench compare benchmark/results/h200/kernels.json benchmark/results/local/kernels.json --threshold 0.15
+
+replay:            ## CPU: will n-gram speculation pay on a trace? (TRACE=file.jsonl; default: the embedded trace)
+	$(FV) replay $(TRACE) $(REPLAY_ARGS)
+
+sim:               ## CPU: the auto controller in simulation against fixed modes
+	$(FV) sim $(SIM_ARGS)

@@ -32,6 +32,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                          "replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)"),
     "sim": Subcommand("fastverify.sim:add_parser",
                       "simulate the auto verify controller on traces and cost tables"),
+    "bench": Subcommand("fastverify.benchlink:add_parser",
+                        "microbenchmarks: all-reduce vs compute of a verify pass, per-kernel regressions"),
 }
 
 
