@@ -12,7 +12,7 @@ for v in $VERSIONS; do
   bash scripts/setup_test_env.sh "$v" "$VENV" || { echo "setup of SGLang $v failed" >&2; exit 1; }
   "$VENV/bin/python" -m fastverify patches apply || { echo "applying the $v series failed" >&2; exit 1; }
   echo "=== tests against SGLang $v ($VENV) ==="
-  "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+  "$VENV/bin/python" -m pytest -p no:cacheprovider -rs "$@"
   rc=$?
   if [ $rc -eq 5 ]; then echo "no tests collected for $v"; rc=0; fi
   [ $rc -ne 0 ] && status=$rc
