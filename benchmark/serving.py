@@ -4,6 +4,7 @@
   run      one server: single stream and concurrency levels (TTFT, TPOT, output tokens/s, accept length),
            optionally one long generation, /metrics scraped around each level, a table, --json, --plot
   compare  greedy identity: output token ids per prompt across result files (the lossless check)
+  table    a markdown table of the headline numbers of result files
   plot     one PNG comparing result files (needs matplotlib)
 
 Examples
@@ -212,10 +213,15 @@ def run_request(ep, args, prompt, max_new_tokens):
                 n = (ev.get("meta_info") or {}).get("completion_tokens", len(ids))
                 # cumulative chunks (SGLang's default) carry all ids so far; incremental ones
                 # (--incremental-streaming-output) only the new ones
+                piece = ev.get("text")
                 if len(ids) == n and len(ids) >= len(ids_acc):
                     ids_acc = list(ids)
+                    if piece is not None:
+                        text_parts = [piece]
                 else:
                     ids_acc.extend(ids)
+                    if piece is not None:
+                        text_parts.append(piece)
                 if ttft is None and n:
                     ttft = t - t0
                 continue
@@ -242,7 +248,7 @@ def run_request(ep, args, prompt, max_new_tokens):
         n_out = mi.get("completion_tokens", len(ids_acc))
         rec.update(output_tokens=n_out, prompt_tokens=mi.get("prompt_tokens"), finish=str(mi.get("finish_reason")),
                    output_ids=ids_acc if (last or {}).get("output_ids") is not None else None,
-                   text=(last or {}).get("text"))
+                   text="".join(text_parts) if text_parts else None)
         if rec["output_ids"] is not None and len(ids_acc) != n_out:
             rec["warning"] = f"{len(ids_acc)} output ids for {n_out} completion tokens"
         rec.update(accept_fields(mi, n_out))
@@ -646,6 +652,27 @@ def plot(results, out_png):
     return True
 
 
+def markdown_table(results, names, keys=None):
+    """One markdown table: a row per (result file, level) with the headline numbers."""
+    keys = keys or [("output_tok_per_s", "tok/s", ".0f"), ("tpot_ms_median", "TPOT p50 ms", ".2f"),
+                    ("tpot_ms_p99", "TPOT p99 ms", ".2f"), ("ttft_ms_median", "TTFT p50 ms", ".1f"),
+                    ("accept_length_mean", "accept len", ".2f"), ("verify_steps", "verify steps", ".0f")]
+    out = ["| run | level | " + " | ".join(k[1] for k in keys) + " |",
+           "|---|---|" + "---:|" * len(keys)]
+    for res, name in zip(results, names):
+        for lv in res["levels"]:
+            s = lv["summary"]
+            out.append(f"| {name} | {lv['name']} | " + " | ".join(fmt(s.get(k), f) for k, _, f in keys) + " |")
+    return "\n".join(out)
+
+
+def cmd_table(args):
+    results = [load(p) for p in args.files]
+    names = [r["preamble"].get("tag") or os.path.basename(p) for r, p in zip(results, args.files)]
+    print(markdown_table(results, names))
+    return 0
+
+
 def cmd_plot(args):
     return 0 if plot([load(p) for p in args.files], args.out) else 1
 
@@ -691,6 +718,9 @@ def main(argv=None):
     c.add_argument("--level", default="c=1", help="level name to compare (c=1, long8192, ...)")
     c.add_argument("--strict", action="store_true", help="exit 1 unless every prompt is identical")
     c.set_defaults(func=cmd_compare)
+    t = sub.add_parser("table", help="markdown table of the headline numbers of result files")
+    t.add_argument("files", nargs="+")
+    t.set_defaults(func=cmd_table)
     p = sub.add_parser("plot", help="one PNG comparing result files")
     p.add_argument("files", nargs="+")
     p.add_argument("--out", required=True)

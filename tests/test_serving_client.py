@@ -97,7 +97,8 @@ class FakeServer:
                                 if al is not None:
                                     mi["spec_accept_length"] = al
                         out_ids = ids[k - 1:k] if outer.incremental else ids[:k]
-                        evs.append({"text": None, "output_ids": out_ids, "meta_info": mi})
+                        text = f"w{k} " if outer.incremental else "".join(f"w{j} " for j in range(1, k + 1))
+                        evs.append({"text": text, "output_ids": out_ids, "meta_info": mi})
                     return self._stream(evs)
                 if self.path == "/v1/chat/completions":
                     evs = []
@@ -228,8 +229,18 @@ def test_incremental_and_cumulative_streams_give_the_same_output_ids(tmp_path):
             res = run_cli(tmp_path, srv.url)
         reqs = res["levels"][0]["requests"]
         assert all(len(r["output_ids"]) == r["output_tokens"] == N_TOKENS and "warning" not in r for r in reqs)
-        outs.append({r["prompt_id"]: r["output_ids"] for r in reqs})
+        outs.append({r["prompt_id"]: (r["output_ids"], r["text"]) for r in reqs})
     assert outs[0] == outs[1]
+    assert next(iter(outs[0].values()))[1] == "".join(f"w{j} " for j in range(1, N_TOKENS + 1))
+
+
+def test_markdown_table_lists_every_level(tmp_path):
+    with FakeServer(spec=(3, None)) as srv:
+        res = run_cli(tmp_path, srv.url, "--long-gen", "9")
+    md = serving.markdown_table([res], ["t"]).splitlines()
+    assert md[0].startswith("| run | level | tok/s |") and len(md) == 4
+    assert md[2].startswith("| t | c=1 | ") and md[3].startswith("| t | long9 | ")
+    assert md[2].split("|")[7].strip() == f"{N_TOKENS / 3:.2f}"     # accept length column
 
 
 def test_text_prompts_use_chatml_by_default(tmp_path):

@@ -164,7 +164,7 @@ stage_repatch() {
     cmp -s "$P/$f" "$BUILD/site/$f" || { mkdir -p "$OV/$(dirname "$f")"; cp -p "$P/$f" "$OV/$f"; }
   done
   mkdir -p "$OV/fastverify"
-  (cd "$ROOT/python" && find fastverify -name "*.py" -exec cp --parents {} "$OV/" \;)
+  (cd "$ROOT/python" && find fastverify -type f ! -path "*__pycache__*" ! -name "*.pyc" -exec cp --parents {} "$OV/" \;)
   find "$OV" -name '*.py' | sort | sed "s|^$OV/|  overlay: |" | grep -v "^  overlay: fastverify/" || true
   # JIT pre-build against the patched tree (cached modules are kept; only new cache keys compile)
   stage_prebuild "$P"

@@ -5,6 +5,7 @@
 #   PLAN: "all" (default) or a space-separated list of case names (see cases() below)
 #   env:  TP=2 (default; TP=1 for a one-GPU machine), WITH_WIDTHS=1 / WITH_AUTO=1 (default on: the cases of patches 0008 and 0007; 0 leaves them out), OUT (results folder; default $HOME/e2e-out), STORE (staged parts; default /root/stage),
 #         DEADLINE_S (default 560: stop benchmarking, pack and leave inside the command limit),
+#         HEALTH_WAIT_S (default 180: stop waiting for servers that are not up by then), HEALTH_RESERVE (300),
 #         SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; dryrun.sh puts a stand-in here)
 #
 # All servers of the plan start together (each TP=2 over both GPUs, its own ports and JIT cache copy) so the
@@ -86,7 +87,7 @@ while IFS='|' read -r name port model cargs sargs senv; do
   env $senv TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid $cmd > "$W/logs/$name.log" 2>&1 &
   PID[$name]=$!; PORT[$name]=$port; CARGS[$name]=$cargs
 done < <(cases)
-log "launched: ${!PID[*]}"
+log "launched: ${!PID[*]}"; LAUNCHED_AT=$(el)
 trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
 
 # ---- wait for health ---------------------------------------------------------------------------------------
@@ -102,7 +103,10 @@ while :; do
     else pending=$((pending + 1)); fi
   done
   [ $pending -eq 0 ] && break
-  if [ "$(left)" -lt 300 ]; then log "still not healthy with $(left)s left: giving up on $pending"; break; fi
+  # give up on stragglers once HEALTH_WAIT_S passed since launch (12 servers came up in 84-100 s on 2x H200)
+  # or less than HEALTH_RESERVE s remain for the benchmarks
+  if [ $(( $(el) - LAUNCHED_AT )) -gt "${HEALTH_WAIT_S:-180}" ] || [ "$(left)" -lt "${HEALTH_RESERVE:-300}" ]; then
+    log "still not healthy after $(( $(el) - LAUNCHED_AT ))s ($(left)s left): giving up on $pending"; break; fi
   sleep 2
 done
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$TL"
@@ -140,8 +144,8 @@ D=""; for f in d_plain d_tree d_chain d_chain_w d_auto d_tree_fused; do [ -f $f.
 cd "$W"
 { for f in logs/*.log; do
     echo "=== $f"
-    grep -E "NCCL INFO .*(NCCL_PROTO|NCCL_MAX|NCCL_ALGO|set by environment|Channel|nChannels|Using network|version)|NCCL settings|nccl|--tp-allreduce|n-gram verify mode|Verify timing|FlashInfer|flashinfer|trtllm|accept len|Capture cuda graph|Traceback|Error|error" "$f" \
-      | grep -vE "Fail to set RLIMIT|helion|openai_harmony" | head -60
+    grep -E "NCCL INFO .*(NCCL_PROTO|NCCL_MAX|NCCL_ALGO|set by environment|Channel|nChannels|Using network|version)|NCCL settings|nccl|--tp-allreduce|n-gram verify|auto verify|verify width|Verify timing|FlashInfer|flashinfer|trtllm|accept len|Capture cuda graph|Traceback|Error|error" "$f" \
+      | grep -vE "Fail to set RLIMIT|helion|openai_harmony" | head -80
   done; } > "$W/log_excerpts.txt" 2>&1
 { echo "# summary $(date -u +%FT%TZ)"; cat "$TL"; echo; cat "$W/identity.txt"; echo
   for f in json/*.txt; do echo "=== $f"; grep -vE "^# (env|client)" "$f" | head -40; done; } > "$OUT/summary.txt"
