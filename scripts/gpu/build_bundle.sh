@@ -5,7 +5,7 @@
 #   bash scripts/gpu/build_bundle.sh             full build (first time ~20 min on 2 cores; cached stages skip)
 #   bash scripts/gpu/build_bundle.sh --repatch   re-apply patches/sglang-0.5.16/series + this project's
 #                                                library, re-run the JIT pre-build, re-pack overlay.tar.xz
-#                                                (seconds to a minute; run it before each GPU session)
+#                                                (seconds to a minute; run it before each GPU run)
 #
 # Output (all git-ignored):
 #   .scratch/gpu-bundle/           carried in the last transfer: overlay.tar.xz (patched SGLang files, the
