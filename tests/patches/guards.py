@@ -79,6 +79,13 @@ GUARDS = [
           file="sglang/srt/layers/flashinfer_comm_fusion.py", symbol="flashinfer_allreduce_residual_rmsnorm",
           params_include=("input_tensor", "residual", "weight", "eps"),
           contains=("@register_custom_op(\n    mutates_args=[\"input_tensor\", \"residual\", \"weight\"],",)),
+    # 0005: the decode graph runner builds its own NGRAM capture dummy (not through create_dummy_verify_input);
+    # in chain mode it must capture without a mask too.
+    Guard(patch="0005-ngram-chain-verify.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+          symbol="DecodeCudaGraphRunner.get_spec_info", params=("self", "num_tokens"),
+          contains=("        elif self.model_runner.spec_algorithm.is_ngram():\n",
+                    "                custom_mask=self.buffers.custom_mask,\n")),
     # 0005: n-gram chain verify. Flag beside the ngram fields, spec overrides in _handle_ngram, the worker's
     # corpus call / full-mask build / verify input / on_verify_complete_cpu, NgramVerifyInput's device line and
     # mask padding, and the CUDA-graph dummy verify input.

@@ -51,8 +51,14 @@ def spec_overrides(cfg) -> dict:
 
 
 def dummy_custom_mask(mode, custom_mask):
-    """Mask for the CUDA-graph capture dummy: None in chain mode, so capture and replay agree (no custom mask)."""
-    return None if mode == "chain" else custom_mask
+    """Mask for a CUDA-graph capture dummy: None for chain-shaped verify (chain, and auto, which verifies chains).
+
+    Every place that builds the capture dummy must go through this: a verify graph captured with a mask keeps
+    reading the mask buffer at replay, and in chain mode nothing writes that buffer (seen on 2x H200,
+    2026-11-30: the graph captured in the decode graph runner's own dummy attended through a stale mask and
+    greedy output diverged from the first verify step).
+    """
+    return None if mode in ("chain", "auto") else custom_mask
 
 
 def verify_input_device(custom_mask, draft_token, new_seq_lens):
