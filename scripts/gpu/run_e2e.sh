@@ -31,7 +31,7 @@ SM=$HOME/models/smollm2-135m-tp$TP   # TP=2: heads zero-padded 9/3 -> 12/4 (same
 DM=$HOME/models/dummy-7168
 NGRAM="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
 TIMING="--enable-verify-timing --verify-timing-interval 200 --verify-timing-log-interval 10"
-SM_CLIENT="--concurrency 1,8 --max-new-tokens 256 --long-gen 8000"
+SM_CLIENT=${SM_CLIENT:-"--concurrency 1,8 --max-new-tokens 256 --long-gen 8000"}
 DM_CLIENT="--concurrency 1,8 --max-new-tokens 256 --long-gen 2048 --input-ids --vocab-size 32000"
 TP2_ONLY=$([ "$TP" = 1 ] && echo "#")
 cases() {
