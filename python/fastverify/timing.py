@@ -8,7 +8,7 @@ and counts the verified tokens and requests of the pass. This module is the acco
 CUDA itself. It talks to the device through a ``DeviceClock`` (CUDA events in the server,
 ``fastverify.glue.timing_hook``; a fake in the tests).
 
-How a sampled pass is measured (why, and its bias: docs/sections/verify-timing.md):
+How a sampled pass is measured (why, and its bias: docs/eagle-fast-verify.md, "Verify-pass timing"):
 the sampled pass runs eagerly instead of replaying its CUDA graph, with an event before and after every
 all-reduce. Before the pass the stream is held by a GPU busy-wait (``DeviceClock.hold``) long enough for
 the host to enqueue the whole pass, so the GPU then runs the queued kernels back to back, as a graph

@@ -185,7 +185,7 @@ stage_repatch() {
 stage_prebuild() {  # $1: folder holding the (patched) sglang package
   local fiaot=$BUILD/aot          # FlashInfer ahead-of-time modules; they travel in the overlay
   mkdir -p "$BUILD/jitcache"
-  # the lead's CPU test venv has every import SGLang's jit_kernel needs; the patched sglang and the
+  # the CPU test venv (make test) has every import SGLang's jit_kernel needs; the patched sglang and the
   # device's flashinfer shadow its own through PYTHONPATH (nothing in that venv changes)
   local PYB=${PREBUILD_PY:-$ROOT/.venv-$VER/bin/python}
   # FlashInfer's imports that the CPU venv lacks, in a folder of their own
