@@ -7,7 +7,7 @@ FV = PYTHONPATH=$(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m 
 DIRARG = $(if $(SGLANG_DIR),--sglang-dir $(SGLANG_DIR))
 
 .PHONY: apply-patches revert-patches check-patches status-patches test setup demo versions \
-        bench-allreduce bench-kernels replay sim
+        bench-allreduce bench-kernels replay sim gpu-bundle gpu-repatch gpu-dryrun serving-bench
 
 versions:          ## the supported SGLang releases (pins.txt)
 	@awk '!/^#/ && NF {print $$1}' pins.txt
@@ -45,3 +45,15 @@ replay:            ## CPU: will n-gram speculation pay on a trace? (TRACE=file.j
 
 sim:               ## CPU: the auto controller in simulation against fixed modes
 	$(FV) sim $(SIM_ARGS)
+
+gpu-bundle:        ## host: build the offline GPU bundle of SGLang 0.5.16 + this series (docs/gpu-staging.md)
+	bash scripts/gpu/build_bundle.sh
+
+gpu-repatch:       ## host: re-apply the series and re-pack the small overlay after a change to patches/ or python/
+	bash scripts/gpu/build_bundle.sh --repatch
+
+gpu-dryrun:        ## host: rehearse the GPU-machine side against a stand-in server
+	bash scripts/gpu/dryrun.sh
+
+serving-bench:     ## any SGLang/OpenAI server: SERVING_ARGS="--base-url http://127.0.0.1:30000 --concurrency 1,8 ..."
+	$(PYTHON) benchmark/serving.py run $(SERVING_ARGS)
