@@ -7,9 +7,12 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 VERSIONS=${VERSIONS:-$(awk '!/^#/ && NF {print $1}' pins.txt)}
 status=0
+# Every environment first: the tests of one release also read the other release's pristine sources.
+for v in $VERSIONS; do
+  bash scripts/setup_test_env.sh "$v" "$ROOT/.venv-$v" || { echo "setup of SGLang $v failed" >&2; exit 1; }
+done
 for v in $VERSIONS; do
   VENV=$ROOT/.venv-$v
-  bash scripts/setup_test_env.sh "$v" "$VENV" || { echo "setup of SGLang $v failed" >&2; exit 1; }
   "$VENV/bin/python" -m fastverify patches apply || { echo "applying the $v series failed" >&2; exit 1; }
   echo "=== tests against SGLang $v ($VENV) ==="
   "$VENV/bin/python" -m pytest -p no:cacheprovider -rs "$@"

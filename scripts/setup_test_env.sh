@@ -18,11 +18,7 @@ LINE=$(awk -v v="$VER" '$1==v' "$ROOT/pins.txt")
 pin() { echo "$LINE" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 TORCH=$(pin torch_test)
 KEY=$(cat "$0" "$ROOT/pins.txt" $(find "$ROOT/tests/stubs/torchvision" -type f -name "*.py" | sort) | sha256sum | cut -c1-16)
-if [ -f "$VENV/.fastverify-stamp" ] && [ "$(cat "$VENV/.fastverify-stamp")" = "$KEY" ]; then
-  echo "[setup $VER] environment up to date: $VENV"; exit 0
-fi
 t0=$(date +%s); say() { echo "[setup $VER] $(( $(date +%s) - t0 ))s: $*"; }
-rm -rf "$VENV"
 DL=$ROOT/.downloads; mkdir -p "$DL"
 WHL=$(ls "$DL"/sglang-"$VER"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$WHL" ]; then
@@ -30,6 +26,17 @@ if [ -z "$WHL" ]; then
   WHL=$(ls "$DL"/sglang-"$VER"-*.whl | head -1)
 fi
 say "wheel $(basename "$WHL")"
+# The pristine upstream sources, unpacked once: the drift guards and series tests read them (never imported).
+PRISTINE=$ROOT/.scratch/pristine/$VER
+if [ ! -d "$PRISTINE/sglang" ]; then
+  rm -rf "$PRISTINE.tmp" && mkdir -p "$PRISTINE.tmp"
+  "$PY" -m zipfile -e "$WHL" "$PRISTINE.tmp" && rm -rf "$PRISTINE" && mv "$PRISTINE.tmp" "$PRISTINE"
+  say "pristine sources in $PRISTINE"
+fi
+if [ -f "$VENV/.fastverify-stamp" ] && [ "$(cat "$VENV/.fastverify-stamp")" = "$KEY" ]; then
+  echo "[setup $VER] environment up to date: $VENV"; exit 0
+fi
+rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 CONS=$VENV/constraints.txt
 # SGLang's own exact pins (Requires-Dist with ==), minus the torch family, plus the CPU torch.
@@ -51,7 +58,7 @@ echo "torch==$TORCH" >> "$CONS"
 "$VENV/bin/pip" install -q -c "$CONS" "torch==$TORCH" \
   numpy orjson psutil pybase64 requests packaging pillow starlette tqdm ipython pydantic aiohttp msgspec \
   transformers pyzmq dill openai partial-json-parser xgrammar sentencepiece triton==3.8.0 apache-tvm-ffi ninja \
-  einops compressed-tensors gguf setproctitle uvicorn fastapi pytest prometheus-client \
+  einops compressed-tensors gguf setproctitle uvicorn fastapi pytest prometheus-client matplotlib \
   2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 say "dependencies installed"
 "$VENV/bin/pip" install -q --no-deps "$WHL"
