@@ -699,6 +699,24 @@ def cmd_check(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None, 
     return 0
 
 
+def _transaction(target, plan, steps, expected: dict, verb: str) -> None:
+    """Run ``steps`` on the touched files all or nothing: every file is backed up first, and restored byte for
+    byte if a step fails or a file does not end as the dry run computed (``expected``)."""
+    check_writable(target, plan.files)
+    backup = Backup.take(target.root, plan.files)
+    try:
+        steps()
+        wrong = _mismatches(target.root, expected)
+        if wrong:
+            raise PatchToolError(f"after {verb}, these files differ from the checked result: {', '.join(wrong)}")
+    except BaseException as e:
+        backup.restore()
+        if isinstance(e, PatchToolError):
+            e.args = (f"{e.args[0]}\nRestored every touched file; nothing changed in {target.root}.",)
+        raise
+    purge_pycache(target.root, plan.files)
+
+
 def cmd_apply(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None, say=None) -> int:
     say = say or Reporter()
     target, patches = _prepare(sglang_dir, patches_dir, pins_file, say)
@@ -707,25 +725,16 @@ def cmd_apply(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None, 
     if not todo:
         say(f"nothing to do: all {len(patches)} patch(es) already applied")
         return 0
-    check_writable(target, plan.files)
-    backup = Backup.take(target.root, plan.files)
-    try:
-        for k, s in enumerate(todo, start=1):
+    def apply_all():
+        for s in todo:
             r = run_patch(target.root, s.patch)
             say.detail(r.output)
             if not r.ok:
                 raise DriftError(f"patch {s.patch.name} failed while applying for real although its dry run "
                                  f"passed:\n{r.output.strip()}")
             say(f"  applied {s.patch.name} ({len(s.patch.files)} file(s))")
-        wrong = _mismatches(target.root, plan.final)
-        if wrong:
-            raise PatchToolError(f"after applying, these files differ from the checked result: {', '.join(wrong)}")
-    except BaseException as e:
-        backup.restore()
-        if isinstance(e, PatchToolError):
-            e.args = (f"{e.args[0]}\nRestored every touched file; nothing changed in {target.root}.",)
-        raise
-    purge_pycache(target.root, plan.files)
+
+    _transaction(target, plan, apply_all, plan.final, "applying")
     say(f"done: {len(todo)} applied, {len(plan.with_state(APPLIED))} were already applied")
     return 0
 
@@ -749,9 +758,7 @@ def cmd_revert(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None,
     if not todo:
         say("nothing to do: no patch of the series is applied")
         return 0
-    check_writable(target, plan.files)
-    backup = Backup.take(target.root, plan.files)
-    try:
+    def revert_all():
         for s in todo:
             r = run_patch(target.root, s.patch, reverse=True)
             say.detail(r.output)
@@ -761,15 +768,8 @@ def cmd_revert(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None,
                 if fp.created and plan.base.get(fp.path) is None:
                     _remove_if_empty(target.root / fp.path)
             say(f"  reverted {s.patch.name}")
-        wrong = _mismatches(target.root, plan.base)
-        if wrong:
-            raise PatchToolError(f"after reverting, these files differ from the checked result: {', '.join(wrong)}")
-    except BaseException as e:
-        backup.restore()
-        if isinstance(e, PatchToolError):
-            e.args = (f"{e.args[0]}\nRestored every touched file; nothing changed in {target.root}.",)
-        raise
-    purge_pycache(target.root, plan.files)
+
+    _transaction(target, plan, revert_all, plan.base, "reverting")
     if record is not None:
         ok = [rel for rel in plan.files if rel in record and record_hash(_read(target.root / rel) or b"") == record[rel]]
         say(f"done: {len(todo)} reverted; {len(ok)}/{sum(rel in record for rel in plan.files)} touched file(s) "
