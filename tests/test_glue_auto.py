@@ -165,24 +165,10 @@ def _patched_copy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    import os
-    import subprocess
-    import sys
+    from probe_support import run_probe, tiny_model
 
-    folder, root = _patched_copy(tmp_path_factory)
-    model = tmp_path_factory.mktemp("tiny-model")
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 1000,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5}))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(root / "python"), str(root / "tests" / "stubs"),
-                                         env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, str(root / "tests" / "auto_probe.py"), str(model)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
-    assert r.returncode == 0 and line, r.stderr[-3000:]
-    return json.loads(line[0][6:])
+    folder, _root = _patched_copy(tmp_path_factory)
+    return run_probe("auto_probe.py", tiny_model(tmp_path_factory), folder)
 
 
 @pytest.mark.sglang

@@ -1,9 +1,6 @@
 """Glue of patch 0008 (fastverify.glue.verify_runtime) and the patched SGLang n-gram worker switching verify widths."""
-import json
-import os
 import shutil
 import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -115,20 +112,9 @@ def _patched_sglang(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    folder = _patched_sglang(tmp_path_factory)
-    model = tmp_path_factory.mktemp("tiny-model")
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 1000,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5}))
-    env = dict(os.environ)
-    paths = ([str(folder)] if folder else []) + [str(ROOT / "python"), str(ROOT / "tests" / "stubs")]
-    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "widths_probe.py"), str(model)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
-    assert r.returncode == 0 and line, r.stderr[-3000:]
-    return json.loads(line[0][6:])
+    from probe_support import run_probe, tiny_model
+
+    return run_probe("widths_probe.py", tiny_model(tmp_path_factory), _patched_sglang(tmp_path_factory))
 
 
 @pytest.mark.sglang
