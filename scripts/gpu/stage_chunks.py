@@ -62,6 +62,18 @@ def plan(files, max_bytes):
     return entries, parts
 
 
+
+def _piece_blocks(files, pieces):
+    """The bytes of a part, in blocks: each piece is (file index, offset, length)."""
+    for i, off, n in pieces:
+        with open(files[i], "rb") as f:
+            f.seek(off)
+            left = n
+            while left:
+                b = f.read(min(BLOCK, left))
+                yield b
+                left -= len(b)
+
 def cmd_split(a):
     if a.max_mib <= 0:
         raise SystemExit(f"error: --max-mib must be > 0, got {a.max_mib}")
@@ -75,14 +87,8 @@ def cmd_split(a):
     os.makedirs(a.out, exist_ok=True)
     for k, pieces in enumerate(parts, 1):
         h = hashlib.sha256()
-        for i, off, n in pieces:
-            with open(a.files[i], "rb") as f:
-                f.seek(off)
-                left = n
-                while left:
-                    b = f.read(min(BLOCK, left))
-                    h.update(b)
-                    left -= len(b)
+        for b in _piece_blocks(a.files, pieces):
+            h.update(b)
         manifest["parts"].append({"index": k, "file": f"part-{k:02d}.bin", "sha256": h.hexdigest(),
                                   "pieces": [[entries[i]["name"], off, n] for i, off, n in pieces]})
     # one folder per transfer; skip rewriting a part whose checksum is already right
@@ -96,14 +102,8 @@ def cmd_split(a):
         dst = os.path.join(d, part["file"])
         if not (os.path.isfile(dst) and sha256_file(dst) == part["sha256"]):
             with open(dst + ".tmp", "wb") as out:
-                for i, off, n in pieces:
-                    with open(a.files[i], "rb") as f:
-                        f.seek(off)
-                        left = n
-                        while left:
-                            b = f.read(min(BLOCK, left))
-                            out.write(b)
-                            left -= len(b)
+                for b in _piece_blocks(a.files, pieces):
+                    out.write(b)
             os.replace(dst + ".tmp", dst)
         with open(os.path.join(d, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
