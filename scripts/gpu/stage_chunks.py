@@ -62,7 +62,6 @@ def plan(files, max_bytes):
     return entries, parts
 
 
-
 def _piece_blocks(files, pieces):
     """The bytes of a part, in blocks: each piece is (file index, offset, length)."""
     for i, off, n in pieces:
@@ -73,6 +72,7 @@ def _piece_blocks(files, pieces):
                 b = f.read(min(BLOCK, left))
                 yield b
                 left -= len(b)
+
 
 def cmd_split(a):
     if a.max_mib <= 0:
