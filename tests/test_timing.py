@@ -14,6 +14,7 @@ from fastverify.timing import (
     Sampler,
     TimingConfig,
     VerifyMetrics,
+    across_ranks,
     build_record,
     format_log_line,
     percentile,
@@ -54,6 +55,10 @@ class FakeClock:
 
     def run(self, ms: float) -> None:
         self.t += ms
+
+    def wait(self, mark) -> None:
+        self.waited = getattr(self, "waited", 0) + 1
+        self.completed = math.inf
 
 
 class HostClock:
@@ -372,7 +377,7 @@ def test_metrics_names_labels_buckets():
         "sglang:verify_pass_seconds", "sglang:verify_allreduce_seconds",
         "sglang:verify_fused_allreduce_norm_seconds", "sglang:verify_compute_seconds",
         "sglang:verify_allreduce_share", "sglang:verify_pass_tokens", "sglang:verify_pass_requests",
-        "sglang:verify_allreduce_calls", "sglang:verify_timing_samples",
+        "sglang:verify_allreduce_calls", "sglang:verify_timing_samples", "sglang:verify_rank_wait_seconds",
     }
     for mf in reg.collect():
         for s in mf.samples:
@@ -391,3 +396,89 @@ def test_timer_feeds_metrics():
     lab = {"model_name": "m", "mode": "decode", "tp_size": "2", "tp_rank": "0"}
     assert reg.get_sample_value("sglang:verify_allreduce_seconds_sum", lab) == pytest.approx(0.001)
     assert reg.get_sample_value("sglang:verify_pass_tokens_sum", lab) == 4
+
+
+# --------------------------------------------------------------------------------------------------
+# TP > 1: collective time vs waiting for other ranks
+# --------------------------------------------------------------------------------------------------
+def test_across_ranks_takes_the_last_arrival_per_call():
+    # rank 0 reached call 0 2.0 ms early and call 2 0.5 ms early; rank 1 was early at call 1
+    r0 = [("all_reduce", 2.010), ("all_reduce", 0.010), ("allreduce_norm", 0.512)]
+    r1 = [("all_reduce", 0.011), ("all_reduce", 0.310), ("allreduce_norm", 0.012)]
+    spans, wait = across_ranks(r0, [r0, r1])
+    assert spans == [("all_reduce", 0.011), ("all_reduce", 0.010), ("allreduce_norm", 0.012)]
+    assert wait == pytest.approx(1.999 + 0.5)
+    spans1, wait1 = across_ranks(r1, [r0, r1])
+    assert spans1 == spans  # both ranks report the same collective times
+    assert wait1 == pytest.approx(0.3)
+
+
+def test_across_ranks_refuses_unpaired_calls():
+    a = [("all_reduce", 1.0), ("all_reduce", 1.0)]
+    assert across_ranks(a, [a, a[:1]]) is None
+    assert across_ranks(a, [a, [("all_reduce", 1.0), ("allreduce_norm", 1.0)]]) is None
+    assert across_ranks(a, []) is None
+
+
+def test_exchange_splits_wait_and_completes_at_next_begin():
+    logs = []
+    clock0, clock1, host = FakeClock(), FakeClock(), HostClock()
+    payloads = {}
+    cfg0 = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=0, model_name="m")
+    cfg1 = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=1, model_name="m")
+    # rank 1's payload is fixed in advance (as if gathered): its calls took 0.02 ms each, no waiting
+    payloads[1] = {"starved": False, "spans": [("all_reduce", 0.02), ("all_reduce", 0.02)]}
+
+    def exchange0(payload):
+        payloads[0] = payload
+        return [payloads[0], payloads[1]]
+
+    t0 = PassTimer(cfg0, clock0, log=logs.append, host_clock=host, exchange=exchange0)
+    # rank 0 waits 3 ms in its first all-reduce (rank 1 arrived late), then runs in step
+    _pass(t0, clock0, host, mode="verify", tokens=8, allreduce_ms=[3.02, 0.02], compute_ms=1.0, gpu_done=False)
+    t0.poll()  # with an exchange, poll never completes a pass (ranks must complete together)
+    assert not t0.records and len(t0.pending) == 1
+    t0.begin("verify", 8, 1)  # next timed pass: wait for the end mark, exchange, record
+    assert getattr(clock0, "waited", 0) == 1 and not t0.pending
+    r = t0.records[-1]
+    assert r.allreduce_ms == pytest.approx(0.04)
+    assert r.wait_ms == pytest.approx(3.0)
+    assert r.pass_ms == pytest.approx(4.04)
+    assert r.busy_ms == pytest.approx(1.04)
+    assert r.compute_ms == pytest.approx(1.0)
+
+
+def test_exchange_drops_on_every_rank_when_one_rank_starved():
+    clock, host = FakeClock(), HostClock()
+    cfg = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=0, model_name="m")
+    seen = []
+
+    def exchange(payload):
+        seen.append(payload)
+        return [payload, {"starved": True, "spans": payload["spans"]}]
+
+    t = PassTimer(cfg, clock, host_clock=host, exchange=exchange)
+    _pass(t, clock, host, allreduce_ms=[0.1, 0.1])
+    t.begin("verify", 8, 1)
+    assert len(seen) == 1 and seen[0]["starved"] is False
+    assert not t.records
+    assert t.aggregator.total_dropped["verify"] == 1
+
+
+def test_exchange_with_unpaired_calls_keeps_raw_spans():
+    clock, host = FakeClock(), HostClock()
+    cfg = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=0, model_name="m")
+    t = PassTimer(cfg, clock, host_clock=host,
+                  exchange=lambda p: [p, {"starved": False, "spans": p["spans"][:1]}])
+    _pass(t, clock, host, allreduce_ms=[0.5, 0.5], compute_ms=1.0)
+    t.begin("verify", 8, 1)
+    assert t.unpaired == 1
+    assert t.records[-1].allreduce_ms == pytest.approx(1.0) and t.records[-1].wait_ms == 0.0
+
+
+def test_log_line_shows_rank_wait_and_busy_pass():
+    r = build_record("verify", 13.0, [("all_reduce", 0.01)] * 61, 8, 1, wait_ms=10.0)
+    s = summarize("verify", [r])
+    line = format_log_line([s], 0, 2, 0)
+    assert line == ("Verify timing [tp 0/2], verify: 3.0 ms, all-reduce 0.6 ms (20%), 8 tok, 1 req, compute 2.4 ms, "
+                    "61 calls 10.0 us/call, rank wait 10.0 ms, p90 3.0 ms, n 1, dropped 0")

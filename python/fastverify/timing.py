@@ -15,6 +15,13 @@ the host to enqueue the whole pass, so the GPU then runs the queued kernels back
 replay would, and host launch overhead does not show up as GPU time. A pass whose start the GPU reached
 before the host finished enqueuing it was starved by the host: it is dropped (counted as ``dropped``)
 and the next hold is doubled.
+
+With TP > 1 the ranks' holds end at slightly different times and their hosts enqueue at different speeds, so
+a rank's all-reduce event pair also contains the time that rank waited for the others to arrive. The glue
+gives the timer an ``exchange`` (an all-gather over the TP group's CPU side): the completed pass's per-call
+times of all ranks are gathered at the same point of every rank's pass sequence (the next timed pass), and
+each call's collective time is taken on the rank that arrived last (the minimum over ranks); the rest of each
+rank's call time is reported apart as ``rank wait``. A pass that any rank dropped is dropped on all.
 """
 from __future__ import annotations
 
@@ -136,22 +143,29 @@ class PassRecord:
     fused_calls: int
     tokens: int  # tokens in the pass: bs * draft tokens for verify, bs for decode
     requests: int
+    wait_ms: float = 0.0  # inside collectives, waiting for other TP ranks to arrive (see exchange)
 
     @property
     def comm_ms(self) -> float:
         return self.allreduce_ms + self.fused_ms
 
     @property
+    def busy_ms(self) -> float:
+        """The pass without the time its collectives waited for other ranks."""
+        return self.pass_ms - self.wait_ms
+
+    @property
     def compute_ms(self) -> float:
-        return self.pass_ms - self.comm_ms
+        return self.busy_ms - self.comm_ms
 
     @property
     def comm_calls(self) -> int:
         return self.allreduce_calls + self.fused_calls
 
 
-def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], tokens: int, requests: int) -> PassRecord:
-    """Fold the (kind, ms) spans of one pass into a record."""
+def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], tokens: int, requests: int,
+                 wait_ms: float = 0.0) -> PassRecord:
+    """Fold the (kind, ms) spans of one pass into a record (``wait_ms``: see ``across_ranks``)."""
     if mode not in MODES:
         raise ValueError(f"unknown pass mode {mode!r}; expected one of {MODES}")
     totals = {k: 0.0 for k in SPAN_KINDS}
@@ -170,7 +184,29 @@ def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], 
         fused_calls=calls["allreduce_norm"],
         tokens=int(tokens),
         requests=int(requests),
+        wait_ms=float(wait_ms),
     )
+
+
+def across_ranks(local: List[Tuple[str, float]], ranks: List[List[Tuple[str, float]]]) -> Optional[Tuple[List[Tuple[str, float]], float]]:
+    """Separate collective time from waiting for other ranks, per call.
+
+    ``local``: this rank's (kind, ms) spans of one pass; ``ranks``: every rank's spans of the same pass (this
+    one included). A collective cannot finish on any rank before the last rank has joined it, and on the
+    rank that joined last it does not wait, so call j's collective time is min over ranks of its span, and
+    this rank waited (its span - that minimum). Returns (spans with the collective times, total wait) or
+    None when the ranks did not make the same calls (then nothing can be paired; the caller keeps the raw
+    spans)."""
+    if not ranks or any(len(r) != len(local) for r in ranks):
+        return None
+    out, wait = [], 0.0
+    for j, (kind, ms) in enumerate(local):
+        if any(r[j][0] != kind for r in ranks):
+            return None
+        low = min(float(r[j][1]) for r in ranks)
+        out.append((kind, low))
+        wait += max(float(ms) - low, 0.0)
+    return out, wait
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,6 +231,7 @@ class ModeSummary:
     comm_ms: float
     fused_ms: float
     compute_ms: float
+    wait_ms: float
     comm_calls: float
     fused_calls: float
     tokens: float
@@ -220,14 +257,15 @@ def summarize(mode: str, records: List[PassRecord]) -> ModeSummary:
     def mean(f: Callable[[PassRecord], float]) -> float:
         return sum(f(r) for r in records) / n
 
-    passes = [r.pass_ms for r in records]
+    passes = [r.busy_ms for r in records]
     return ModeSummary(
         mode=mode,
         samples=n,
-        pass_ms=mean(lambda r: r.pass_ms),
+        pass_ms=mean(lambda r: r.busy_ms),
         comm_ms=mean(lambda r: r.comm_ms),
         fused_ms=mean(lambda r: r.fused_ms),
         compute_ms=mean(lambda r: r.compute_ms),
+        wait_ms=mean(lambda r: r.wait_ms),
         comm_calls=mean(lambda r: r.comm_calls),
         fused_calls=mean(lambda r: r.fused_calls),
         tokens=mean(lambda r: r.tokens),
@@ -249,6 +287,8 @@ def format_mode(s: ModeSummary) -> str:
     verify: 30.1 ms, all-reduce 24.9 ms (83%), 8 tok, 1 req, compute 5.2 ms, 122 calls 204.1 us/call, p90 31.2 ms, n 12
     A fused all-reduce+RMSNorm share is added after the call count when the pass had fused calls:
     ..., 122 calls 204.1 us/call (fused 61 calls 12.0 ms), ...
+    and, with TP > 1, the time the collectives waited for other ranks (not part of the pass time above):
+    ..., rank wait 3.1 ms, p90 ...
     """
     text = (
         f"{s.mode}: {s.pass_ms:.1f} ms, all-reduce {s.comm_ms:.1f} ms ({100 * s.comm_share:.0f}%), "
@@ -257,6 +297,8 @@ def format_mode(s: ModeSummary) -> str:
     )
     if s.fused_calls:
         text += f" (fused {_count(s.fused_calls)} calls {s.fused_ms:.1f} ms)"
+    if s.wait_ms > 0:
+        text += f", rank wait {s.wait_ms:.1f} ms"
     return text + f", p90 {s.p90_pass_ms:.1f} ms, n {s.samples}"
 
 
@@ -309,11 +351,12 @@ CALL_BUCKETS = (0, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512)
 SHARE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 METRIC_HELP = {
-    "sglang:verify_pass_seconds": "GPU time of a sampled forward pass (mode=verify: TARGET_VERIFY, mode=decode: plain decode).",
+    "sglang:verify_pass_seconds": "GPU time of a sampled forward pass (mode=verify: TARGET_VERIFY, mode=decode: plain decode), without the time its collectives waited for other TP ranks.",
     "sglang:verify_allreduce_seconds": "GPU time inside TP all-reduce and fused all-reduce+RMSNorm calls of a sampled pass.",
     "sglang:verify_fused_allreduce_norm_seconds": "GPU time inside fused all-reduce+RMSNorm calls of a sampled pass (part of verify_allreduce_seconds).",
     "sglang:verify_compute_seconds": "GPU time of a sampled pass outside all-reduces (pass - all-reduce).",
     "sglang:verify_allreduce_share": "All-reduce share of a sampled pass's GPU time (0..1).",
+    "sglang:verify_rank_wait_seconds": "Time the collectives of a sampled pass waited for other TP ranks to arrive (not part of verify_pass_seconds).",
     "sglang:verify_pass_tokens": "Tokens in a sampled pass (verified tokens for mode=verify, batch size for decode).",
     "sglang:verify_pass_requests": "Requests in a sampled pass.",
     "sglang:verify_allreduce_calls": "All-reduce calls (plain + fused) in a sampled pass.",
@@ -338,6 +381,7 @@ class VerifyMetrics:
         self.fused_seconds = hist("sglang:verify_fused_allreduce_norm_seconds", SECONDS_BUCKETS)
         self.compute_seconds = hist("sglang:verify_compute_seconds", SECONDS_BUCKETS)
         self.share = hist("sglang:verify_allreduce_share", SHARE_BUCKETS)
+        self.wait_seconds = hist("sglang:verify_rank_wait_seconds", SECONDS_BUCKETS)
         self.tokens = hist("sglang:verify_pass_tokens", TOKEN_BUCKETS)
         self.requests = hist("sglang:verify_pass_requests", TOKEN_BUCKETS)
         self.calls = hist("sglang:verify_allreduce_calls", CALL_BUCKETS)
@@ -354,11 +398,12 @@ class VerifyMetrics:
 
     def observe(self, r: PassRecord) -> None:
         lab = self._labels(r.mode)
-        self.pass_seconds.labels(**lab).observe(r.pass_ms / 1000.0)
+        self.pass_seconds.labels(**lab).observe(r.busy_ms / 1000.0)
         self.allreduce_seconds.labels(**lab).observe(r.comm_ms / 1000.0)
         self.fused_seconds.labels(**lab).observe(r.fused_ms / 1000.0)
         self.compute_seconds.labels(**lab).observe(r.compute_ms / 1000.0)
-        self.share.labels(**lab).observe(r.comm_ms / r.pass_ms if r.pass_ms > 0 else 0.0)
+        self.share.labels(**lab).observe(r.comm_ms / r.busy_ms if r.busy_ms > 0 else 0.0)
+        self.wait_seconds.labels(**lab).observe(r.wait_ms / 1000.0)
         self.tokens.labels(**lab).observe(r.tokens)
         self.requests.labels(**lab).observe(r.requests)
         self.calls.labels(**lab).observe(r.comm_calls)
@@ -417,6 +462,9 @@ class DeviceClock(Protocol):
     def hold(self, cycles: int) -> None:
         """Enqueue a GPU busy-wait of about ``cycles`` clock cycles on the current stream."""
 
+    def wait(self, mark: Any) -> None:
+        """Block the host until the GPU has passed the mark (used only with an exchange)."""
+
 
 @dataclass
 class _OpenPass:
@@ -439,6 +487,10 @@ class PassTimer:
     The glue calls: ``begin(mode, tokens, requests)`` before a forward (True = this pass is sampled and
     must run eagerly), ``span(kind)`` around each all-reduce while a pass is open, ``end()`` after the
     forward, and ``poll()`` whenever convenient (it only queries events; it never waits on the GPU).
+
+    ``exchange(payload) -> [payload of every rank]`` (TP > 1): a sampled pass is then completed at the
+    next ``begin`` on every rank (the same point of every rank's pass sequence, so the all-gather pairs up),
+    after waiting for its end mark; collective time and rank wait are split by ``across_ranks``.
     """
 
     def __init__(
@@ -450,6 +502,7 @@ class PassTimer:
         log: Optional[Callable[[str], None]] = None,
         host_clock: Callable[[], float] = time.perf_counter,
         hold: Optional[HoldController] = None,
+        exchange: Optional[Callable[[Any], List[Any]]] = None,
     ):
         self.config = config
         self.clock = clock
@@ -464,9 +517,16 @@ class PassTimer:
         self.pending: Deque[_OpenPass] = deque()
         self.last_log = host_clock()
         self.records: Deque[PassRecord] = deque(maxlen=256)  # recent records, for inspection
+        self.exchange = exchange
+        self.unpaired = 0  # exchanged passes whose ranks made different calls (kept with raw spans)
 
     # -- pass boundaries ---------------------------------------------------------------------------
     def begin(self, mode: str, tokens: int, requests: int) -> bool:
+        if self.exchange is not None:
+            while self.pending:  # every rank reaches this point with the same pending pass
+                p = self.pending.popleft()
+                self.clock.wait(p.end)
+                self._complete(p)
         self.poll()
         if self.open is not None or not self.sampler.should_sample(mode):
             return False
@@ -517,7 +577,7 @@ class PassTimer:
 
     # -- completion --------------------------------------------------------------------------------
     def poll(self) -> None:
-        while self.pending and self.clock.done(self.pending[0].end):
+        while self.exchange is None and self.pending and self.clock.done(self.pending[0].end):
             self._complete(self.pending.popleft())
         self._maybe_log()
 
@@ -525,12 +585,23 @@ class PassTimer:
         ms = self.clock.elapsed_ms
         hold_ms = ms(p.hold_start, p.start)
         self.hold.observe(p.cycles, hold_ms, p.enqueue_ms, p.starved)
-        if p.starved:
+        spans = [(k, ms(a, b)) for k, a, b in p.spans]
+        wait = 0.0
+        starved = p.starved
+        if self.exchange is not None:
+            everyone = self.exchange({"starved": p.starved, "spans": spans})
+            starved = any(bool(e["starved"]) for e in everyone)
+            paired = None if starved else across_ranks(spans, [e["spans"] for e in everyone])
+            if paired is not None:
+                spans, wait = paired
+            elif not starved:
+                self.unpaired += 1
+        if starved:
             self.aggregator.drop(p.mode)
             if self.metrics is not None:
                 self.metrics.dropped(p.mode)
             return
-        record = build_record(p.mode, ms(p.start, p.end), [(k, ms(a, b)) for k, a, b in p.spans], p.tokens, p.requests)
+        record = build_record(p.mode, ms(p.start, p.end), spans, p.tokens, p.requests, wait)
         self.records.append(record)
         self.aggregator.add(record)
         if self.metrics is not None:

@@ -79,6 +79,21 @@ class CudaEventClock:
     def hold(self, cycles: int) -> None:
         self._torch.cuda._sleep(int(cycles))  # GPU busy-wait; lets the host enqueue the pass ahead
 
+    def wait(self, mark) -> None:
+        mark.synchronize()
+
+
+def _exchange_over(group):
+    """All-gather of a small picklable object over the TP group's CPU side (gloo): every rank's payload."""
+    import torch.distributed as dist
+
+    def exchange(payload):
+        out = [None] * group.world_size
+        dist.all_gather_object(out, payload, group=group.cpu_group)
+        return out
+
+    return exchange
+
 
 # --------------------------------------------------------------------------------------------------
 # The pass seam (ModelRunner.forward / _forward_raw)
@@ -110,13 +125,15 @@ def _build_timer(runner) -> Optional[PassTimer]:
         import prometheus_client  # after PROMETHEUS_MULTIPROC_DIR is set, like SGLang's collectors
 
         metrics = timing.VerifyMetrics(prometheus_client, config)
+    exchange = _exchange_over(tp) if tp.world_size > 1 else None
     logger.info(
         "Verify timing on: one pass in %d of each mode (verify, decode) runs eagerly with CUDA events "
-        "around every all-reduce; metrics %s",
+        "around every all-reduce%s; metrics %s",
         config.interval,
+        ", per-call times gathered over the %d TP ranks" % tp.world_size if exchange else "",
         "on" if metrics else "off (no --enable-metrics)",
     )
-    return PassTimer(config, CudaEventClock(), metrics=metrics, log=logger.info)
+    return PassTimer(config, CudaEventClock(), metrics=metrics, log=logger.info, exchange=exchange)
 
 
 def timer_for(runner) -> Optional[PassTimer]:

@@ -1,0 +1,139 @@
+#!/bin/bash
+# Verify-pass timing on the 2x H200 machine, in one command: its overhead, its split against the
+# microbenchmark, and host profiles of the decode step with and without n-gram speculation.
+#
+#   bash scripts/gpu/timing_check.sh DIR     from the repository root on the GPU machine
+#   DIR holds site.tar.xz (build_bundle.sh), overlay.tar.xz and jitcache.tar.xz (--repatch), serving.py,
+#   models/dummy-7168/config.json, and optionally a py-spy wheel (host profiles are skipped without it).
+#   Results: $OUT/timing.tar.xz (logs, client JSON, /metrics, profiles, microbenchmark JSON) and
+#   $OUT/summary.txt.
+#
+# 1. Overhead: two plain servers of the dummy 7168-hidden model (TP=2, NCCL all-reduce), timing off and on
+#    (one pass in 100 sampled: 5x the default rate), benchmarked in turn, three rounds each, same requests.
+# 2. Split: the timing-on server's decode passes (1 token) and an n-gram chain server's verify passes
+#    (8 tokens), then the all-reduce-vs-compute microbenchmark for the same config, tokens 1 and 8, NCCL.
+# 3. Host profiles (py-spy, TP rank 0's scheduler, 10 s, while a client runs): plain, chain + widths and
+#    auto on a 2-layer random model (host-bound, so the step's host work shows).
+set -u
+set +m
+ROOT=$(pwd)
+D=$(cd "${1:?bundle dir}" && pwd)
+OUT=${OUT:-$HOME/timing-out}
+W=$HOME/timing
+mkdir -p "$OUT" "$W"
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+DEADLINE_S=${DEADLINE_S:-540}
+left() { echo $(( DEADLINE_S - $(el) )); }
+log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
+pack() { tar -C "$HOME" -cJf "$OUT/timing.tar.xz.tmp" timing && mv "$OUT/timing.tar.xz.tmp" "$OUT/timing.tar.xz"; }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+mkdir -p "$HOME/site" "$HOME/jitcache"
+tar -xJf "$D/site.tar.xz" -C "$HOME/site" && tar -xJf "$D/overlay.tar.xz" -C "$HOME/site" \
+  && tar -xJf "$D/jitcache.tar.xz" -C "$HOME/jitcache" || { log "unpack failed"; exit 1; }
+export PYTHONPATH=$HOME/site
+SPY=""
+if ls "$D"/py_spy-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target "$HOME/pyspy" "$D"/py_spy-*.whl && SPY=$HOME/pyspy/bin/py-spy
+fi
+python3 scripts/gpu/make_random_model.py "$HOME/models/tiny" --layers 2 > "$W/make_model.log" 2>&1
+DM=$D/models/dummy-7168
+log "unpacked; py-spy: ${SPY:-none}"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'; env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
+
+NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
+DMA="--model-path $DM --load-format dummy --tp-allreduce nccl"
+TMA="--model-path $HOME/models/tiny"
+COMMON="--tp 2 --skip-tokenizer-init --attention-backend triton --sampling-backend pytorch
+  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
+  --mem-fraction-static 0.12 --decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
+COMMON=$(echo $COMMON)
+CASES="t_off|32010|$DMA
+t_on|32020|$DMA --enable-verify-timing --verify-timing-interval 100 --verify-timing-log-interval 5
+t_chain|32030|$DMA $NG --speculative-ngram-verify-mode chain --enable-verify-timing --verify-timing-interval 20 --verify-timing-log-interval 5
+p_plain|32040|$TMA
+p_chain_w|32050|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
+p_auto|32060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
+declare -A PID PORT
+while IFS='|' read -r name port extra; do
+  cp -r "$HOME/jitcache" "$HOME/jit-$name"
+  TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid python3 -m sglang.launch_server $COMMON --port "$port" \
+    --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
+  PID[$name]=$!; PORT[$name]=$port
+  echo "$name: python3 -m sglang.launch_server $COMMON --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
+done <<< "$CASES"
+trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done; pack' EXIT
+log "launched ${!PID[*]}"
+declare -A UP
+for _ in $(seq 1 120); do
+  pending=0
+  for n in "${!PID[@]}"; do
+    [ -n "${UP[$n]:-}" ] && continue
+    if ! kill -0 "${PID[$n]}" 2>/dev/null; then UP[$n]=dead; log "$n: exited"; continue; fi
+    if python3 -c "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:${PORT[$n]}/health',timeout=2).status!=200)" 2>/dev/null
+    then UP[$n]=ok; log "$n: healthy"; else pending=$((pending + 1)); fi
+  done
+  [ $pending -eq 0 ] && break
+  [ "$(left)" -lt 300 ] && { log "stop waiting: $pending not up"; break; }
+  sleep 2
+done
+up() { [ "${UP[$1]:-}" = ok ]; }
+client() {  # client NAME TAG ARGS...
+  local n=$1 tag=$2; shift 2
+  timeout 120 python3 "$D/serving.py" run --base-url "http://127.0.0.1:${PORT[$n]}" --tag "$tag" --input-ids \
+    --no-progress --json "$W/$tag.json" "$@" > "$W/$tag.txt" 2>&1
+  log "$tag: rc=$? $(grep -E '^ +c=' "$W/$tag.txt" | tr -s ' ' | tr '\n' ';')"
+}
+scrape() { python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:${PORT[$1]}/metrics',timeout=5).read().decode())" \
+  | grep -E '^sglang:verify_' > "$W/$1.metrics.txt" 2>&1; }
+
+# ---- 1. overhead (alternating rounds, same requests) -----------------------------------------------------
+OH="--vocab-size 32000 --kinds code,chat,story --per-kind 2 --concurrency 1,8 --max-new-tokens 200 --warmup 1"
+if up t_off && up t_on; then
+  for r in 1 2 3; do
+    client t_off "overhead_off_r$r" $OH
+    client t_on "overhead_on_r$r" $OH
+  done
+  scrape t_on
+fi
+pack
+# ---- 2. verify passes of 8 tokens -------------------------------------------------------------------------
+if up t_chain; then client t_chain chain_split --vocab-size 32000 --kinds code,chat,repetitive --per-kind 2 \
+  --concurrency 1 --max-new-tokens 200 --warmup 1; scrape t_chain; fi
+for n in t_off t_on t_chain; do kill -TERM -- -"${PID[$n]}" 2>/dev/null; done
+pack
+# ---- 3. host profiles --------------------------------------------------------------------------------------
+tp0_pid() {  # the TP-0 scheduler process of a server (its own process group)
+  ps -eo pid=,pgid=,args= | awk -v g="${PID[$1]}" '$2 == g && /scheduler_TP0/ {print $1; exit}'
+}
+for n in p_plain p_chain_w p_auto; do
+  up "$n" || continue
+  [ "$(left)" -lt 150 ] && { log "skip $n: time"; continue; }
+  PC="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 3 --concurrency 1 --max-new-tokens 300 --warmup 1"
+  client "$n" "${n}_warm" --vocab-size 2048 --kinds chat --per-kind 1 --concurrency 1 --max-new-tokens 50
+  ( client "$n" "${n}_prof" $PC ) &
+  CP=$!
+  sleep 3
+  pid=$(tp0_pid "$n")
+  if [ -n "$SPY" ] && [ -n "$pid" ]; then
+    timeout 30 "$SPY" record --pid "$pid" --duration 10 --rate 250 --format raw --nonblocking \
+      --output "$W/$n.pyspy.txt" > "$W/$n.pyspy.log" 2>&1
+    log "$n: py-spy rc=$? pid $pid $(wc -l < "$W/$n.pyspy.txt" 2>/dev/null) stacks"
+  else
+    log "$n: no profile (py-spy ${SPY:-missing}, pid ${pid:-not found})"
+  fi
+  wait $CP
+  kill -TERM -- -"${PID[$n]}" 2>/dev/null
+  pack
+done
+# ---- the microbenchmark for the same shapes ---------------------------------------------------------------
+sleep 3
+timeout $(( $(left) > 20 ? $(left) - 15 : 5 )) python3 benchmark/allreduce_vs_compute.py --profile "$DM/config.json" \
+  --widths 1,8 --batch-sizes 1 --backends nccl --json "$W/microbench_dummy7168.json" > "$W/microbench.log" 2>&1
+log "microbenchmark rc=$?"
+grep -h "Verify timing" "$W"/t_*.log | tail -20 > "$W/timing_lines.txt"
+{
+  cat "$W/timeline.txt"; echo "== env"; cat "$W/env.txt"
+  echo "== timing lines"; cat "$W/timing_lines.txt"
+  echo "== microbenchmark"; grep -vE "it/s\]|s/it\]" "$W/microbench.log" | tail -40
+} > "$OUT/summary.txt"
+log "done"
