@@ -293,3 +293,70 @@ def test_microbenchmark_json_form(tmp_path):
     assert t.verify == ((1, 2.4), (8, 2.5)) and t.decode_ms(1) == 2.4
     with pytest.raises(CostTableError, match="backend 'ring' not in the file"):
         load_cost_table(f"{p}#ring")
+
+
+# ------------------------------------------------------------------------------- whole-step costs, lean steps
+def test_step_costs_table_then_host_part_then_medians():
+    from fastverify.controller import LEAN, SPEC, StepCosts
+
+    table = CostTable(((1, 1.0), (4, 1.2)), ((1, 1.0), (8, 1.1), (32, 1.5)), "t")
+    c = StepCosts(table, window=5, min_samples=3)
+    assert c.decode_ms(1) == 1.0 and c.verify_step_ms(1, 8, 8) == pytest.approx(1.1)  # nothing measured: the table
+    c.record(SPEC, 1, 8, 6.1)  # one whole step at width 8: 5.0 ms of host time on top of the 1.1 ms graph
+    assert c.host_ms(SPEC) == pytest.approx(5.0)
+    assert c.verify_step_ms(4, 8, 32) == pytest.approx(1.5 + 5.0)  # an unmeasured size: table + the kind's host part
+    assert c.decode_ms(1) == 1.0  # the other kind has its own host part (none measured yet)
+    for ms in (6.0, 6.2, 60.0):  # a period that contained a prefill is an outlier; medians ignore it
+        c.record(SPEC, 1, 8, ms)
+    assert c.step_ms(SPEC, 1, 8) == pytest.approx(6.15)
+    for ms in (3.7, 3.6, 3.8):
+        c.record(LEAN, 1, 5, ms)  # a lean step is width 1 whatever is passed
+    assert c.samples(LEAN, 1, 1) == 3 and c.decode_ms(1) == pytest.approx(3.7)
+    for ms in (1.0, 1.0, 1.0, 1.0, 1.0):  # the window keeps the last 5
+        c.record(LEAN, 1, 1, ms)
+    assert c.decode_ms(1) == pytest.approx(1.0)
+    c.record(LEAN, 1, 1, float("nan"))  # ignored
+    assert c.samples(LEAN, 1, 1) == 5
+    with pytest.raises(ValueError, match="step kind"):
+        c.record("decode", 1, 1, 1.0)
+
+
+def test_measured_host_time_changes_the_choice():
+    """Graph times say a width-8 chain costs as much as a decode; whole steps say it costs 1.8x. At a
+    mean acceptance of 0.5 tokens the table's choice is the chain, the measured steps' choice is none."""
+    from fastverify.controller import LEAN, SPEC, StepCosts
+
+    table = CostTable(((1, 1.0),), ((1, 1.0), (8, 1.05)), "graphs")
+    gains = [0.5]
+    by_table = max((evaluate(o, table, gains, "uniform") for o in options_for(7, 0, (1, 2, 4, 8))),
+                   key=lambda e: e.rate)
+    assert by_table.option.kind == "chain"
+    steps = StepCosts(table)
+    for _ in range(3):
+        steps.record(LEAN, 1, 1, 3.7)
+        steps.record(SPEC, 1, 8, 6.7)
+        steps.record(SPEC, 1, 2, 6.5)
+        steps.record(SPEC, 1, 4, 6.6)
+    best = max((evaluate(o, steps, gains, "uniform") for o in options_for(7, 0, (1, 2, 4, 8))), key=lambda e: e.rate)
+    assert best.option.kind == "none"
+
+
+def test_plan_lookup_pessimistic_start_learning_and_probes():
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    table = CostTable(((1, 10.0),), ((1, 10.0), (8, 10.5)), "t")
+    ctl = Controller(cfg, table)
+    f = DraftFeatures(7, 1)
+    views = [RequestView("r", f)]
+    assert ctl.plan_lookup(views) is False  # the prior: nothing accepted yet
+    d = ctl.note_lean(1)
+    assert d.option.kind == "none" and ctl.counters["lean_steps"] == 1 and ctl.steps_by_mode["none"] == 1
+    for _ in range(6):
+        ctl.observe("r", f, 7)  # drafts of this match were right in full
+    assert ctl.plan_lookup(views) is True
+    # probes: with nothing worth a lookup, every 4th call looks up anyway
+    ctl2 = Controller(cfg, table)
+    got = [ctl2.plan_lookup(views, probe_every=4) for _ in range(8)]
+    assert got == [False, False, False, True, False, False, False, True]
+    ctl2.decide(views)  # a lookup step resets the count
+    assert [ctl2.plan_lookup(views, probe_every=4) for _ in range(4)] == [False, False, False, True]
+    assert ctl.plan_lookup([]) is False

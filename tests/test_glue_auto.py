@@ -181,6 +181,63 @@ def test_patched_server_args(probe):
     assert "needs --speculative-ngram-verify-mode auto" in probe["table_without_auto"]["error"]
 
 
+@pytest.fixture(scope="module")
+def step_probe(tmp_path_factory):
+    from probe_support import run_probe, tiny_model
+
+    folder, _root = _patched_copy(tmp_path_factory)
+    costs = tmp_path_factory.mktemp("costs")
+    (costs / "dear.json").write_text(json.dumps({"decode_ms": {"1": 1, "4": 1}, "verify_ms": {"1": 1, "64": 200}}))
+    (costs / "cheap.json").write_text(json.dumps({"decode_ms": {"1": 1, "4": 1}, "verify_ms": {"1": 1, "64": 1.01}}))
+    return run_probe("auto_step_probe.py", tiny_model(tmp_path_factory), folder,
+                     extra_env={"FV_PROBE_COSTS": str(costs)})
+
+
+def _plain_greedy(first, n):
+    out = [first]
+    while len(out) < n:
+        out.append((out[-1] // 10 + 1) * 10)
+    return out
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_lean_steps_skip_the_lookup_and_stay_lossless(step_probe):
+    run = step_probe["dear"]  # verify ~200x a decode: after each request's first lookup, no speculation
+    steps = run["steps"]
+    assert steps[0]["kind"] == "spec" and steps[0]["width"] == 1  # fresh requests are looked up once
+    lean = [s for s in steps if s["kind"] == "lean"]
+    assert len(lean) == len(steps) - 1 and run["metrics"]["auto_lean_steps_total"] == len(steps) - 1
+    for s in lean:
+        assert s["width"] == 1 and s["accept_lens"] == [1, 1] and s["after_k"] == 8
+        assert s["prev_token_ids"] == []  # nothing carried: the corpus update reads the host tokens only
+    # the lean step's input is each request's last accepted token, gathered on the device
+    assert steps[1]["input"] == [20, 20] and steps[2]["input"] == [30, 30]
+    # the corpus still learns the output during lean steps (SGLang's own update, host tokens)
+    assert lean[-1]["puts"] and lean[-1]["puts"][0][0][-1] == run["outputs"]["a"][-2]
+    assert run["outputs"]["a"] == _plain_greedy(10, len(steps) + 1)
+    assert run["outputs"]["b"] == [13] + _plain_greedy(20, len(steps))
+    assert run["costs"]["measured"]["lean/bs2/w1"] == pytest.approx(2.0)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_auto_learns_during_lean_steps_and_speculates(step_probe):
+    run = step_probe["cheap"]  # the corpus holds the stream up to 390; verify costs about a decode
+    steps = run["steps"]
+    kinds = [(s["kind"], s["width"]) for s in steps]
+    # looked up once, lean until that draft resolved (7 of 7 right), then full chains while the corpus knows
+    # the continuation, and back to lean steps once it does not (past 390 the lookup finds no match)
+    assert kinds[0] == ("spec", 1) and kinds[1] == ("lean", 1)
+    full = [s for s in steps if s["width"] == 8]
+    assert len(full) >= 3 and all(s["accept_lens"] == [8, 8] for s in full), kinds
+    assert steps[-1]["kind"] == "lean" and max(s["input"][0] for s in full) < 400
+    n_out = len(run["outputs"]["a"])
+    assert run["outputs"]["a"] == _plain_greedy(10, n_out)
+    assert run["outputs"]["b"] == [13] + _plain_greedy(20, len(run["outputs"]["b"]) - 1)
+    assert n_out > len(steps) + 1  # speculation emitted more than one token per step
+
+
 def test_metrics_are_exported_as_gauges(tmp_path):
     prom = pytest.importorskip("prometheus_client")
     worker = _worker()

@@ -98,6 +98,10 @@ class CostTable:
     def verify_ms(self, tokens: int) -> float:
         return _interp(self.verify, tokens)
 
+    def verify_step_ms(self, bs: int, width: int, tokens: int) -> float:
+        """A verify step of bs requests at `width` tokens each, `tokens` in the pass (a table knows only tokens)."""
+        return self.verify_ms(tokens)
+
     def scaled(self, verify: float = 1.0, decode: float = 1.0) -> "CostTable":
         return CostTable(tuple((n, ms * decode) for n, ms in self.decode),
                          tuple((n, ms * verify) for n, ms in self.verify), self.source)
@@ -193,6 +197,87 @@ def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], 
             f"{clock() - t0:.2f} s ({repeats} repeats each, median); skipped {len(skipped)} past the "
             f"{budget_s} s budget; table {json.dumps(table.to_json())}")
     return table
+
+
+# ------------------------------------------------------------------------------------ whole-step costs
+LEAN, SPEC = "lean", "spec"  # a step that skipped the draft lookup (no speculation) / one that looked drafts up
+
+
+def _median(xs) -> float:
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+class StepCosts:
+    """What a whole decode step costs, measured on the host clock while the server runs.
+
+    A cost table of graph replays (`CostTable`, from the start-up calibration or a file) holds only the GPU
+    pass. A server step also spends host time outside it (scheduling, the draft lookup, sampling and
+    acceptance, result processing), and that part differs between a step that looked drafts up (SPEC, at a
+    verify width) and one that did not (LEAN: no speculation, no lookup). Measured on the 2x H200 with
+    SmolLM2-135M TP=2: graph replays ~1.0-1.2 ms, a plain decode step 3.7 ms, an n-gram step 6.7 ms.
+
+    `record(kind, bs, width, ms)` adds one measured step period. An estimate for (kind, bs, width) is the
+    median of its last `window` periods once it has `min_samples`; otherwise the table's GPU time plus the
+    kind's host part, the median of (measured - table) over the kind's recent steps at any size (0 before the
+    first measurement). Medians, so the occasional period that contains a prefill or an idle gap does not move
+    the estimate. LEAN is width 1 by definition.
+    """
+
+    def __init__(self, table: CostTable, window: int = 32, min_samples: int = 3):
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be >= 1")
+        self.table = table
+        self.source = f"{table.source} + measured whole steps"
+        self.window = window
+        self.min_samples = min_samples
+        self._periods: dict = {}  # (kind, bs, width) -> recent ms
+        self._host: dict = {LEAN: [], SPEC: []}  # kind -> recent (measured - table) ms
+
+    def graph_ms(self, kind: str, bs: int, width: int) -> float:
+        return self.table.decode_ms(bs) if kind == LEAN or width == 1 else self.table.verify_ms(bs * width)
+
+    def record(self, kind: str, bs: int, width: int, ms: float) -> None:
+        if kind not in (LEAN, SPEC):
+            raise ValueError(f"step kind must be {LEAN!r} or {SPEC!r}, got {kind!r}")
+        if not (bs >= 1 and width >= 1 and math.isfinite(ms) and ms > 0):
+            return
+        width = 1 if kind == LEAN else int(width)
+        q = self._periods.setdefault((kind, int(bs), width), [])
+        q.append(float(ms))
+        del q[:-self.window]
+        h = self._host[kind]
+        h.append(float(ms) - self.graph_ms(kind, bs, width))
+        del h[:-self.window]
+
+    def samples(self, kind: str, bs: int, width: int) -> int:
+        return len(self._periods.get((kind, int(bs), 1 if kind == LEAN else int(width)), ()))
+
+    def host_ms(self, kind: str) -> float:
+        h = self._host[kind]
+        return max(_median(h), 0.0) if h else 0.0
+
+    def step_ms(self, kind: str, bs: int, width: int) -> float:
+        width = 1 if kind == LEAN else int(width)
+        q = self._periods.get((kind, int(bs), width))
+        if q is not None and len(q) >= self.min_samples:
+            return _median(q)
+        return self.graph_ms(kind, bs, width) + self.host_ms(kind)
+
+    # the cost interface of evaluate(): no speculation = a LEAN step, a chain of width w = a SPEC step
+    def decode_ms(self, bs: int) -> float:
+        return self.step_ms(LEAN, bs, 1)
+
+    def verify_step_ms(self, bs: int, width: int, tokens: int) -> float:
+        return self.step_ms(SPEC, bs, width)
+
+    def verify_ms(self, tokens: int) -> float:
+        return self.table.verify_ms(tokens)
+
+    def to_json(self) -> dict:
+        return {"table": self.table.to_json(), "host_ms": {k: self.host_ms(k) for k in (LEAN, SPEC)},
+                "measured": {f"{k}/bs{bs}/w{w}": round(_median(q), 4) for (k, bs, w), q in sorted(self._periods.items())}}
 
 
 # --------------------------------------------------------------------------------------------- features
@@ -355,13 +440,13 @@ def evaluate(option: Option, costs: CostTable, gains: Sequence[float], shape: st
     t_dec = costs.decode_ms(bs)
     if option.kind == NONE or bs == 0:
         return Evaluation(option, bs / t_dec, t_dec, float(bs), (False,) * bs)
-    t_full = costs.verify_ms(bs * option.width)
+    t_full = costs.verify_step_ms(bs, option.width, bs * option.width)
     spec = tuple((1.0 + g) * t_dec >= t_full for g in gains)  # gain_i >= 1
     n = sum(spec)
     if n == 0:  # nobody speculates: the step is a plain decode step
         return Evaluation(option, bs / t_dec, t_dec, float(bs), spec)
     tokens_in_pass = bs * option.width if shape == "uniform" else n * option.width + (bs - n)
-    t = costs.verify_ms(tokens_in_pass)
+    t = costs.verify_step_ms(bs, option.width, tokens_in_pass)
     emitted = bs + sum(g for g, s in zip(gains, spec) if s)
     return Evaluation(option, emitted / t, t, emitted, spec)
 
@@ -454,12 +539,15 @@ class Controller:
         self._clock = clock
         self._last_log = -math.inf
         self._suppressed = 0
-        self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0}
+        self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0, "lean_steps": 0}
+        self._since_lookup = 0
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
 
     def decide(self, requests: Sequence[RequestView]) -> Decision:
+        """A step whose drafts were looked up: the option and who takes part."""
         self.step += 1
+        self._since_lookup = 0
         per_req = [self.gain.expected(r.req_id, r.features, self.step) for r in requests]
         evals = []
         for o in self.options:
@@ -484,6 +572,47 @@ class Controller:
         self.counters["gated_requests"] += sum(1 for s in chosen.speculate if not s) if chosen.option.kind != NONE else 0
         self.steps_by_mode[chosen.option.label] += 1
         self._maybe_log(d, requests, per_req)
+        return d
+
+    def plan_lookup(self, requests: Sequence[RequestView], probe_every: int = 0) -> bool:
+        """Before a step's drafts exist: is the draft lookup worth making? `requests` carry each request's
+        last known features (the glue looks a request it has not seen up without asking). True when an option that speculates is expected to beat no speculation by more
+        than the hysteresis, or when `probe_every` > 0 steps have passed without a lookup (the gain model
+        learns only from drafts that were made). False: the step runs without speculation and without a
+        lookup (`note_lean`)."""
+        if not requests:
+            return False
+        if probe_every > 0 and self._since_lookup + 1 >= probe_every:
+            self._since_lookup = 0
+            return True
+        per_req = [self.gain.expected(r.req_id, r.features, self.step + 1) for r in requests]
+        evals = []
+        for o in self.options:
+            if o.kind == NONE:
+                g = [0.0] * len(per_req)
+            elif o.kind == CHAIN:
+                g = [c[o.k - 1] for c, _ in per_req]
+            else:
+                g = [t for _, t in per_req]
+            evals.append(evaluate(o, self.costs, g, self.cfg.shape))
+        best = choose(evals, self.current if self.current is not None else evals[0].option, self.cfg.hysteresis)
+        wanted = best.option.kind != NONE and any(best.speculate)
+        self._since_lookup = 0 if wanted else self._since_lookup + 1
+        return wanted
+
+    def note_lean(self, bs: int) -> Decision:
+        """A step that ran without a lookup: a decision for no speculation, counted like one."""
+        self.step += 1
+        if self.current is not None and self.current.kind != NONE:
+            self.counters["switches"] += 1
+        self.current = self.options[0]
+        t = self.costs.decode_ms(bs)
+        d = Decision(self.current, (False,) * bs, {NONE: bs / t}, t, self.step)
+        self.last = d
+        self.counters["steps"] += 1
+        self.counters["requests"] += bs
+        self.counters["lean_steps"] += 1
+        self.steps_by_mode[NONE] += 1
         return d
 
     def observe(self, req_id, features: DraftFeatures, chain_accept: int, tree_accept: Optional[int] = None) -> None:
@@ -520,6 +649,7 @@ class Controller:
             "auto_switches_total": float(self.counters["switches"]),
             "auto_gated_requests_total": float(self.counters["gated_requests"]),
             "auto_requests_total": float(self.counters["requests"]),
+            "auto_lean_steps_total": float(self.counters["lean_steps"]),
         }
         for lbl, n in self.steps_by_mode.items():
             out[f"auto_steps_{lbl}_total"] = float(n)

@@ -217,6 +217,14 @@ GUARDS = [
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker._prepare_for_speculative_decoding",
           params=("self", "batch"), contains=("        self._prev_decode_rids: set = set()\n",)),
+    # 0007's lean step (no lookup) leaves the corpus update to SGLang's own _update_ngram_corpus with empty
+    # carried tokens, gathers the root from the previous step's accept tokens, and copies device drafts.
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker._update_ngram_corpus",
+          params=("self", "batch"),
+          contains=("self.prev_token_ids[i * stride : i * stride + self.prev_accept_lens[i]]",
+                    "batch.spec_info.accept_lens,",
+                    "        draft_tokens.copy_(torch.from_numpy(req_drafts), non_blocking=True)\n")),
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16",), file="sglang/srt/speculative/spec_info.py",
           symbol="create_dummy_verify_input",
           params=("spec_algorithm", "server_args", "custom_mask", "num_tokens_per_req", "is_draft_worker")),

@@ -15,21 +15,36 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
     NGRAMWorker.init_cuda_graphs        setup(worker): after 0008 built the runtimes per width: cost table
                                         (file, or calibration by replaying the captured verify graphs)
     NGRAMWorker._prepare_for_speculative_decoding
-                                        step_drafts(worker, batch, tokens, mask, bs): decide, gate, truncate,
-                                        select the width's runtime (0008's finish_step puts k back)
+                                        lean_drafts(worker, batch, bs): before the lookup; measures the last
+                                        step's period and, when no speculation is expected to pay, runs this
+                                        step without a lookup (root tokens from the GPU, width 1); else
+                                        step_drafts(worker, batch, tokens, mask, bs) after the lookup: decide,
+                                        gate, truncate, select the width's runtime (0008's finish_step puts k
+                                        back); device_or_host(drafts) for the buffer copy
     spec_info.create_dummy_verify_input verify_shape(mode): capture graphs mask-free in auto mode
 
 Every TP rank must pick the same width each step (the pass holds collectives): the gain model sees the same
-requests and tokens on every rank, and the cost table is the file's or rank 0's calibration, broadcast.
+requests and tokens on every rank, and the cost table is the file's or rank 0's calibration, broadcast. The
+measured step periods differ slightly between ranks, so they are rank 0's: each rank measures, and rank 0's
+medians are broadcast every `COST_SYNC_STEPS` steps (a step count, the same on every rank); between two
+broadcasts the controller uses the last broadcast costs.
+
+A step without a lookup ("lean"): the n-gram worker's step spends host time on the corpus lookup, the
+draft bookkeeping and a blocking copy of the last accepted tokens; a step that will verify nothing needs none
+of it. Its root token (the last accepted one) is gathered on the GPU from the previous step's accept tokens,
+the corpus still receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of
+the step in flight), and the width-1 verify graph runs. Every `PROBE_EVERY`-th step without speculation does
+the lookup anyway, so the gain model keeps learning from real drafts.
 """
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
-from fastverify.controller import (AutoConfig, Controller, CostTable, CostTableError, DraftFeatures, RequestView,
-                                   ShadowTracker, calibrate, load_cost_table)
+from fastverify.controller import (LEAN, SPEC, AutoConfig, Controller, CostTable, CostTableError, DraftFeatures,
+                                   RequestView, ShadowTracker, StepCosts, calibrate, load_cost_table)
 
 logger = logging.getLogger("fastverify.auto")
 
@@ -47,6 +62,8 @@ HELP_HYSTERESIS = (
 CALIBRATION_BS = (1, 2, 4, 8, 16, 32, 64, 128)
 CALIBRATION_REPEATS = 5
 CALIBRATION_WARMUP = 2
+PROBE_EVERY = 32  # a step without speculation looks drafts up anyway once in this many steps
+COST_SYNC_STEPS = 64  # rank 0's measured step costs reach every rank this often (in steps)
 
 
 class _ChainView:
@@ -109,6 +126,14 @@ class AutoState:
     prev_rids: frozenset = frozenset()
     gauges: dict = None
     metrics_every: int = 40
+    costs: StepCosts = None  # this rank's measurements
+    features: dict = field(default_factory=dict)  # rid -> DraftFeatures of its last draft
+    last_start: float = None  # host clock at the start of the previous decode step
+    last_step: tuple = None  # (kind, bs, width) of the previous decode step
+    synced: bool = False  # this step's requests were already advanced by lean_drafts
+    steps: int = 0
+    sync_costs: object = None  # callable(StepCosts) -> StepCosts from rank 0, or None (one rank)
+    clock: object = time.perf_counter
 
 
 def setup(worker, spec=None, observability=None):
@@ -123,12 +148,88 @@ def setup(worker, spec=None, observability=None):
     costs = load_cost_table(path, COSTS_FLAG) if path else _broadcast_from_first_rank(calibrate_worker(worker))
     logger.info("auto verify: widths %s, cost table %s: decode %s ms, verify %s ms", (1,) + cfg.chain_widths,
                 costs.source, costs.decode, costs.verify)
-    ctl = Controller(cfg, costs, log=lambda rec: logger.info("auto verify decision %s", rec))
+    step_costs = StepCosts(costs)
+    ctl = Controller(cfg, step_costs, log=lambda rec: logger.info("auto verify decision %s", rec))
     state = AutoState(ctl, ShadowTracker(), cfg.max_chain + 1,
                       gauges=_make_gauges() if getattr(obs, "enable_metrics", False) else None,
-                      metrics_every=max(int(getattr(obs, "decode_log_interval", 40) or 40), 1))
+                      metrics_every=max(int(getattr(obs, "decode_log_interval", 40) or 40), 1),
+                      costs=StepCosts(costs), sync_costs=_cost_sync())
     worker._fv_auto = state
     return state
+
+
+def device_or_host(drafts):
+    """The draft tokens for the worker's device buffer copy: a lean step's are a device tensor already."""
+    import torch
+
+    return drafts if isinstance(drafts, torch.Tensor) else torch.from_numpy(drafts)
+
+
+def root_tokens(spec_info, bs: int):
+    """[bs] the last accepted token of each request, gathered on the device from the previous step's accept
+    tokens ([bs * k], accept_lens [bs]): the root of this step's draft, as the corpus lookup would return it."""
+    import torch
+
+    acc = spec_info.accept_tokens.view(bs, -1)  # [bs, k]
+    idx = (spec_info.accept_lens.to(torch.long) - 1).clamp_(min=0).view(bs, 1)  # [bs, 1]
+    return acc.gather(1, idx).view(bs)
+
+
+def _tick(state: AutoState) -> None:
+    """Start of a decode step: the previous step's period goes to the cost model; rank 0's model is shared."""
+    now = state.clock()
+    if state.last_start is not None and state.last_step is not None:
+        kind, bs, width = state.last_step
+        state.costs.record(kind, bs, width, 1000.0 * (now - state.last_start))
+    state.last_start, state.last_step = now, None
+    state.steps += 1
+    if state.steps % COST_SYNC_STEPS == 0:
+        state.controller.costs = state.sync_costs(state.costs) if state.sync_costs else state.costs
+
+
+def _sync_requests(state: AutoState, batch) -> None:
+    """Requests that left the batch are forgotten; drafts whose outcome the output now shows are scored."""
+    rids = [req.rid for req in batch.reqs]
+    for rid in state.prev_rids - set(rids):
+        state.controller.finish(rid)
+        state.shadow.drop(rid)
+        state.features.pop(rid, None)
+    state.prev_rids = frozenset(rids)
+    for req in batch.reqs:
+        for f, ca, _ in state.shadow.advance(req.rid, req.output_ids):
+            state.controller.observe(req.rid, f, ca)
+
+
+def lean_drafts(worker, batch, bs: int):
+    """Before the lookup of a decode step. (None, None): look drafts up (then step_drafts). Otherwise this step
+    runs without speculation and without a lookup: returns (root tokens [bs] on the device, mask [bs] of
+    ones) with the width-1 runtime selected. Always (None, None) unless the mode is auto."""
+    state: AutoState = getattr(worker, "_fv_auto", None)
+    if state is None:
+        return None, None
+    _tick(state)
+    _sync_requests(state, batch)
+    state.synced = True
+    if getattr(batch, "has_grammar", False) or any(req.rid not in state.features for req in batch.reqs):
+        return None, None  # a request not looked up yet is looked up once (its match is unknown)
+    views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
+    if state.controller.plan_lookup(views, PROBE_EVERY):
+        return None, None
+    import numpy as np
+
+    from fastverify.glue.verify_runtime import select_runtime
+
+    roots = root_tokens(batch.spec_info, bs)
+    # _update_ngram_corpus reads these after the verify: no carried tokens (they are not on the host yet);
+    # the corpus gets the request's tokens up to the last processed step, as in SGLang's non-overlap path
+    worker.prev_token_ids = []
+    worker.prev_accept_lens = [0] * bs
+    select_runtime(worker, 1)
+    d = state.controller.note_lean(bs)
+    state.last_step = (LEAN, bs, 1)
+    state.synced = False
+    _export(state, d)
+    return roots, np.ones(bs, dtype=bool)
 
 
 def step_drafts(worker, batch, tokens, mask, bs: int):
@@ -145,20 +246,16 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     flat = [int(t) for t in tokens]
     use_prev = bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
     prev_lens = list(getattr(worker, "prev_accept_lens", None) or [0] * bs)
-    rids = [req.rid for req in batch.reqs]
-    for rid in state.prev_rids - set(rids):  # requests that left the batch
-        state.controller.finish(rid)
-        state.shadow.drop(rid)
-    state.prev_rids = frozenset(rids)
+    if not state.synced:
+        _sync_requests(state, batch)
+    state.synced = False
     views = []
     for i, req in enumerate(batch.reqs):
-        out = req.output_ids
-        for f, ca, _ in state.shadow.advance(req.rid, out):  # drafts whose outcome the output now shows
-            state.controller.observe(req.rid, f, ca)
         n = int(lens[i])
         f = DraftFeatures(n, 1 if n else 0)
+        state.features[req.rid] = f
         # the draft proposes output positions len(output_ids) + tokens carried from the last step (overlap)
-        pos = len(out) + (int(prev_lens[i]) if use_prev else 0)
+        pos = len(req.output_ids) + (int(prev_lens[i]) if use_prev else 0)
         state.shadow.record(req.rid, pos, f, flat[i * k + 1:i * k + 1 + n])
         views.append(RequestView(req.rid, f))
     d = state.controller.decide(views)
@@ -166,12 +263,17 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
     tokens, mask = truncate_drafts(tokens, mask, k, width, keep)
     select_runtime(worker, width)
+    state.last_step = (SPEC, bs, width)
+    _export(state, d)
+    return tokens, mask
+
+
+def _export(state: AutoState, d) -> None:
     if state.gauges is not None and d.step % state.metrics_every == 0:
         for name, value in state.controller.metrics().items():
             if name not in state.gauges:
                 state.gauges[name] = _gauge(name)
             state.gauges[name].set(value)
-    return tokens, mask
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -217,6 +319,28 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
     time_pass.warm = {}
     return calibrate(time_pass, sorted(bs for w, bs in graphs if w == 1), sorted(by_tokens), repeats=repeats,
                      budget_s=math.inf, log=logger.info, source="calibration (captured verify graphs, CUDA events)")
+
+
+def _cost_sync():
+    """With TP > 1: a callable that returns rank 0's StepCosts on every rank (a CPU-side broadcast); None for
+    one rank. Called by every rank at the same step count (COST_SYNC_STEPS)."""
+    try:
+        import torch.distributed as dist
+        from sglang.srt.distributed import get_tp_group
+    except ImportError:  # pragma: no cover - single process
+        return None
+    if not dist.is_initialized():
+        return None
+    group = get_tp_group()
+    if group.world_size == 1:
+        return None
+
+    def sync(costs):
+        obj = [costs]
+        dist.broadcast_object_list(obj, src=group.ranks[0], group=group.cpu_group)
+        return obj[0]
+
+    return sync
 
 
 def _broadcast_from_first_rank(table: CostTable) -> CostTable:

@@ -1,0 +1,144 @@
+"""Subprocess probe of patched SGLang (the whole series) for tests/test_glue_auto.py; prints one JSON line.
+
+Run with the patched sglang first on PYTHONPATH and tests/stubs after it:  python auto_step_probe.py MODEL_DIR
+env FV_PROBE_COSTS: a folder with dear.json (verify far dearer than decode) and cheap.json (verify ~ decode).
+
+Decodes with the patched NGRAMWorker in auto mode (the real n-gram corpus, the patched draft preparation with
+its lean steps, 0008's runtime switch, 0007's controller glue) against a stand-in target whose greedy output
+after token x is (x // 10 + 1) * 10. The model runner, the forward and the sampling kernel are stand-ins (no
+GPU here); sampling is the torch reference of greedy chain verification. The host clock of the controller's
+step timing is a fake: a step without a lookup takes 2 ms, one with a lookup 5 ms.
+"""
+import json
+import os
+import sys
+import types
+
+import torch
+
+model = sys.argv[1]
+costs_dir = os.environ["FV_PROBE_COSTS"]
+D = 8
+out = {}
+
+from sglang.srt.server_args import prepare_server_args  # noqa: E402
+
+base = ["--model-path", model, "--device", "cuda", "--speculative-algorithm", "NGRAM",
+        "--speculative-num-draft-tokens", str(D), "--attention-backend", "triton",
+        "--speculative-ngram-verify-mode", "auto", "--speculative-ngram-verify-widths", "1,2,4,8"]
+
+from sglang.srt import runtime_context as rc  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.speculative import ngram_worker as nw  # noqa: E402
+from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E402
+
+from fastverify.chain import ChainConfig  # noqa: E402
+from fastverify.glue.ngram import NgramVerifyHook  # noqa: E402
+from fastverify.verify_ref import greedy_verify_chain  # noqa: E402
+
+
+def nxt(x):
+    return (int(x) // 10 + 1) * 10
+
+
+class Runner:
+    def __init__(self, mr, *, attn_backend, speculative_num_steps, speculative_num_draft_tokens):
+        self.width = speculative_num_draft_tokens
+
+
+def fake_sample(verify_input, batch, logits_output, *a, **kw):
+    bs, w = verify_input.retrieve_index.shape
+    cand = verify_input.draft_token.reshape(bs, w)
+    pred = torch.tensor([[nxt(cand[b, i]) for i in range(w)] for b in range(bs)])
+    res = greedy_verify_chain(cand, pred)
+    return pred.reshape(-1), res.accept_len.to(torch.int32), res.accept_index
+
+
+for name in ("record_stream_for_v2_verify", "commit_mamba_states_after_verify", "move_accept_tokens_to_target_kvcache",
+             "prepare_mamba_track_for_verify"):
+    setattr(nw, name, lambda *a, **kw: None)
+nw.set_time_batch = lambda *a, **kw: None
+nw.eagle_sample = fake_sample
+nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
+
+
+def run(table, steps, corpus_text):
+    sa = prepare_server_args(base + ["--speculative-ngram-auto-cost-table", os.path.join(costs_dir, table)])
+    if hasattr(sa, "resolve_once"):  # 0.5.23: resolved settings live in the published config
+        sa.resolve_once()
+        rc.publish(sa, role="test")
+    forwards = []
+    mr = types.SimpleNamespace(attn_backend="backend@8", decode_cuda_graph_runner=object.__new__(Runner),
+                               init_new_workspace=False, server_args=sa, watermark_state=None,
+                               _get_attention_backend=lambda init_new_workspace=False: "backend")
+    mr.decode_cuda_graph_runner.width = D
+
+    class Target:
+        model_runner = mr
+
+        def forward_batch_generation(self, batch, is_verify=False, **kw):
+            forwards.append({"width": mr.decode_cuda_graph_runner.width, "input": batch.input_ids.tolist()})
+            return types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(1, 4)),
+                                         can_run_cuda_graph=True)
+
+    corpus = NgramCorpus(max_trie_depth=12, draft_token_num=D, min_bfs_breadth=1, max_bfs_breadth=8,
+                         match_type="BFS", capacity=100000)
+    corpus.batch_put(corpus_text)
+    corpus.synchronize()
+    w = object.__new__(nw.NGRAMWorker)
+    w.server_args = sa
+    w.model_runner = mr
+    w._target_worker = Target()
+    w.draft_token_num = w.speculative_num_draft_tokens = D
+    w.max_trie_depth = 12
+    w.enable_overlap = False  # results are processed before the next step (output_ids complete)
+    w.device = "cpu"
+    w.max_batch_size = 4
+    w.ngram_corpus = corpus
+    w._init_preallocated_tensors()
+    w._fv = NgramVerifyHook(ChainConfig(mode="chain", num_draft_tokens=D, match_type="BFS"))
+    w.adaptive_controller = None
+    w._prev_decode_rids = set()
+    w.token_to_kv_pool_allocator = None
+    w.init_cuda_graphs()  # patched: runtimes per width (0008), then the auto controller (0007)
+    state = w._fv_auto
+    now = [0.0]
+    state.clock = lambda: now[0]
+    puts = []
+    real_put = corpus.batch_put
+    corpus.batch_put = lambda toks: (puts.append([list(t) for t in toks]), real_put(toks))[1]
+
+    reqs = [types.SimpleNamespace(rid="a", origin_input_ids=[7, 1, 2], origin_input_ids_unpadded=[7, 1, 2],
+                                  output_ids=[10], is_retracted=False),
+            types.SimpleNamespace(rid="b", origin_input_ids=[5, 3], origin_input_ids_unpadded=[5, 3],
+                                  output_ids=[13], is_retracted=False)]
+    info = types.SimpleNamespace(accept_tokens=torch.tensor([10] + [0] * (D - 1) + [13] + [0] * (D - 1)),
+                                 accept_lens=torch.tensor([1, 1]))
+    log = []
+    for _ in range(steps):
+        seq = [len(r.origin_input_ids) + len(r.output_ids) for r in reqs]
+        batch = types.SimpleNamespace(
+            reqs=reqs, forward_mode=ForwardMode.DECODE, seq_lens=torch.tensor(seq), seq_lens_cpu=torch.tensor(seq),
+            req_pool_indices=torch.arange(len(reqs)), req_to_token_pool=types.SimpleNamespace(req_to_token=None),
+            spec_info=info, has_grammar=False, grammar_needs_sync=lambda: False, return_logprob=False)
+        n_puts = len(puts)
+        res = w.forward_batch_generation(batch)
+        kind = state.last_step[0]
+        lens = res.accept_lens.tolist()
+        stride = res.next_draft_input.draft_token_num
+        acc = res.next_draft_input.accept_tokens.view(len(reqs), stride)
+        for i, r in enumerate(reqs):
+            r.output_ids = r.output_ids + acc[i, :lens[i]].tolist()
+        log.append({"kind": kind, "width": forwards[-1]["width"], "input": forwards[-1]["input"],
+                    "accept_lens": lens, "prev_token_ids": list(getattr(w, "prev_token_ids", [])),
+                    "puts": puts[n_puts:], "after_k": w.draft_token_num})
+        info = res.next_draft_input
+        now[0] += 0.002 if kind == "lean" else 0.005
+    return {"steps": log, "outputs": {r.rid: r.output_ids for r in reqs},
+            "metrics": state.controller.metrics(), "costs": state.costs.to_json()}
+
+
+stream = [10 * i for i in range(1, 40)]
+out["dear"] = run("dear.json", 12, [[9, 9, 9]])
+out["cheap"] = run("cheap.json", 16, [stream])
+print("PROBE " + json.dumps(out, default=str))
