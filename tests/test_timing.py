@@ -15,6 +15,7 @@ from fastverify.timing import (
     TimingConfig,
     VerifyMetrics,
     across_ranks,
+    widened_interval,
     build_record,
     format_log_line,
     percentile,
@@ -131,7 +132,7 @@ def test_sampler_every_nth_pass_per_mode():
     s = Sampler(3)
     got = [(m, s.should_sample(m)) for m in ["verify"] * 7 + ["decode"] * 3]
     assert [i for i, (m, x) in enumerate(got) if x] == [2, 5, 9]  # verify passes 3 and 6, decode pass 3
-    assert s.passes == {"verify": 7, "decode": 3}
+    assert s.passes == {"verify": 1, "decode": 0}  # passes since each mode's last sample
     one = Sampler(1)
     assert all(one.should_sample("decode") for _ in range(5))
     with pytest.raises(ValueError, match="unknown pass mode 'extend'"):
@@ -326,7 +327,7 @@ def test_periodic_log_line_uses_host_clock():
     host.s += 10.0
     t.poll()
     assert logs == ["Verify timing [tp 0/2], verify: 25.0 ms, all-reduce 20.0 ms (80%), 8 tok, 1 req, "
-                    "compute 5.0 ms, 10 calls 2000.0 us/call, p90 25.0 ms, n 1, dropped 0"]
+                    "compute 5.0 ms, 10 calls 2000.0 us/call, p90 25.0 ms, n 1, dropped 0, 1 in 1 passes sampled"]
     host.s += 100.0
     t.poll()
     assert len(logs) == 1  # empty window: no line
@@ -482,3 +483,53 @@ def test_log_line_shows_rank_wait_and_busy_pass():
     line = format_log_line([s], 0, 2, 0)
     assert line == ("Verify timing [tp 0/2], verify: 3.0 ms, all-reduce 0.6 ms (20%), 8 tok, 1 req, compute 2.4 ms, "
                     "61 calls 10.0 us/call, rank wait 10.0 ms, p90 3.0 ms, n 1, dropped 0")
+
+
+# --------------------------------------------------------------------------------------------------
+# Overhead budget: the interval widens so that samples cost at most OVERHEAD_BUDGET of the host time
+# --------------------------------------------------------------------------------------------------
+def test_widened_interval():
+    assert widened_interval(500, 20.0, 2.0) == 2000  # 20 ms per sample, 2 ms passes, 0.5 %
+    assert widened_interval(500, 20.0, 30.0) == 500  # slow passes: the flag's interval already suffices
+    assert widened_interval(100, 0.0, 2.0) == 100 and widened_interval(100, 5.0, 0.0) == 100
+    assert widened_interval(10, 1.0, 1.0, budget=0.01) == 100
+
+
+def _ordinary(t, host, ms, mode="decode"):
+    assert t.begin(mode, 1, 1) is False
+    host.s += ms / 1000.0
+
+
+def test_interval_widens_to_the_measured_sample_cost_on_one_rank():
+    clock, host = FakeClock(), HostClock()
+    cfg = TimingConfig.from_flags(True, 10, 0, tp_size=1, tp_rank=0, model_name="m")
+    t = PassTimer(cfg, clock, host_clock=host)
+    for _ in range(9):
+        _ordinary(t, host, 2.0)  # 2 ms passes
+    assert t.begin("decode", 1, 1) is True  # the 10th pass is sampled
+    t.end()
+    host.s += 12.0 / 1000.0  # the sampled pass took 12 ms of host time instead of 2
+    _ordinary(t, host, 2.0)
+    assert t.sample_costs[-1] == pytest.approx(10.0)
+    assert t.sampler.interval == 1000  # 10 ms / (0.005 * 2 ms)
+    assert t.overhead_estimate() == pytest.approx(0.005)
+
+
+def test_ranks_adopt_rank_zeros_interval_at_the_exchange():
+    clock, host = FakeClock(), HostClock()
+    cfg = TimingConfig.from_flags(True, 3, 0, tp_size=2, tp_rank=1, model_name="m")
+    got = []
+
+    def exchange(payload):
+        got.append(payload["interval"])
+        return [{"starved": False, "spans": payload["spans"], "interval": 777}, payload]
+
+    t = PassTimer(cfg, clock, host_clock=host, exchange=exchange)
+    for _ in range(2):
+        _ordinary(t, host, 2.0)
+    assert t.begin("decode", 1, 1) is True
+    t.end()
+    host.s += 0.05
+    assert t.begin("decode", 1, 1) is False  # completes the sample: exchange, then rank 0's interval
+    assert got == [3] and t.sampler.interval == 777
+    assert t.proposed_interval > 3  # this rank's own proposal goes out with the next exchange

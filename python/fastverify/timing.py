@@ -39,7 +39,8 @@ FLAG_ENABLE = "--enable-verify-timing"
 FLAG_INTERVAL = "--verify-timing-interval"
 FLAG_LOG_INTERVAL = "--verify-timing-log-interval"
 
-DEFAULT_INTERVAL = 500  # one sampled pass in 500 of each mode (overhead budget: see HoldController)
+DEFAULT_INTERVAL = 500  # at least 500 passes of a mode between two samples (see OVERHEAD_BUDGET)
+OVERHEAD_BUDGET = 0.005  # the sampled passes may cost at most this share of the host time (widens the interval)
 DEFAULT_LOG_INTERVAL_S = 30.0
 
 HELP_ENABLE = (
@@ -48,8 +49,9 @@ HELP_ENABLE = (
     "periodic 'Verify timing' log line."
 )
 HELP_INTERVAL = (
-    "With --enable-verify-timing: time one pass in every N passes of each mode (verify, decode). "
-    f"Default {DEFAULT_INTERVAL}."
+    "With --enable-verify-timing: time at most one pass in every N passes of each mode (verify, decode); the "
+    f"server widens the interval when the measured cost of a sample would exceed {100 * OVERHEAD_BUDGET:g}% of "
+    f"its time. Default {DEFAULT_INTERVAL}."
 )
 HELP_LOG_INTERVAL = (
     "With --enable-verify-timing: seconds between two 'Verify timing' log lines (0 = no log line). "
@@ -110,11 +112,13 @@ class TimingConfig:
 # Sampling: deterministic per-mode pass counters
 # --------------------------------------------------------------------------------------------------
 class Sampler:
-    """Pass k (1-based) of a mode is sampled when k % interval == 0.
+    """A pass of a mode is sampled when ``interval`` passes of that mode have run since its last sample (with
+    a fixed interval: pass k, 1-based, when k % interval == 0).
 
     Deterministic on purpose: every TP rank runs the same sequence of passes, so every rank samples the
     same pass. That matters: a sampled pass runs eagerly, and ranks that disagreed on graph vs eager
-    would call different communicators and hang.
+    would call different communicators and hang. ``interval`` may change only at the same point of every
+    rank's pass sequence (PassTimer applies rank 0's value at the exchange).
     """
 
     def __init__(self, interval: int):
@@ -127,7 +131,19 @@ class Sampler:
         if mode not in self.passes:
             raise ValueError(f"unknown pass mode {mode!r}; expected one of {MODES}")
         self.passes[mode] += 1
-        return self.passes[mode] % self.interval == 0
+        if self.passes[mode] >= self.interval:
+            self.passes[mode] = 0
+            return True
+        return False
+
+
+def widened_interval(floor: int, sample_cost_ms: float, period_ms: float, budget: float = OVERHEAD_BUDGET) -> int:
+    """The sampling interval that keeps the sampled passes' extra host time within ``budget`` of the total:
+    one sample costs ``sample_cost_ms`` more than an ordinary pass period ``period_ms``, so one sample in N
+    passes costs sample_cost / (N * period); never below ``floor`` (the flag)."""
+    if not (period_ms > 0 and math.isfinite(sample_cost_ms)) or sample_cost_ms <= 0:
+        return floor
+    return max(floor, math.ceil(sample_cost_ms / (budget * period_ms) - 1e-9))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -302,10 +318,17 @@ def format_mode(s: ModeSummary) -> str:
     return text + f", p90 {s.p90_pass_ms:.1f} ms, n {s.samples}"
 
 
-def format_log_line(summaries: List[ModeSummary], tp_rank: int, tp_size: int, dropped: int) -> str:
-    """'Verify timing [tp 0/2], verify: ... | decode: ..., dropped 0' (modes in MODES order)."""
+def format_log_line(summaries: List[ModeSummary], tp_rank: int, tp_size: int, dropped: int,
+                    interval: Optional[int] = None, overhead: Optional[float] = None) -> str:
+    """'Verify timing [tp 0/2], verify: ... | decode: ..., dropped 0' (modes in MODES order), then, when
+    given, ', 1 in 500 passes sampled (overhead 0.12%)'."""
     parts = " | ".join(format_mode(s) for s in summaries)
-    return f"Verify timing [tp {tp_rank}/{tp_size}], {parts}, dropped {dropped}"
+    line = f"Verify timing [tp {tp_rank}/{tp_size}], {parts}, dropped {dropped}"
+    if interval is not None:
+        line += f", 1 in {interval} passes sampled"
+        if overhead is not None:
+            line += f" (overhead {100 * overhead:.2f}%)"
+    return line
 
 
 class Aggregator:
@@ -519,23 +542,57 @@ class PassTimer:
         self.records: Deque[PassRecord] = deque(maxlen=256)  # recent records, for inspection
         self.exchange = exchange
         self.unpaired = 0  # exchanged passes whose ranks made different calls (kept with raw spans)
+        self.periods: Deque[float] = deque(maxlen=64)  # host ms between the begins of ordinary passes
+        self.sample_costs: Deque[float] = deque(maxlen=8)  # host ms a sample added to its pass period
+        self._last_begin: Optional[float] = None
+        self._last_sampled = False
+        self.proposed_interval = config.interval
 
     # -- pass boundaries ---------------------------------------------------------------------------
     def begin(self, mode: str, tokens: int, requests: int) -> bool:
+        t0 = self.host_clock()
         if self.exchange is not None:
             while self.pending:  # every rank reaches this point with the same pending pass
                 p = self.pending.popleft()
                 self.clock.wait(p.end)
                 self._complete(p)
         self.poll()
+        self._account(t0, self.host_clock())
         if self.open is not None or not self.sampler.should_sample(mode):
+            self._last_sampled = False
             return False
+        self._last_sampled = True
         cycles = self.hold.cycles()
         hold_start = self.clock.mark()
         self.clock.hold(cycles)
         start = self.clock.mark()
         self.open = _OpenPass(mode, int(tokens), int(requests), cycles, hold_start, start, self.host_clock())
         return True
+
+    def _account(self, entered: float, ready: float) -> None:
+        """Host time: an ordinary pass period, or what the last sample added to its period (its hold, the
+        eager pass, waiting for it, the exchange), and the interval that keeps samples within the budget."""
+        last, self._last_begin = self._last_begin, ready
+        if last is None:
+            return
+        if not self._last_sampled:
+            self.periods.append(1000.0 * (entered - last))
+            return
+        if self.periods:
+            period = sorted(self.periods)[len(self.periods) // 2]
+            self.sample_costs.append(max(1000.0 * (ready - last) - period, 0.0))
+            cost = sorted(self.sample_costs)[len(self.sample_costs) // 2]
+            self.proposed_interval = widened_interval(self.config.interval, cost, period)
+            if self.exchange is None:  # one rank: nobody to agree with
+                self.sampler.interval = self.proposed_interval
+
+    def overhead_estimate(self) -> Optional[float]:
+        """Share of host time the samples cost at the current interval (None before the first sample)."""
+        if not self.sample_costs or not self.periods:
+            return None
+        period = sorted(self.periods)[len(self.periods) // 2]
+        cost = sorted(self.sample_costs)[len(self.sample_costs) // 2]
+        return cost / (self.sampler.interval * period) if period > 0 else None
 
     def end(self) -> None:
         p = self.open
@@ -589,7 +646,8 @@ class PassTimer:
         wait = 0.0
         starved = p.starved
         if self.exchange is not None:
-            everyone = self.exchange({"starved": p.starved, "spans": spans})
+            everyone = self.exchange({"starved": p.starved, "spans": spans, "interval": self.proposed_interval})
+            self.sampler.interval = int(everyone[0].get("interval", self.sampler.interval))  # rank 0's
             starved = any(bool(e["starved"]) for e in everyone)
             paired = None if starved else across_ranks(spans, [e["spans"] for e in everyone])
             if paired is not None:
@@ -618,6 +676,7 @@ class PassTimer:
         self.last_log = now
         summaries, dropped = self.aggregator.flush()
         if summaries:
-            self.log(format_log_line(summaries, self.config.tp_rank, self.config.tp_size, dropped))
+            self.log(format_log_line(summaries, self.config.tp_rank, self.config.tp_size, dropped,
+                                     self.sampler.interval, self.overhead_estimate()))
         else:
             self.log(f"Verify timing [tp {self.config.tp_rank}/{self.config.tp_size}], no pass recorded, dropped {dropped}")
