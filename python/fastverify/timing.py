@@ -143,7 +143,7 @@ def widened_interval(floor: int, sample_cost_ms: float, period_ms: float, budget
     passes costs sample_cost / (N * period); never below ``floor`` (the flag)."""
     if not (period_ms > 0 and math.isfinite(sample_cost_ms)) or sample_cost_ms <= 0:
         return floor
-    return max(floor, math.ceil(sample_cost_ms / (budget * period_ms) - 1e-9))
+    return max(floor, math.ceil(round(sample_cost_ms / (budget * period_ms), 6)))
 
 
 # --------------------------------------------------------------------------------------------------
