@@ -16,20 +16,16 @@
 #    auto on a 2-layer random model (host-bound, so the step's host work shows).
 set -u
 set +m
-ROOT=$(pwd)
 D=$(cd "${1:?bundle dir}" && pwd)
 OUT=${OUT:-$HOME/timing-out}
 W=$HOME/timing
 mkdir -p "$OUT" "$W"
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-540}
-left() { echo $(( DEADLINE_S - $(el) )); }
-log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
+. "$(dirname "$0")/servers.sh"
 pack() { tar -C "$HOME" -cJf "$OUT/timing.tar.xz.tmp" timing && mv "$OUT/timing.tar.xz.tmp" "$OUT/timing.tar.xz"; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-mkdir -p "$HOME/site" "$HOME/jitcache"
-tar -xJf "$D/site.tar.xz" -C "$HOME/site" && tar -xJf "$D/overlay.tar.xz" -C "$HOME/site" \
-  && tar -xJf "$D/jitcache.tar.xz" -C "$HOME/jitcache" || { log "unpack failed"; exit 1; }
+unpack_bundle || { log "unpack failed"; exit 1; }
 export PYTHONPATH=$HOME/site
 SPY=""
 if ls "$D"/py_spy-*.whl >/dev/null 2>&1; then
@@ -41,50 +37,21 @@ log "unpacked; py-spy: ${SPY:-none}"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'; env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
 
 NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
-DMA="--model-path $DM --load-format dummy --tp-allreduce nccl"
-TMA="--model-path $HOME/models/tiny"
+DMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.2"
+TMA="--model-path $HOME/models/tiny --mem-fraction-static 0.06"
 COMMON="--tp 2 --skip-tokenizer-init --attention-backend triton --sampling-backend pytorch
   --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
-  --mem-fraction-static 0.12 --decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
-COMMON=$(echo $COMMON)
-CASES="t_off|32010|$DMA
+  --decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
+launch_servers "$(echo $COMMON)" <<EOC
+t_off|32010|$DMA
 t_on|32020|$DMA --enable-verify-timing --verify-timing-interval 100 --verify-timing-log-interval 5
 t_chain|32030|$DMA $NG --speculative-ngram-verify-mode chain --enable-verify-timing --verify-timing-interval 20 --verify-timing-log-interval 5
 p_plain|32040|$TMA
 p_chain_w|32050|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
-p_auto|32060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
-declare -A PID PORT
-while IFS='|' read -r name port extra; do
-  cp -r "$HOME/jitcache" "$HOME/jit-$name"
-  TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid python3 -m sglang.launch_server $COMMON --port "$port" \
-    --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
-  PID[$name]=$!; PORT[$name]=$port
-  echo "$name: python3 -m sglang.launch_server $COMMON --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
-done <<< "$CASES"
-trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done; pack' EXIT
-log "launched ${!PID[*]}"
-declare -A UP
-for _ in $(seq 1 120); do
-  pending=0
-  for n in "${!PID[@]}"; do
-    [ -n "${UP[$n]:-}" ] && continue
-    if ! kill -0 "${PID[$n]}" 2>/dev/null; then UP[$n]=dead; log "$n: exited"; continue; fi
-    if python3 -c "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:${PORT[$n]}/health',timeout=2).status!=200)" 2>/dev/null
-    then UP[$n]=ok; log "$n: healthy"; else pending=$((pending + 1)); fi
-  done
-  [ $pending -eq 0 ] && break
-  [ "$(left)" -lt 300 ] && { log "stop waiting: $pending not up"; break; }
-  sleep 2
-done
-up() { [ "${UP[$1]:-}" = ok ]; }
-client() {  # client NAME TAG ARGS...
-  local n=$1 tag=$2; shift 2
-  timeout 120 python3 "$D/serving.py" run --base-url "http://127.0.0.1:${PORT[$n]}" --tag "$tag" --input-ids \
-    --no-progress --json "$W/$tag.json" "$@" > "$W/$tag.txt" 2>&1
-  log "$tag: rc=$? $(grep -E '^ +c=' "$W/$tag.txt" | tr -s ' ' | tr '\n' ';')"
-}
-scrape() { python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:${PORT[$1]}/metrics',timeout=5).read().decode())" \
-  | grep -E '^sglang:verify_' > "$W/$1.metrics.txt" 2>&1; }
+p_auto|32060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
+EOC
+trap 'stop_all; pack' EXIT
+wait_healthy 300
 
 # ---- 1. overhead (alternating rounds, same requests) -----------------------------------------------------
 OH="--vocab-size 32000 --kinds code,chat,story --per-kind 2 --concurrency 1,8 --max-new-tokens 200 --warmup 1"
@@ -99,12 +66,9 @@ pack
 # ---- 2. verify passes of 8 tokens -------------------------------------------------------------------------
 if up t_chain; then client t_chain chain_split --vocab-size 32000 --kinds code,chat,repetitive --per-kind 2 \
   --concurrency 1 --max-new-tokens 200 --warmup 1; scrape t_chain; fi
-for n in t_off t_on t_chain; do kill -TERM -- -"${PID[$n]}" 2>/dev/null; done
+for n in t_off t_on t_chain; do stop_server $n; done
 pack
 # ---- 3. host profiles --------------------------------------------------------------------------------------
-tp0_pid() {  # the TP-0 scheduler process of a server (its own process group)
-  ps -eo pid=,pgid=,args= | awk -v g="${PID[$1]}" '$2 == g && /scheduler_TP0/ {print $1; exit}'
-}
 for n in p_plain p_chain_w p_auto; do
   up "$n" || continue
   [ "$(left)" -lt 150 ] && { log "skip $n: time"; continue; }
@@ -122,7 +86,7 @@ for n in p_plain p_chain_w p_auto; do
     log "$n: no profile (py-spy ${SPY:-missing}, pid ${pid:-not found})"
   fi
   wait $CP
-  kill -TERM -- -"${PID[$n]}" 2>/dev/null
+  stop_server "$n"
   pack
 done
 # ---- the microbenchmark for the same shapes ---------------------------------------------------------------

@@ -170,7 +170,7 @@ def root_tokens(spec_info, bs: int):
     tokens ([bs * k], accept_lens [bs]): the root of this step's draft, as the corpus lookup would return it."""
     import torch
 
-    acc = spec_info.accept_tokens.view(bs, -1)  # [bs, k]
+    acc = spec_info.accept_tokens.reshape(bs, -1)  # [bs, k]
     idx = (spec_info.accept_lens.to(torch.long) - 1).clamp_(min=0).view(bs, 1)  # [bs, 1]
     return acc.gather(1, idx).view(bs)
 

@@ -1,0 +1,129 @@
+#!/bin/bash
+# Auto verify against every fixed mode, and the verify-timing overhead at the default interval, on the
+# 2x H200 machine in one command (TP=2, patched SGLang 0.5.16).
+#
+#   bash scripts/gpu/auto_check.sh DIR       from the repository root on the GPU machine
+#   DIR as for timing_check.sh (site, overlay, jitcache, serving.py, models/dummy-7168, optional py-spy wheel).
+#   Results: $OUT/auto.tar.xz (logs, client JSON and tables, /metrics, identity checks, profiles, microbenchmark)
+#   and $OUT/summary.txt.
+#
+# 1. Modes: no speculation, tree, chain, chain + widths 1,2,4,8 and auto on a 2-layer random-weight model
+#    (host-bound like SmolLM2-135M: the decode step is mostly host time). Two workloads, the same requests for
+#    every server: greedy (a random model's greedy output falls into loops: n-gram drafts match, the
+#    repetitive case) and sampling at temperature 1 (near-uniform tokens: drafts never match, the
+#    non-repetitive case). Two rounds in opposite server order. Greedy outputs are compared with no speculation.
+# 2. Verify timing at its default interval (the sampling interval widens to the 0.5 % budget): plain servers
+#    of the dummy 7168-hidden model, timing off and on, in alternating rounds; a chain server's verify split.
+# 3. The all-reduce-vs-compute microbenchmark for the dummy model, tokens 1 and 8, NCCL.
+# 4. Host profiles (py-spy, 10 s, TP-0 scheduler) of no speculation and auto on the sampled workload.
+set -u
+set +m
+D=$(cd "${1:?bundle dir}" && pwd)
+OUT=${OUT:-$HOME/auto-out}
+W=$HOME/auto
+mkdir -p "$OUT" "$W"
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-560}
+. "$(dirname "$0")/servers.sh"
+pack() { tar -C "$HOME" -cJf "$OUT/auto.tar.xz.tmp" auto && mv "$OUT/auto.tar.xz.tmp" "$OUT/auto.tar.xz"; }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+unpack_bundle || { log "unpack failed"; exit 1; }
+export PYTHONPATH=$HOME/site
+SPY=""
+if ls "$D"/py_spy-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target "$HOME/pyspy" "$D"/py_spy-*.whl && SPY=$HOME/pyspy/bin/py-spy
+fi
+python3 scripts/gpu/make_random_model.py "$HOME/models/tiny" --layers 2 > "$W/make_model.log" 2>&1
+DM=$D/models/dummy-7168
+log "unpacked; py-spy: ${SPY:-none}; commit $(cat "$D/commit.txt" 2>/dev/null || echo unknown)"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'; env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
+
+NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
+DMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.2"
+TMA="--model-path $HOME/models/tiny --mem-fraction-static 0.05"
+COMMON="--tp 2 --skip-tokenizer-init --attention-backend triton --sampling-backend pytorch
+  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
+  --decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
+launch_servers "$(echo $COMMON)" <<EOC
+m_plain|33010|$TMA
+m_tree|33020|$TMA $NG
+m_chain|33030|$TMA $NG --speculative-ngram-verify-mode chain
+m_chain_w|33040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
+m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
+t_off|33110|$DMA
+t_on|33120|$DMA --enable-verify-timing --verify-timing-log-interval 5
+t_chain|33130|$DMA $NG --speculative-ngram-verify-mode chain --enable-verify-timing --verify-timing-interval 5 --verify-timing-log-interval 5
+EOC
+trap 'stop_all; pack' EXIT
+wait_healthy 330
+
+# ---- 1. every mode, two workloads, two rounds --------------------------------------------------------------
+MODES="m_plain m_tree m_chain m_chain_w m_auto"
+GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 256 --warmup 1"
+SAMPLED="$GREEDY --temperature 1.0"
+for round in 1 2; do
+  order=$MODES; [ $round = 2 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
+  for n in $order; do
+    up "$n" || continue
+    [ "$(left)" -lt 200 ] && { log "skip $n round $round: time"; continue; }
+    client "$n" "${n}_greedy_r$round" $GREEDY
+    client "$n" "${n}_sampled_r$round" $SAMPLED
+  done
+  pack
+done
+for n in $MODES; do up "$n" && scrape "$n"; done
+for n in m_tree m_chain m_chain_w m_auto; do
+  for lv in c=1 c=4; do
+    [ -f "$W/${n}_greedy_r1.json" ] && python3 "$D/serving.py" compare "$W/m_plain_greedy_r1.json" "$W/${n}_greedy_r1.json" --level $lv
+  done
+done > "$W/identity.txt" 2>&1
+
+# ---- 4. host profiles on the sampled workload (nothing to speculate on) ------------------------------------
+for n in m_plain m_auto; do
+  up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 150 ] || continue
+  ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
+      --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
+  CP=$!
+  sleep 2
+  pid=$(tp0_pid "$n")
+  [ -n "$pid" ] && timeout 30 "$SPY" record --pid "$pid" --duration 10 --rate 250 --format raw --nonblocking \
+    --output "$W/$n.pyspy.txt" > "$W/$n.pyspy.log" 2>&1
+  log "$n: py-spy rc=$? pid ${pid:-none}"
+  wait $CP
+done
+for n in $MODES; do up "$n" && stop_server "$n"; done
+pack
+
+# ---- 2. verify timing overhead (alternating rounds) and the verify split ------------------------------------
+OH="--vocab-size 32000 --kinds code,chat,story --per-kind 2 --concurrency 1,8 --max-new-tokens 300 --warmup 1"
+if up t_off && up t_on; then
+  for r in 1 2 3 4; do
+    [ "$(left)" -lt 110 ] && break
+    client t_off "overhead_off_r$r" $OH
+    client t_on "overhead_on_r$r" $OH
+  done
+  scrape t_on
+fi
+if up t_chain && [ "$(left)" -gt 80 ]; then
+  client t_chain chain_split --vocab-size 32000 --kinds code,chat,story --per-kind 2 --concurrency 1,4 \
+    --max-new-tokens 400 --warmup 1
+  scrape t_chain
+fi
+for n in t_off t_on t_chain; do stop_server "$n"; done
+pack
+
+# ---- 3. the microbenchmark for the same shapes -------------------------------------------------------------
+sleep 2
+[ "$(left)" -gt 30 ] && timeout $(( $(left) - 15 )) python3 benchmark/allreduce_vs_compute.py \
+  --profile "$DM/config.json" --widths 1,8 --batch-sizes 1 --backends nccl \
+  --json "$W/microbench_dummy7168.json" > "$W/microbench.log" 2>&1
+log "microbenchmark rc=$?"
+grep -h "Verify timing" "$W"/t_*.log | tail -30 > "$W/timing_lines.txt"
+grep -h "auto verify\|n-gram verify widths" "$W"/m_auto.log | tail -40 > "$W/auto_lines.txt"
+{
+  cat "$W/timeline.txt"; echo "== identity"; grep -E "identical|vs" "$W/identity.txt" | head -20
+  echo "== timing lines"; cut -c1-330 "$W/timing_lines.txt" | tail -12
+  echo "== auto lines"; cut -c1-400 "$W/auto_lines.txt" | tail -12
+  echo "== microbenchmark"; grep -vE "it/s\]|s/it\]" "$W/microbench.log" | tail -8
+} > "$OUT/summary.txt"
+log "done"

@@ -1,0 +1,62 @@
+# Shared by the GPU-machine check scripts (source it): start SGLang servers together, wait for health,
+# run the serving client, scrape /metrics, find a server's TP-0 scheduler. Needs: W (work folder), D (bundle
+# folder with serving.py), T0 (start time), DEADLINE_S; the caller sets PYTHONPATH to the unpacked site.
+el() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( DEADLINE_S - $(el) )); }
+log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
+declare -A PID PORT UP
+
+unpack_bundle() {  # site + overlay + JIT cache from $D into $HOME
+  mkdir -p "$HOME/site" "$HOME/jitcache"
+  tar -xJf "$D/site.tar.xz" -C "$HOME/site" && tar -xJf "$D/overlay.tar.xz" -C "$HOME/site" \
+    && tar -xJf "$D/jitcache.tar.xz" -C "$HOME/jitcache"
+}
+
+launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" lines
+  local common=$1 name port extra
+  while IFS='|' read -r name port extra; do
+    [ -z "$name" ] && continue
+    cp -r "$HOME/jitcache" "$HOME/jit-$name"
+    TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid python3 -m sglang.launch_server $common --port "$port" \
+      --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
+    PID[$name]=$!; PORT[$name]=$port
+    echo "$name: python3 -m sglang.launch_server $common --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
+  done
+  log "launched ${!PID[*]}"
+}
+
+wait_healthy() {  # wait_healthy MIN_LEFT_S: until all are up, dead, or fewer than MIN_LEFT_S seconds remain
+  local n pending
+  for _ in $(seq 1 150); do
+    pending=0
+    for n in "${!PID[@]}"; do
+      [ -n "${UP[$n]:-}" ] && continue
+      if ! kill -0 "${PID[$n]}" 2>/dev/null; then UP[$n]=dead; log "$n: exited"; tail -5 "$W/$n.log" >> "$W/timeline.txt"; continue; fi
+      if python3 -c "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:${PORT[$n]}/health',timeout=2).status!=200)" 2>/dev/null
+      then UP[$n]=ok; log "$n: healthy"; else pending=$((pending + 1)); fi
+    done
+    [ $pending -eq 0 ] && return 0
+    [ "$(left)" -lt "$1" ] && { log "stop waiting: $pending not up"; return 1; }
+    sleep 2
+  done
+}
+
+up() { [ "${UP[$1]:-}" = ok ]; }
+stop_server() { kill -TERM -- -"${PID[$1]}" 2>/dev/null; UP[$1]=stopped; }
+stop_all() { local n; for n in "${!PID[@]}"; do kill -KILL -- -"${PID[$n]}" 2>/dev/null; done; }
+
+client() {  # client SERVER TAG ARGS...: serving.py run against SERVER, JSON + table to $W/TAG.*
+  local n=$1 tag=$2; shift 2
+  timeout 150 python3 "$D/serving.py" run --base-url "http://127.0.0.1:${PORT[$n]}" --tag "$tag" --input-ids \
+    --no-progress --json "$W/$tag.json" "$@" > "$W/$tag.txt" 2>&1
+  log "$tag: rc=$? $(grep -E '^ +c=' "$W/$tag.txt" | tr -s ' ' | tr '\n' ';')"
+}
+
+scrape() {  # scrape SERVER: its sglang:verify_* and auto metrics to $W/SERVER.metrics.txt
+  python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:${PORT[$1]}/metrics',timeout=5).read().decode())" \
+    2>&1 | grep -E '^sglang:(verify_|fastverify_)' > "$W/$1.metrics.txt"
+}
+
+tp0_pid() {  # the TP-0 scheduler process of a server (in the server's own process group)
+  ps -eo pid=,pgid=,args= | awk -v g="${PID[$1]}" '$2 == g && /scheduler_TP0/ {print $1; exit}'
+}
