@@ -111,10 +111,9 @@ def test_config_from_flags():
 
 
 @pytest.mark.parametrize("args,match", [
-    ((True, 0, 1.0), r"--verify-timing-interval must be an integer >= 1; got 0"),
-    ((True, -5, 1.0), r"--verify-timing-interval must be an integer >= 1; got -5"),
-    ((True, 2.5, 1.0), r"--verify-timing-interval must be an integer >= 1; got 2.5"),
-    ((True, True, 1.0), r"--verify-timing-interval must be an integer >= 1; got True"),
+    ((True, -5, 1.0), r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got -5"),
+    ((True, 2.5, 1.0), r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got 2.5"),
+    ((True, True, 1.0), r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got True"),
     ((True, 10, -1.0), r"--verify-timing-log-interval must be a number of seconds >= 0; got -1.0"),
     ((True, 10, float("nan")), r"--verify-timing-log-interval must be a number of seconds >= 0; got nan"),
     ((True, 10, "5"), r"--verify-timing-log-interval must be a number of seconds >= 0; got '5'"),
@@ -500,9 +499,11 @@ def _ordinary(t, host, ms, mode="decode"):
     host.s += ms / 1000.0
 
 
-def test_interval_widens_to_the_measured_sample_cost_on_one_rank():
+def test_interval_widens_to_the_measured_sample_cost_on_one_rank(monkeypatch):
+    monkeypatch.setattr(timing, "AUTO_FLOOR", 10)
     clock, host = FakeClock(), HostClock()
-    cfg = TimingConfig.from_flags(True, 10, 0, tp_size=1, tp_rank=0, model_name="m")
+    cfg = TimingConfig.from_flags(True, 0, 0, tp_size=1, tp_rank=0, model_name="m")
+    assert cfg.budgeted and cfg.floor == 10
     t = PassTimer(cfg, clock, host_clock=host)
     for _ in range(9):
         _ordinary(t, host, 2.0)  # 2 ms passes
@@ -515,9 +516,24 @@ def test_interval_widens_to_the_measured_sample_cost_on_one_rank():
     assert t.overhead_estimate() == pytest.approx(0.005)
 
 
-def test_ranks_adopt_rank_zeros_interval_at_the_exchange():
+def test_an_explicit_interval_is_kept_and_its_overhead_reported():
     clock, host = FakeClock(), HostClock()
-    cfg = TimingConfig.from_flags(True, 3, 0, tp_size=2, tp_rank=1, model_name="m")
+    cfg = TimingConfig.from_flags(True, 10, 0, tp_size=1, tp_rank=0, model_name="m")
+    assert not cfg.budgeted and cfg.floor == 10
+    t = PassTimer(cfg, clock, host_clock=host)
+    for _ in range(9):
+        _ordinary(t, host, 2.0)
+    assert t.begin("decode", 1, 1) is True
+    t.end()
+    host.s += 12.0 / 1000.0
+    _ordinary(t, host, 2.0)
+    assert t.sampler.interval == 10 and t.overhead_estimate() == pytest.approx(10.0 / (10 * 2.0))
+
+
+def test_ranks_adopt_rank_zeros_interval_at_the_exchange(monkeypatch):
+    monkeypatch.setattr(timing, "AUTO_FLOOR", 3)
+    clock, host = FakeClock(), HostClock()
+    cfg = TimingConfig.from_flags(True, 0, 0, tp_size=2, tp_rank=1, model_name="m")
     got = []
 
     def exchange(payload):

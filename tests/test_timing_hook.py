@@ -171,8 +171,8 @@ def test_fused_applied():
 def test_bad_kind_and_bad_flags():
     with pytest.raises(ValueError, match="unknown collective kind 'reduce_scatter'"):
         timing_hook.timed_collective("reduce_scatter")
-    args = SimpleNamespace(enable_verify_timing=True, verify_timing_interval=0, verify_timing_log_interval=30.0)
-    with pytest.raises(ValueError, match="--verify-timing-interval must be an integer >= 1; got 0"):
+    args = SimpleNamespace(enable_verify_timing=True, verify_timing_interval=-1, verify_timing_log_interval=30.0)
+    with pytest.raises(ValueError, match=r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got -1"):
         timing_hook.check_flags(args)
     timing_hook.check_flags(SimpleNamespace())  # an SGLang without our flags: defaults, no error
 
@@ -235,6 +235,6 @@ def test_flags_parse_and_validate(parallel_state):
     assert (ns.enable_verify_timing, ns.verify_timing_interval) == (False, timing.DEFAULT_INTERVAL)
     with pytest.raises(SystemExit):
         parser.parse_args(["--model-path", "dummy", "--verify-timing-interval", "often"])
-    args = SimpleNamespace(**vars(parser.parse_args(["--model-path", "dummy", "--verify-timing-interval", "0"])))
-    with pytest.raises(ValueError, match="--verify-timing-interval must be an integer >= 1; got 0"):
+    args = SimpleNamespace(**vars(parser.parse_args(["--model-path", "dummy", "--verify-timing-interval", "-1"])))
+    with pytest.raises(ValueError, match=r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got -1"):
         timing_hook.check_flags(args)

@@ -39,8 +39,9 @@ FLAG_ENABLE = "--enable-verify-timing"
 FLAG_INTERVAL = "--verify-timing-interval"
 FLAG_LOG_INTERVAL = "--verify-timing-log-interval"
 
-DEFAULT_INTERVAL = 500  # at least 500 passes of a mode between two samples (see OVERHEAD_BUDGET)
-OVERHEAD_BUDGET = 0.005  # the sampled passes may cost at most this share of the host time (widens the interval)
+DEFAULT_INTERVAL = 0  # 0 = budgeted: at least AUTO_FLOOR passes, widened to keep within OVERHEAD_BUDGET
+AUTO_FLOOR = 500  # a budgeted interval never samples more often than one pass in this many of a mode
+OVERHEAD_BUDGET = 0.005  # budgeted sampling may cost at most this share of the host time
 DEFAULT_LOG_INTERVAL_S = 30.0
 
 HELP_ENABLE = (
@@ -49,9 +50,9 @@ HELP_ENABLE = (
     "periodic 'Verify timing' log line."
 )
 HELP_INTERVAL = (
-    "With --enable-verify-timing: time at most one pass in every N passes of each mode (verify, decode); the "
-    f"server widens the interval when the measured cost of a sample would exceed {100 * OVERHEAD_BUDGET:g}% of "
-    f"its time. Default {DEFAULT_INTERVAL}."
+    "With --enable-verify-timing: time one pass in every N passes of each mode (verify, decode). 0 (default): "
+    f"budgeted, at least {AUTO_FLOOR} and widened so that the measured cost of the samples stays within "
+    f"{100 * OVERHEAD_BUDGET:g}% of the server's time; N >= 1: exactly N (the log line reports the overhead)."
 )
 HELP_LOG_INTERVAL = (
     "With --enable-verify-timing: seconds between two 'Verify timing' log lines (0 = no log line). "
@@ -73,6 +74,15 @@ class TimingConfig:
     export_metrics: bool = False  # --enable-metrics: Prometheus histograms
     log_rank: bool = True  # this rank writes the log line (tp_rank 0)
 
+    @property
+    def budgeted(self) -> bool:
+        """Interval 0: sampling widens to keep within OVERHEAD_BUDGET; otherwise exactly ``interval``."""
+        return self.interval == 0
+
+    @property
+    def floor(self) -> int:
+        return AUTO_FLOOR if self.budgeted else self.interval
+
     @classmethod
     def from_flags(
         cls,
@@ -89,9 +99,9 @@ class TimingConfig:
         if not isinstance(enable_verify_timing, bool):
             raise ValueError(f"{FLAG_ENABLE} takes no value (a switch); got {enable_verify_timing!r}")
         if isinstance(verify_timing_interval, bool) or not isinstance(verify_timing_interval, int):
-            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 1; got {verify_timing_interval!r}")
-        if verify_timing_interval < 1:
-            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 1; got {verify_timing_interval}")
+            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 0 (0: budgeted); got {verify_timing_interval!r}")
+        if verify_timing_interval < 0:
+            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 0 (0: budgeted); got {verify_timing_interval}")
         if isinstance(verify_timing_log_interval, bool) or not isinstance(verify_timing_log_interval, (int, float)):
             raise ValueError(f"{FLAG_LOG_INTERVAL} must be a number of seconds >= 0; got {verify_timing_log_interval!r}")
         if not math.isfinite(verify_timing_log_interval) or verify_timing_log_interval < 0:
@@ -533,7 +543,7 @@ class PassTimer:
         self.log = log
         self.host_clock = host_clock
         self.hold = hold or HoldController()
-        self.sampler = Sampler(config.interval)
+        self.sampler = Sampler(config.floor)
         self.aggregator = Aggregator()
         self.open: Optional[_OpenPass] = None
         self._in_call = False
@@ -546,7 +556,7 @@ class PassTimer:
         self.sample_costs: Deque[float] = deque(maxlen=8)  # host ms a sample added to its pass period
         self._last_begin: Optional[float] = None
         self._last_sampled = False
-        self.proposed_interval = config.interval
+        self.proposed_interval = config.floor
 
     # -- pass boundaries ---------------------------------------------------------------------------
     def begin(self, mode: str, tokens: int, requests: int) -> bool:
@@ -582,7 +592,8 @@ class PassTimer:
             period = sorted(self.periods)[len(self.periods) // 2]
             self.sample_costs.append(max(1000.0 * (ready - last) - period, 0.0))
             cost = sorted(self.sample_costs)[len(self.sample_costs) // 2]
-            self.proposed_interval = widened_interval(self.config.interval, cost, period)
+            if self.config.budgeted:
+                self.proposed_interval = widened_interval(self.config.floor, cost, period)
             if self.exchange is None:  # one rank: nobody to agree with
                 self.sampler.interval = self.proposed_interval
 

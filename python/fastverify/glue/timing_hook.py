@@ -129,7 +129,7 @@ def _build_timer(runner) -> Optional[PassTimer]:
     logger.info(
         "Verify timing on: one pass in %d of each mode (verify, decode) runs eagerly with CUDA events "
         "around every all-reduce%s; metrics %s",
-        config.interval,
+        config.floor,
         ", per-call times gathered over the %d TP ranks" % tp.world_size if exchange else "",
         "on" if metrics else "off (no --enable-metrics)",
     )
