@@ -247,3 +247,28 @@ def test_metrics_are_exported_as_gauges(tmp_path):
     value = prom.REGISTRY.get_sample_value("sglang:fastverify_ngram_auto_steps_total")
     assert value == 20.0  # exported every 5 steps; the last export was at step 20
     assert prom.REGISTRY.get_sample_value("sglang:fastverify_ngram_auto_chain_k") == K - 1
+
+
+def test_controller_costs_are_a_frozen_copy_shared_at_fixed_steps(tmp_path):
+    """Each rank measures its own step periods; the controller must only ever see the copy shared at a fixed
+    step count, or ranks would decide differently between two synchronisations."""
+    worker = _worker()
+    state = auto.setup(worker, _spec(tmp_path, DEAR))
+    shared = []
+    state.sync_costs = lambda c: (shared.append(c), c)[1]  # one rank: its own measurements are "rank 0's"
+    now = [0.0]
+    state.clock = lambda: now[0]
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="r0", output_ids=[1])], has_grammar=False)
+    before = state.controller.costs
+    for i in range(auto.COST_SYNC_STEPS):
+        state.last_step = ("lean", 1, 1)
+        auto._tick(state)
+        now[0] += 0.004
+    assert len(shared) == 1 and state.controller.costs is not state.costs and state.controller.costs is not before
+    frozen = state.controller.costs.decode_ms(1)
+    assert frozen == pytest.approx(4.0)
+    for _ in range(40):  # later measurements change this rank's model, not the controller's copy
+        state.last_step = ("lean", 1, 1)
+        auto._tick(state)
+        now[0] += 0.010
+    assert state.costs.decode_ms(1) > frozen and state.controller.costs.decode_ms(1) == frozen

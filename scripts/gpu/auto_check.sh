@@ -16,7 +16,7 @@
 #    plain servers of the dummy 7168-hidden model, one with timing and two without (their difference is the
 #    noise floor), in rounds of rotated order; then a chain server's verify split (every 5th pass sampled).
 # 3. The all-reduce-vs-compute microbenchmark for the dummy model, tokens 1 and 8, NCCL.
-#    Phase 1 ends with host profiles (py-spy, 10 s, TP-0 scheduler) of no speculation and auto on the
+#    Phase 1 ends with a host profile (py-spy, 10 s, TP-0 scheduler) of auto on the
 #    sampled workload. Phase 1 and phase 2 servers do not run at the same time.
 set -u
 set +m
@@ -26,6 +26,7 @@ W=$HOME/auto
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-560}
+CLIENT_TIMEOUT_S=${CLIENT_TIMEOUT_S:-60}
 . "$(dirname "$0")/servers.sh"
 pack() { tar -C "$HOME" -cJf "$OUT/auto.tar.xz.tmp" auto && mv "$OUT/auto.tar.xz.tmp" "$OUT/auto.tar.xz"; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -58,7 +59,7 @@ m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-v
 EOC
 wait_healthy 400
 MODES="m_plain m_tree m_chain m_chain_w m_auto"
-GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 256 --warmup 1"
+GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 200 --warmup 1"
 SAMPLED="$GREEDY --temperature 1.0"
 for round in 1 2; do
   order=$MODES; [ $round = 2 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -77,7 +78,7 @@ for n in m_tree m_chain m_chain_w m_auto; do
   done
 done > "$W/identity.txt" 2>&1
 # host profiles on the sampled workload (nothing to speculate on)
-for n in m_plain m_auto; do
+for n in m_auto; do
   up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 230 ] || continue
   ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
       --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
@@ -104,7 +105,7 @@ EOC
 wait_healthy 120
 OH="--vocab-size 32000 --kinds code,chat,story --per-kind 2 --concurrency 1,8 --max-new-tokens 300 --warmup 1"
 r=0
-for order in "t_off t_on t_off2" "t_off2 t_on t_off" "t_on t_off t_off2" "t_on t_off2 t_off"; do
+for order in "t_off t_on t_off2" "t_off2 t_on t_off" "t_on t_off t_off2"; do
   r=$((r + 1))
   [ "$(left)" -lt 110 ] && break
   for n in $order; do up "$n" && client "$n" "overhead_${n}_r$r" $OH; done

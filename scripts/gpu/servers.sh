@@ -46,10 +46,12 @@ stop_server() { kill -TERM -- -"${PID[$1]}" 2>/dev/null; UP[$1]=stopped; }
 stop_all() { local n; for n in "${!PID[@]}"; do kill -KILL -- -"${PID[$n]}" 2>/dev/null; done; }
 
 client() {  # client SERVER TAG ARGS...: serving.py run against SERVER, JSON + table to $W/TAG.*
-  local n=$1 tag=$2; shift 2
-  timeout 150 python3 "$D/serving.py" run --base-url "http://127.0.0.1:${PORT[$n]}" --tag "$tag" --input-ids \
-    --no-progress --json "$W/$tag.json" "$@" > "$W/$tag.txt" 2>&1
-  log "$tag: rc=$? $(grep -E '^ +c=' "$W/$tag.txt" | tr -s ' ' | tr '\n' ';')"
+  local n=$1 tag=$2 rc; shift 2
+  timeout "${CLIENT_TIMEOUT_S:-150}" python3 "$D/serving.py" run --base-url "http://127.0.0.1:${PORT[$n]}" \
+    --tag "$tag" --input-ids --no-progress --json "$W/$tag.json" "$@" > "$W/$tag.txt" 2>&1
+  rc=$?
+  log "$tag: rc=$rc $(grep -E '^ +c=' "$W/$tag.txt" | tr -s ' ' | tr '\n' ';')"
+  if [ $rc = 124 ]; then log "$n: client timed out; server stopped"; stop_server "$n"; UP[$n]=timeout; fi
 }
 
 scrape() {  # scrape SERVER: its sglang:verify_* and auto metrics to $W/SERVER.metrics.txt

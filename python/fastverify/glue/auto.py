@@ -38,6 +38,7 @@ the lookup anyway, so the gain model keeps learning from real drafts.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -184,7 +185,11 @@ def _tick(state: AutoState) -> None:
     state.last_start, state.last_step = now, None
     state.steps += 1
     if state.steps % COST_SYNC_STEPS == 0:
-        state.controller.costs = state.sync_costs(state.costs) if state.sync_costs else state.costs
+        # a frozen copy: the live measurements keep changing on each rank between two synchronisations, and
+        # a controller that read them directly would decide differently on different ranks (and hang the TP
+        # group in mismatched collectives)
+        shared = state.sync_costs(state.costs) if state.sync_costs else state.costs
+        state.controller.costs = copy.deepcopy(shared)
 
 
 def _sync_requests(state: AutoState, batch) -> None:
