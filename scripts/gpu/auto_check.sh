@@ -27,6 +27,9 @@ mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-560}
 CLIENT_TIMEOUT_S=${CLIENT_TIMEOUT_S:-60}
+PHASES=${PHASES:-"1 2"}   # 1: every mode on two workloads; 2: verify timing overhead and split
+ROUNDS=${ROUNDS:-2}       # phase 1 rounds (round 2 in reverse server order)
+has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
 . "$(dirname "$0")/servers.sh"
 pack() { tar -C "$HOME" -cJf "$OUT/auto.tar.xz.tmp" auto && mv "$OUT/auto.tar.xz.tmp" "$OUT/auto.tar.xz"; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -50,6 +53,7 @@ COMMON="--tp 2 --skip-tokenizer-init --attention-backend triton --sampling-backe
 trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
+if has 1; then
 launch_servers "$(echo $COMMON)" <<EOC
 m_plain|33010|$TMA
 m_tree|33020|$TMA $NG
@@ -57,15 +61,15 @@ m_chain|33030|$TMA $NG --speculative-ngram-verify-mode chain
 m_chain_w|33040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
 m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
 EOC
-wait_healthy 400
+wait_healthy 60
 MODES="m_plain m_tree m_chain m_chain_w m_auto"
 GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 200 --warmup 1"
 SAMPLED="$GREEDY --temperature 1.0"
-for round in 1 2; do
+for round in $(seq 1 "$ROUNDS"); do
   order=$MODES; [ $round = 2 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
   for n in $order; do
     up "$n" || continue
-    [ "$(left)" -lt 260 ] && { log "skip $n round $round: time"; continue; }
+    [ "$(left)" -lt 40 ] && { log "skip $n round $round: time"; continue; }
     client "$n" "${n}_greedy_r$round" $GREEDY
     client "$n" "${n}_sampled_r$round" $SAMPLED
   done
@@ -79,7 +83,7 @@ for n in m_tree m_chain m_chain_w m_auto; do
 done > "$W/identity.txt" 2>&1
 # host profiles on the sampled workload (nothing to speculate on)
 for n in m_auto; do
-  up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 230 ] || continue
+  up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
   ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
       --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
   CP=$!
@@ -93,8 +97,10 @@ done
 grep -h "auto verify\|n-gram verify widths" "$W"/m_auto.log | tail -40 > "$W/auto_lines.txt"
 for n in $MODES; do up "$n" && stop_server "$n"; done
 pack
+fi
 
 # ---- 2. verify timing: overhead at the default (budgeted) interval against two servers without it -----------
+if has 2; then
 sleep 3
 launch_servers "$(echo $COMMON)" <<EOC
 t_off|33110|$DMA
@@ -102,7 +108,7 @@ t_off2|33140|$DMA
 t_on|33120|$DMA --enable-verify-timing --verify-timing-log-interval 5
 t_chain|33130|$DMA $NG --speculative-ngram-verify-mode chain --enable-verify-timing --verify-timing-interval 5 --verify-timing-log-interval 5
 EOC
-wait_healthy 120
+wait_healthy 60
 OH="--vocab-size 32000 --kinds code,chat,story --per-kind 2 --concurrency 1,8 --max-new-tokens 300 --warmup 1"
 r=0
 for order in "t_off t_on t_off2" "t_off2 t_on t_off" "t_on t_off t_off2"; do
@@ -127,6 +133,7 @@ sleep 2
   --profile "$DM/config.json" --widths 1,8 --batch-sizes 1 --backends nccl \
   --json "$W/microbench_dummy7168.json" > "$W/microbench.log" 2>&1
 log "microbenchmark rc=$?"
+fi
 grep -h "Verify timing" "$W"/t_*.log | tail -30 > "$W/timing_lines.txt"
 {
   cat "$W/timeline.txt"; echo "== identity"; grep -E "identical|vs" "$W/identity.txt" | head -20
