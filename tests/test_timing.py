@@ -549,3 +549,18 @@ def test_ranks_adopt_rank_zeros_interval_at_the_exchange(monkeypatch):
     assert t.begin("decode", 1, 1) is False  # completes the sample: exchange, then rank 0's interval
     assert got == [3] and t.sampler.interval == 777
     assert t.proposed_interval > 3  # this rank's own proposal goes out with the next exchange
+
+
+def test_idle_gaps_count_neither_as_periods_nor_as_sample_cost(monkeypatch):
+    monkeypatch.setattr(timing, "AUTO_FLOOR", 4)
+    clock, host = FakeClock(), HostClock()
+    t = PassTimer(TimingConfig.from_flags(True, 0, 0, tp_size=1, tp_rank=0, model_name="m"), clock, host_clock=host)
+    for _ in range(3):
+        _ordinary(t, host, 2.0)
+    host.s += 30.0  # the server was idle for 30 s between two requests
+    assert t.begin("decode", 1, 1) is True  # 4th pass: sampled
+    assert sorted(t.periods) == [2.0, 2.0]  # the gap before it is not a period
+    t.end()
+    host.s += 45.0  # idle again right after the sample
+    _ordinary(t, host, 2.0)
+    assert not t.sample_costs and t.sampler.interval == 4  # no cost measured from an idle gap

@@ -42,6 +42,7 @@ FLAG_LOG_INTERVAL = "--verify-timing-log-interval"
 DEFAULT_INTERVAL = 0  # 0 = budgeted: at least AUTO_FLOOR passes, widened to keep within OVERHEAD_BUDGET
 AUTO_FLOOR = 500  # a budgeted interval never samples more often than one pass in this many of a mode
 OVERHEAD_BUDGET = 0.005  # budgeted sampling may cost at most this share of the host time
+IDLE_GAP_MS = 1000.0  # a host gap this long between two timed passes is idle time (no request), not a pass
 DEFAULT_LOG_INTERVAL_S = 30.0
 
 HELP_ENABLE = (
@@ -586,9 +587,12 @@ class PassTimer:
         if last is None:
             return
         if not self._last_sampled:
-            self.periods.append(1000.0 * (entered - last))
+            if 1000.0 * (entered - last) < IDLE_GAP_MS:
+                self.periods.append(1000.0 * (entered - last))
             return
-        if self.periods:
+        # a sample costs its hold, the eager pass and the wait for it (at most ~2 x the longest hold); a
+        # longer gap also holds idle time and would overstate the cost
+        if self.periods and 1000.0 * (ready - last) < 2 * self.hold.max_ms + IDLE_GAP_MS:
             period = sorted(self.periods)[len(self.periods) // 2]
             self.sample_costs.append(max(1000.0 * (ready - last) - period, 0.0))
             cost = sorted(self.sample_costs)[len(self.sample_costs) // 2]
