@@ -564,3 +564,15 @@ def test_idle_gaps_count_neither_as_periods_nor_as_sample_cost(monkeypatch):
     host.s += 45.0  # idle again right after the sample
     _ordinary(t, host, 2.0)
     assert not t.sample_costs and t.sampler.interval == 4  # no cost measured from an idle gap
+
+
+def test_flag_help_texts_survive_argparse_formatting():
+    """SGLang hands these texts to argparse, which treats '%' as a format character."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    for i, text in enumerate((timing.HELP_ENABLE, timing.HELP_INTERVAL, timing.HELP_LOG_INTERVAL)):
+        ap.add_argument(f"--x{i}", help=text)
+    import re
+
+    assert "0.5 percent" in re.sub(r"\s+", " ", ap.format_help())

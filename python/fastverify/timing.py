@@ -53,7 +53,7 @@ HELP_ENABLE = (
 HELP_INTERVAL = (
     "With --enable-verify-timing: time one pass in every N passes of each mode (verify, decode). 0 (default): "
     f"budgeted, at least {AUTO_FLOOR} and widened so that the measured cost of the samples stays within "
-    f"{100 * OVERHEAD_BUDGET:g}% of the server's time; N >= 1: exactly N (the log line reports the overhead)."
+    f"{100 * OVERHEAD_BUDGET:g} percent of the server's time; N >= 1: exactly N (the log line reports the overhead)."
 )
 HELP_LOG_INTERVAL = (
     "With --enable-verify-timing: seconds between two 'Verify timing' log lines (0 = no log line). "
