@@ -34,11 +34,7 @@ from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E
 
 from fastverify.chain import ChainConfig  # noqa: E402
 from fastverify.glue.ngram import NgramVerifyHook  # noqa: E402
-from fastverify.verify_ref import greedy_verify_chain  # noqa: E402
-
-
-def nxt(x):
-    return (int(x) // 10 + 1) * 10
+import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
 
 class Runner:
@@ -46,20 +42,7 @@ class Runner:
         self.width = speculative_num_draft_tokens
 
 
-def fake_sample(verify_input, batch, logits_output, *a, **kw):
-    bs, w = verify_input.retrieve_index.shape
-    cand = verify_input.draft_token.reshape(bs, w)
-    pred = torch.tensor([[nxt(cand[b, i]) for i in range(w)] for b in range(bs)])
-    res = greedy_verify_chain(cand, pred)
-    return pred.reshape(-1), res.accept_len.to(torch.int32), res.accept_index
-
-
-for name in ("record_stream_for_v2_verify", "commit_mamba_states_after_verify", "move_accept_tokens_to_target_kvcache",
-             "prepare_mamba_track_for_verify"):
-    setattr(nw, name, lambda *a, **kw: None)
-nw.set_time_batch = lambda *a, **kw: None
-nw.eagle_sample = fake_sample
-nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
+ngram_stand_ins.install(nw)  # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch
 
 
 def run(table, steps, corpus_text):

@@ -55,7 +55,7 @@ from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E
 
 from fastverify.chain import ChainConfig  # noqa: E402
 from fastverify.glue.ngram import NgramVerifyHook  # noqa: E402
-from fastverify.verify_ref import greedy_verify_chain  # noqa: E402
+import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
 D = 8
 built = []
@@ -91,21 +91,7 @@ class Target:
                                      can_run_cuda_graph=True)
 
 
-def fake_sample(verify_input, batch, logits_output, *a, **kw):
-    """Greedy chain verify (torch reference) of a target that continues 10, 20, 30, ... after any token."""
-    bs, w = verify_input.retrieve_index.shape
-    cand = verify_input.draft_token.reshape(bs, w)
-    pred = torch.tensor([[(int(cand[b, i]) // 10 + 1) * 10 for i in range(w)] for b in range(bs)])
-    res = greedy_verify_chain(cand, pred)
-    return pred.reshape(-1), res.accept_len.to(torch.int32), res.accept_index
-
-
-for name in ("record_stream_for_v2_verify", "commit_mamba_states_after_verify", "move_accept_tokens_to_target_kvcache",
-             "prepare_mamba_track_for_verify"):
-    setattr(nw, name, lambda *a, **kw: None)
-nw.set_time_batch = lambda *a, **kw: None
-nw.eagle_sample = fake_sample
-nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
+ngram_stand_ins.install(nw)  # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch
 
 corpus = NgramCorpus(max_trie_depth=12, draft_token_num=D, min_bfs_breadth=1, max_bfs_breadth=8, match_type="BFS",
                      capacity=100000)

@@ -544,11 +544,9 @@ class Controller:
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
 
-    def decide(self, requests: Sequence[RequestView]) -> Decision:
-        """A step whose drafts were looked up: the option and who takes part."""
-        self.step += 1
-        self._since_lookup = 0
-        per_req = [self.gain.expected(r.req_id, r.features, self.step) for r in requests]
+    def _evaluate(self, requests: Sequence[RequestView], step: int) -> tuple:
+        """(per-request (chain, tree) expectations, an Evaluation per option in `self.options` order)."""
+        per_req = [self.gain.expected(r.req_id, r.features, step) for r in requests]
         evals = []
         for o in self.options:
             if o.kind == NONE:
@@ -558,6 +556,13 @@ class Controller:
             else:
                 g = [t for _, t in per_req]
             evals.append(evaluate(o, self.costs, g, self.cfg.shape))
+        return per_req, evals
+
+    def decide(self, requests: Sequence[RequestView]) -> Decision:
+        """A step whose drafts were looked up: the option and who takes part."""
+        self.step += 1
+        self._since_lookup = 0
+        per_req, evals = self._evaluate(requests, self.step)
         chosen = choose(evals, self.current, self.cfg.hysteresis)
         if not any(chosen.speculate):  # an option nobody takes part in is a plain decode step
             chosen = evals[0]
@@ -576,8 +581,8 @@ class Controller:
 
     def plan_lookup(self, requests: Sequence[RequestView], probe_every: int = 0) -> bool:
         """Before a step's drafts exist: is the draft lookup worth making? `requests` carry each request's
-        last known features (the glue looks a request it has not seen up without asking). True when an option that speculates is expected to beat no speculation by more
-        than the hysteresis, or when `probe_every` > 0 steps have passed without a lookup (the gain model
+        last known features (the glue looks a request it has not seen up without asking). True when an
+        option that speculates is expected to beat no speculation by more than the hysteresis, or when `probe_every` > 0 steps have passed without a lookup (the gain model
         learns only from drafts that were made). False: the step runs without speculation and without a
         lookup (`note_lean`)."""
         if not requests:
@@ -585,16 +590,7 @@ class Controller:
         if probe_every > 0 and self._since_lookup + 1 >= probe_every:
             self._since_lookup = 0
             return True
-        per_req = [self.gain.expected(r.req_id, r.features, self.step + 1) for r in requests]
-        evals = []
-        for o in self.options:
-            if o.kind == NONE:
-                g = [0.0] * len(per_req)
-            elif o.kind == CHAIN:
-                g = [c[o.k - 1] for c, _ in per_req]
-            else:
-                g = [t for _, t in per_req]
-            evals.append(evaluate(o, self.costs, g, self.cfg.shape))
+        _, evals = self._evaluate(requests, self.step + 1)
         best = choose(evals, self.current if self.current is not None else evals[0].option, self.cfg.hysteresis)
         wanted = best.option.kind != NONE and any(best.speculate)
         self._since_lookup = 0 if wanted else self._since_lookup + 1

@@ -32,29 +32,16 @@ ROUNDS=${ROUNDS:-2}       # phase 1 rounds (round 2 in reverse server order)
 has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
 . "$(dirname "$0")/servers.sh"
 pack() { tar -C "$HOME" -cJf "$OUT/auto.tar.xz.tmp" auto && mv "$OUT/auto.tar.xz.tmp" "$OUT/auto.tar.xz"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-unpack_bundle || { log "unpack failed"; exit 1; }
-export PYTHONPATH=$HOME/site
-SPY=""
-if ls "$D"/py_spy-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$HOME/pyspy" "$D"/py_spy-*.whl && SPY=$HOME/pyspy/bin/py-spy
-fi
-python3 scripts/gpu/make_random_model.py "$HOME/models/tiny" --layers 2 > "$W/make_model.log" 2>&1
+prepare_machine || exit 1
 DM=$D/models/dummy-7168
-log "unpacked; py-spy: ${SPY:-none}; commit $(cat "$D/commit.txt" 2>/dev/null || echo unknown)"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'; env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
 
-NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
 DMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.2"
 TMA="--model-path $HOME/models/tiny --mem-fraction-static 0.15"
-COMMON="--tp 2 --skip-tokenizer-init --attention-backend triton --sampling-backend pytorch
-  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
-  --decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
 trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
 if has 1; then
-launch_servers "$(echo $COMMON)" <<EOC
+launch_servers "$COMMON" <<EOC
 m_plain|33010|$TMA
 m_tree|33020|$TMA $NG
 m_chain|33030|$TMA $NG --speculative-ngram-verify-mode chain
@@ -102,7 +89,7 @@ fi
 # ---- 2. verify timing: overhead at the default (budgeted) interval against two servers without it -----------
 if has 2; then
 sleep 3
-launch_servers "$(echo $COMMON)" <<EOC
+launch_servers "$COMMON" <<EOC
 t_off|33110|$DMA
 t_off2|33140|$DMA
 t_on|33120|$DMA --enable-verify-timing --verify-timing-log-interval 5

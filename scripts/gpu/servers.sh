@@ -5,11 +5,31 @@ el() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( DEADLINE_S - $(el) )); }
 log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
 declare -A PID PORT UP
+# the server settings every check shares (TP=2, token-id requests, graphs up to bs 8, metrics on)
+COMMON="--tp 2 --skip-tokenizer-init --attention-backend triton --sampling-backend pytorch \
+--cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768 \
+--decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
+NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
 
 unpack_bundle() {  # site + overlay + JIT cache from $D into $HOME
   mkdir -p "$HOME/site" "$HOME/jitcache"
   tar -xJf "$D/site.tar.xz" -C "$HOME/site" && tar -xJf "$D/overlay.tar.xz" -C "$HOME/site" \
     && tar -xJf "$D/jitcache.tar.xz" -C "$HOME/jitcache"
+}
+
+prepare_machine() {  # multicast off, bundle unpacked, py-spy (if its wheel is in $D), a 2-layer random model
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+  unpack_bundle || { log "unpack failed"; return 1; }
+  export PYTHONPATH=$HOME/site
+  SPY=""
+  if ls "$D"/py_spy-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target "$HOME/pyspy" "$D"/py_spy-*.whl && SPY=$HOME/pyspy/bin/py-spy
+  fi
+  python3 scripts/gpu/make_random_model.py "$HOME/models/tiny" --layers 2 > "$W/make_model.log" 2>&1
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'
+    env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
+  log "unpacked; py-spy: ${SPY:-none}; commit $(cat "$D/commit.txt" 2>/dev/null || echo unknown)"
 }
 
 launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" lines

@@ -24,25 +24,12 @@ T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-540}
 . "$(dirname "$0")/servers.sh"
 pack() { tar -C "$HOME" -cJf "$OUT/timing.tar.xz.tmp" timing && mv "$OUT/timing.tar.xz.tmp" "$OUT/timing.tar.xz"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-unpack_bundle || { log "unpack failed"; exit 1; }
-export PYTHONPATH=$HOME/site
-SPY=""
-if ls "$D"/py_spy-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$HOME/pyspy" "$D"/py_spy-*.whl && SPY=$HOME/pyspy/bin/py-spy
-fi
-python3 scripts/gpu/make_random_model.py "$HOME/models/tiny" --layers 2 > "$W/make_model.log" 2>&1
+prepare_machine || exit 1
 DM=$D/models/dummy-7168
-log "unpacked; py-spy: ${SPY:-none}"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'; env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
 
-NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
 DMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.2"
 TMA="--model-path $HOME/models/tiny --mem-fraction-static 0.06"
-COMMON="--tp 2 --skip-tokenizer-init --attention-backend triton --sampling-backend pytorch
-  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
-  --decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
-launch_servers "$(echo $COMMON)" <<EOC
+launch_servers "$COMMON" <<EOC
 t_off|32010|$DMA
 t_on|32020|$DMA --enable-verify-timing --verify-timing-interval 100 --verify-timing-log-interval 5
 t_chain|32030|$DMA $NG --speculative-ngram-verify-mode chain --enable-verify-timing --verify-timing-interval 20 --verify-timing-log-interval 5

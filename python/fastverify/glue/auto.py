@@ -326,9 +326,9 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
                      budget_s=math.inf, log=logger.info, source="calibration (captured verify graphs, CUDA events)")
 
 
-def _cost_sync():
-    """With TP > 1: a callable that returns rank 0's StepCosts on every rank (a CPU-side broadcast); None for
-    one rank. Called by every rank at the same step count (COST_SYNC_STEPS)."""
+def _tp_broadcaster():
+    """With TP > 1: a callable that returns TP rank 0's object on every rank (a CPU-side broadcast; every rank
+    must call it at the same point); None with one rank or no distributed setup."""
     try:
         import torch.distributed as dist
         from sglang.srt.distributed import get_tp_group
@@ -340,29 +340,23 @@ def _cost_sync():
     if group.world_size == 1:
         return None
 
-    def sync(costs):
-        obj = [costs]
-        dist.broadcast_object_list(obj, src=group.ranks[0], group=group.cpu_group)
-        return obj[0]
+    def broadcast(obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=group.ranks[0], group=group.cpu_group)
+        return box[0]
 
-    return sync
+    return broadcast
+
+
+def _cost_sync():
+    """Rank 0's StepCosts on every rank, called by every rank at the same step count (COST_SYNC_STEPS)."""
+    return _tp_broadcaster()
 
 
 def _broadcast_from_first_rank(table: CostTable) -> CostTable:
     """Rank 0's table on every TP rank (identical decisions need identical inputs)."""
-    try:
-        import torch.distributed as dist
-        from sglang.srt.distributed import get_tp_group
-    except ImportError:  # pragma: no cover - single process
-        return table
-    if not dist.is_initialized():
-        return table
-    group = get_tp_group()
-    if group.world_size == 1:
-        return table
-    obj = [table]
-    dist.broadcast_object_list(obj, src=group.ranks[0], group=group.cpu_group)
-    return obj[0]
+    broadcast = _tp_broadcaster()
+    return table if broadcast is None else broadcast(table)
 
 
 def _spec_of(worker):
