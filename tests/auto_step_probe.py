@@ -32,8 +32,6 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 from sglang.srt.speculative import ngram_worker as nw  # noqa: E402
 from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E402
 
-from fastverify.chain import ChainConfig  # noqa: E402
-from fastverify.glue.ngram import NgramVerifyHook  # noqa: E402
 import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
 
@@ -68,21 +66,8 @@ def run(table, steps, corpus_text):
                          match_type="BFS", capacity=100000)
     corpus.batch_put(corpus_text)
     corpus.synchronize()
-    w = object.__new__(nw.NGRAMWorker)
-    w.server_args = sa
-    w.model_runner = mr
-    w._target_worker = Target()
-    w.draft_token_num = w.speculative_num_draft_tokens = D
-    w.max_trie_depth = 12
-    w.enable_overlap = False  # results are processed before the next step (output_ids complete)
-    w.device = "cpu"
-    w.max_batch_size = 4
-    w.ngram_corpus = corpus
-    w._init_preallocated_tensors()
-    w._fv = NgramVerifyHook(ChainConfig(mode="chain", num_draft_tokens=D, match_type="BFS"))
-    w.adaptive_controller = None
-    w._prev_decode_rids = set()
-    w.token_to_kv_pool_allocator = None
+    # results are processed before the next step (output_ids complete): no overlap
+    w = ngram_stand_ins.bare_worker(nw, sa, mr, Target(), corpus, D, overlap=False)
     w.init_cuda_graphs()  # patched: runtimes per width (0008), then the auto controller (0007)
     state = w._fv_auto
     now = [0.0]

@@ -33,3 +33,27 @@ def install(nw) -> None:
     nw.eagle_sample = greedy_chain_sample
     nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(kw["batch_size"] * kw["draft_token_num"],
                                                                 dtype=torch.int64)
+
+
+def bare_worker(nw, server_args, model_runner, target, corpus, k: int, overlap: bool):
+    """An NGRAMWorker built without its constructor (which needs a GPU model): the attributes a decode step
+    reads, SGLang's own draft buffers (_init_preallocated_tensors) and a chain verify hook (patch 0005)."""
+    from fastverify.chain import ChainConfig
+    from fastverify.glue.ngram import NgramVerifyHook
+
+    w = object.__new__(nw.NGRAMWorker)
+    w.server_args = server_args
+    w.model_runner = model_runner
+    w._target_worker = target
+    w.draft_token_num = w.speculative_num_draft_tokens = k
+    w.max_trie_depth = 12
+    w.enable_overlap = overlap
+    w.device = "cpu"
+    w.max_batch_size = 4
+    w.ngram_corpus = corpus
+    w._init_preallocated_tensors()
+    w._fv = NgramVerifyHook(ChainConfig(mode="chain", num_draft_tokens=k, match_type="BFS"))
+    w.adaptive_controller = None
+    w._prev_decode_rids = set()
+    w.token_to_kv_pool_allocator = None
+    return w

@@ -53,8 +53,6 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 from sglang.srt.speculative import ngram_worker as nw  # noqa: E402
 from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E402
 
-from fastverify.chain import ChainConfig  # noqa: E402
-from fastverify.glue.ngram import NgramVerifyHook  # noqa: E402
 import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
 D = 8
@@ -98,21 +96,7 @@ corpus = NgramCorpus(max_trie_depth=12, draft_token_num=D, min_bfs_breadth=1, ma
 corpus.batch_put([[10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110], [5, 15, 25]])
 corpus.synchronize()
 
-w = object.__new__(nw.NGRAMWorker)
-w.server_args = sa
-w.model_runner = mr
-w._target_worker = Target()
-w.draft_token_num = w.speculative_num_draft_tokens = D
-w.max_trie_depth = 12
-w.enable_overlap = True
-w.device = "cpu"
-w.max_batch_size = 4
-w.ngram_corpus = corpus
-w._init_preallocated_tensors()
-w._fv = NgramVerifyHook(ChainConfig(mode="chain", num_draft_tokens=D, match_type="BFS"))
-w.adaptive_controller = None
-w._prev_decode_rids = set()
-w.token_to_kv_pool_allocator = None
+w = ngram_stand_ins.bare_worker(nw, sa, mr, Target(), corpus, D, overlap=True)
 base_views = w.draft_tokens_batch
 w.init_cuda_graphs()  # patched: SGLang's (no-op for n-gram) then build_runtimes
 out["built"] = built
