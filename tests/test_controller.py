@@ -353,10 +353,31 @@ def test_plan_lookup_pessimistic_start_learning_and_probes():
     for _ in range(6):
         ctl.observe("r", f, 7)  # drafts of this match were right in full
     assert ctl.plan_lookup(views) is True
-    # probes: with nothing worth a lookup, every 4th call looks up anyway
-    ctl2 = Controller(cfg, table)
-    got = [ctl2.plan_lookup(views, probe_every=4) for _ in range(8)]
-    assert got == [False, False, False, True, False, False, False, True]
-    ctl2.decide(views)  # a lookup step resets the count
-    assert [ctl2.plan_lookup(views, probe_every=4) for _ in range(4)] == [False, False, False, True]
     assert ctl.plan_lookup([]) is False
+
+
+def test_probe_lookups_back_off_and_reset():
+    """Nothing worth a lookup: look up anyway after 1, 2, 4, 8, 8, ... steps (cap 8 here); a new request or a
+    lookup that chose to speculate brings the gap back to 1."""
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    ctl = Controller(cfg, CostTable(((1, 10.0),), ((1, 10.0), (8, 10.5)), "t"))
+    views = [RequestView("r", DraftFeatures(7, 1))]
+
+    def lookups(n):
+        """Steps (1-based) at which plan_lookup says look up; each lookup is decided like the server does."""
+        at = []
+        for i in range(1, n + 1):
+            if ctl.plan_lookup(views, probe_max=8):
+                ctl.decide(views)
+                at.append(i)
+            else:
+                ctl.note_lean(1)
+        return at
+
+    assert lookups(40) == [1, 3, 7, 15, 23, 31, 39]  # gaps 1, 2, 4, 8, 8, ...
+    ctl.reset_probe()
+    assert lookups(8) == [1, 3, 7]
+    for _ in range(6):
+        ctl.observe("r", DraftFeatures(7, 1), 7)  # drafts now pay: every step looks up and speculates
+    assert lookups(5) == [1, 2, 3, 4, 5] and ctl.current.kind == "chain"
+    assert ctl.plan_lookup(views, probe_max=0) is True  # the expected gain alone asks for it

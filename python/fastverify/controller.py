@@ -541,6 +541,7 @@ class Controller:
         self._suppressed = 0
         self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0, "lean_steps": 0}
         self._since_lookup = 0
+        self._probe_gap = 1  # steps between lookups while none is expected to pay (doubles up to probe_max)
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
 
@@ -571,6 +572,8 @@ class Controller:
         self.current = chosen.option
         d = Decision(chosen.option, chosen.speculate, {e.option.label: e.rate for e in evals}, chosen.pass_ms,
                      self.step)
+        # lookups back off while they buy nothing: the gap doubles after a lookup that chose no speculation
+        self._probe_gap = 1 if chosen.option.kind != NONE else min(self._probe_gap * 2, 1 << 16)
         self.last = d
         self.counters["steps"] += 1
         self.counters["requests"] += len(requests)
@@ -579,15 +582,18 @@ class Controller:
         self._maybe_log(d, requests, per_req)
         return d
 
-    def plan_lookup(self, requests: Sequence[RequestView], probe_every: int = 0) -> bool:
+    def plan_lookup(self, requests: Sequence[RequestView], probe_max: int = 0) -> bool:
         """Before a step's drafts exist: is the draft lookup worth making? `requests` carry each request's
         last known features (the glue looks a request it has not seen up without asking). True when an
-        option that speculates is expected to beat no speculation by more than the hysteresis, or when `probe_every` > 0 steps have passed without a lookup (the gain model
-        learns only from drafts that were made). False: the step runs without speculation and without a
-        lookup (`note_lean`)."""
+        option that speculates is expected to beat no speculation by more than the hysteresis, or when the
+        probe gap has passed since the last lookup: the gain model learns only from drafts that were made,
+        and a request whose last lookup found nothing may match a few tokens later (output that starts to
+        repeat itself). The gap is 1 step after a lookup that chose to speculate (or `reset_probe`: a new
+        request) and doubles after each lookup that chose not to, up to `probe_max` (0: no probes).
+        False: the step runs without speculation and without a lookup (`note_lean`)."""
         if not requests:
             return False
-        if probe_every > 0 and self._since_lookup + 1 >= probe_every:
+        if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
             self._since_lookup = 0
             return True
         _, evals = self._evaluate(requests, self.step + 1)
@@ -595,6 +601,10 @@ class Controller:
         wanted = best.option.kind != NONE and any(best.speculate)
         self._since_lookup = 0 if wanted else self._since_lookup + 1
         return wanted
+
+    def reset_probe(self) -> None:
+        """A new request joined: look up again soon (its output may start repeating at once)."""
+        self._probe_gap = 1
 
     def note_lean(self, bs: int) -> Decision:
         """A step that ran without a lookup: a decision for no speculation, counted like one."""

@@ -41,15 +41,14 @@ trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
 if has 1; then
-launch_servers "$COMMON" <<EOC
-m_plain|33010|$TMA
+MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers:
+M_CASES="m_plain|33010|$TMA
 m_tree|33020|$TMA $NG
 m_chain|33030|$TMA $NG --speculative-ngram-verify-mode chain
 m_chain_w|33040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
-m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
-EOC
+m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
+launch_servers "$COMMON" <<< "$(echo "$M_CASES" | grep -E "^($(echo $MODES | tr ' ' '|'))\|")"
 wait_healthy 60
-MODES="m_plain m_tree m_chain m_chain_w m_auto"
 GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 200 --warmup 1"
 SAMPLED="$GREEDY --temperature 1.0"
 for round in $(seq 1 "$ROUNDS"); do
@@ -70,7 +69,7 @@ for n in m_tree m_chain m_chain_w m_auto; do
 done > "$W/identity.txt" 2>&1
 # host profiles on the sampled workload (nothing to speculate on)
 for n in m_auto; do
-  up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
+  [ "${PROFILE:-1}" = 1 ] && up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
   ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
       --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
   CP=$!

@@ -33,8 +33,9 @@ A step without a lookup ("lean"): the n-gram worker's step spends host time on t
 draft bookkeeping and a blocking copy of the last accepted tokens; a step that will verify nothing needs none
 of it. Its root token (the last accepted one) is gathered on the GPU from the previous step's accept tokens,
 the corpus still receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of
-the step in flight), and the width-1 verify graph runs. Every `PROBE_EVERY`-th step without speculation does
-the lookup anyway, so the gain model keeps learning from real drafts.
+the step in flight), and the width-1 verify graph runs. Without speculation, drafts are still looked up after
+1, 2, 4, ... up to `PROBE_MAX` steps (back to 1 when a request joins or speculation is chosen), so the gain
+model keeps learning from real drafts and output that starts to repeat is noticed within a few steps.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ HELP_HYSTERESIS = (
 CALIBRATION_BS = (1, 2, 4, 8, 16, 32, 64, 128)
 CALIBRATION_REPEATS = 5
 CALIBRATION_WARMUP = 2
-PROBE_EVERY = 32  # a step without speculation looks drafts up anyway once in this many steps
+PROBE_MAX = 32  # without speculation, drafts are still looked up after 1, 2, 4, ... up to this many steps
 COST_SYNC_STEPS = 64  # rank 0's measured step costs reach every rank this often (in steps)
 
 
@@ -215,10 +216,13 @@ def lean_drafts(worker, batch, bs: int):
     _tick(state)
     _sync_requests(state, batch)
     state.synced = True
-    if getattr(batch, "has_grammar", False) or any(req.rid not in state.features for req in batch.reqs):
+    if any(req.rid not in state.features for req in batch.reqs):
+        state.controller.reset_probe()
         return None, None  # a request not looked up yet is looked up once (its match is unknown)
+    if getattr(batch, "has_grammar", False):
+        return None, None
     views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
-    if state.controller.plan_lookup(views, PROBE_EVERY):
+    if state.controller.plan_lookup(views, PROBE_MAX):
         return None, None
     import numpy as np
 
