@@ -341,9 +341,34 @@ def test_measured_host_time_changes_the_choice():
     assert best.option.kind == "none"
 
 
+def _lean_cheaper(lean_ms=3.7, lookup_ms=6.5):
+    """Step costs in which a step without a lookup is measured cheaper than a lookup step of width 1."""
+    from fastverify.controller import LEAN, SPEC, StepCosts
+
+    c = StepCosts(CostTable(((1, 10.0),), ((1, 10.0), (8, 10.5)), "t"))
+    for _ in range(3):
+        c.record(LEAN, 1, 1, lean_ms)
+        c.record(SPEC, 1, 1, lookup_ms)
+        c.record(SPEC, 1, 8, lookup_ms + 0.2)
+    return c
+
+
+def test_lean_steps_only_where_measured_to_pay():
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    views = [RequestView("r", DraftFeatures(7, 1))]
+    assert Controller(cfg, FLAT).lean_pays(1) is False  # a plain table: no lean step, look up every step
+    assert Controller(cfg, FLAT).plan_lookup(views) is True
+    assert Controller(cfg, _lean_cheaper()).lean_pays(1) is True
+    assert Controller(cfg, _lean_cheaper(6.45, 6.5)).lean_pays(1) is False  # < 2 % cheaper: not worth it
+    from fastverify.controller import StepCosts
+
+    fresh = StepCosts(FLAT)
+    assert Controller(cfg, fresh).lean_pays(1) is True  # not measured yet: lean steps measure it
+
+
 def test_plan_lookup_pessimistic_start_learning_and_probes():
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
-    table = CostTable(((1, 10.0),), ((1, 10.0), (8, 10.5)), "t")
+    table = _lean_cheaper()
     ctl = Controller(cfg, table)
     f = DraftFeatures(7, 1)
     views = [RequestView("r", f)]
@@ -360,7 +385,7 @@ def test_probe_lookups_back_off_and_reset():
     """Nothing worth a lookup: look up anyway after 1, 2, 4, 8, 8, ... steps (cap 8 here); a new request or a
     lookup that chose to speculate brings the gap back to 1."""
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
-    ctl = Controller(cfg, CostTable(((1, 10.0),), ((1, 10.0), (8, 10.5)), "t"))
+    ctl = Controller(cfg, _lean_cheaper())
     views = [RequestView("r", DraftFeatures(7, 1))]
 
     def lookups(n):

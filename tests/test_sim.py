@@ -129,3 +129,22 @@ def test_replayed_default_trace(replayed, table, bs):
     s = sim.summarize(sim.run_all(replayed, sim.cost_table(table), bs, CFG))
     assert s["auto_vs_none"] >= 0.98, s
     assert s["auto_vs_best_fixed"] >= 0.95, s
+
+
+def test_auto_in_the_simulator_runs_the_servers_lookup_and_lean_flow():
+    """The simulated auto policy makes lean steps (no lookup, no draft to score) where the server would (lean
+    measured cheaper), and still finds high acceptance again through its backed-off probe lookups."""
+    from fastverify.controller import LEAN, SPEC, StepCosts
+
+    costs = sim.cost_table("pcie-comm-bound")
+    reqs = sim.synthetic_requests(4, 1024, (0.0, 0.85), CFG.max_chain, CFG.tree_width, match_rate=1.0)
+    measured = StepCosts(costs)  # the controller's view: a lean step measured 10 % cheaper than a lookup step
+    for _ in range(3):
+        measured.record(LEAN, 1, 1, costs.decode_ms(1) * 0.9)
+        measured.record(SPEC, 1, 1, costs.decode_ms(1))
+    ctl = Controller(CFG, measured)
+    res = sim.simulate(reqs, sim.AutoPolicy(ctl), costs, 1, CFG.shape, CFG.max_chain, CFG.tree_width,
+                       regime_of_step=lambda s: (s // 200) % 2)
+    assert ctl.counters["lean_steps"] > 0.3 * res.steps  # most steps of the acceptance-0 periods
+    assert sum(1 for o in res.options if o != NONE) > 0.2 * res.steps  # and it speculates in the others
+    assert follow_bound_steps(CFG, probe_max=32) == 32 + 8 + 54

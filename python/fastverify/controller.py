@@ -499,10 +499,11 @@ class AutoConfig:
             raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
 
 
-def follow_bound_steps(cfg: AutoConfig, eps: float = 0.1) -> int:
-    """Steps after an acceptance change within which the controller acts on the new regime: a draft resolves
-    within K + 1 steps; after n more steps the old regime's weight is <= 2**(-n / half_life) <= eps."""
-    return cfg.max_chain + 1 + math.ceil(cfg.half_life_steps * math.log2(1.0 / eps))
+def follow_bound_steps(cfg: AutoConfig, eps: float = 0.1, probe_max: int = 0) -> int:
+    """Steps after an acceptance change within which the controller acts on the new regime: the next draft is
+    looked up within `probe_max` steps (0: every step has drafts), it resolves within K + 1 steps, and after
+    n more steps the old regime's weight is <= 2**(-n / half_life) <= eps."""
+    return probe_max + cfg.max_chain + 1 + math.ceil(cfg.half_life_steps * math.log2(1.0 / eps))
 
 
 @dataclass(frozen=True)
@@ -590,9 +591,12 @@ class Controller:
         and a request whose last lookup found nothing may match a few tokens later (output that starts to
         repeat itself). The gap is 1 step after a lookup that chose to speculate (or `reset_probe`: a new
         request) and doubles after each lookup that chose not to, up to `probe_max` (0: no probes).
-        False: the step runs without speculation and without a lookup (`note_lean`)."""
+        False: the step runs without speculation and without a lookup (`note_lean`). Always True unless
+        skipping the lookup is measured to pay (`lean_pays`)."""
         if not requests:
             return False
+        if not self.lean_pays(len(requests)):
+            return True
         if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
             self._since_lookup = 0
             return True
@@ -601,6 +605,18 @@ class Controller:
         wanted = best.option.kind != NONE and any(best.speculate)
         self._since_lookup = 0 if wanted else self._since_lookup + 1
         return wanted
+
+    def lean_pays(self, bs: int, margin: float = 0.02) -> bool:
+        """Is a step without a lookup measured to be cheaper than a lookup step that verifies nothing? A lean
+        step saves the lookup's host time but its drafts are never scored, so the gain model learns less; it is
+        taken only where the whole-step costs (StepCosts) show it at least `margin` cheaper, and, to measure
+        it, until it has `min_samples` periods. A plain cost table has no such difference: always False."""
+        step_ms = getattr(self.costs, "step_ms", None)
+        if step_ms is None:
+            return False
+        if self.costs.samples(LEAN, bs, 1) < self.costs.min_samples:
+            return True  # not measured yet: take lean steps to measure them
+        return step_ms(LEAN, bs, 1) * (1.0 + margin) < step_ms(SPEC, bs, 1)
 
     def reset_probe(self) -> None:
         """A new request joined: look up again soon (its output may start repeating at once)."""

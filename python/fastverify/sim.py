@@ -177,6 +177,8 @@ class FixedPolicy:
         self.gate_no_match = gate_no_match
         self.label = option.label
 
+    looked_up = True  # a fixed mode looks drafts up every step
+
     def decide(self, views):
         if self.option.kind == NONE:
             return self.option, (False,) * len(views)
@@ -190,12 +192,30 @@ class FixedPolicy:
 
 
 class AutoPolicy:
+    """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once;
+    otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup
+    step (`decide` on this step's drafts) and a lean step without drafts (`note_lean`); only drafts that were
+    looked up are scored later (`looked_up`)."""
+
     label = "auto"
 
-    def __init__(self, controller: Controller):
+    def __init__(self, controller: Controller, probe_max: int = 32):
         self.c = controller
+        self.probe_max = probe_max
+        self.last: dict = {}  # rid -> features of its last lookup
+        self.looked_up = True
 
     def decide(self, views):
+        fresh = [v for v in views if v.req_id not in self.last]
+        if fresh:
+            self.c.reset_probe()
+        elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max):
+            self.looked_up = False
+            d = self.c.note_lean(len(views))
+            return d.option, d.speculate
+        self.looked_up = True
+        for v in views:
+            self.last[v.req_id] = v.features
         d = self.c.decide(views)
         return d.option, d.speculate
 
@@ -204,6 +224,7 @@ class AutoPolicy:
 
     def finish(self, rid):
         self.c.finish(rid)
+        self.last.pop(rid, None)
 
 
 @dataclass
@@ -252,7 +273,8 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
             st = active[rid]
             req, pos = st[0], st[1]
             feats, ch, tr = req.regimes[regime]
-            st[2].append((pos, regime))
+            if policy.looked_up:  # a draft exists (and is scored later) only when it was looked up
+                st[2].append((pos, regime))
             acc = 0
             if n_spec and s:
                 acc = min(ch[pos], option.k) if option.kind == CHAIN else tr[pos]
