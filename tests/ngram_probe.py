@@ -37,8 +37,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 from sglang.srt.speculative import ngram_worker as nw  # noqa: E402
 from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E402
 
-from fastverify.chain import ChainConfig  # noqa: E402
-from fastverify.glue.ngram import NgramVerifyHook  # noqa: E402
+import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
 nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
 nw.prepare_mamba_track_for_verify = lambda batch: None
@@ -48,16 +47,7 @@ corpus = NgramCorpus(max_trie_depth=12, draft_token_num=D, min_bfs_breadth=1, ma
 corpus.batch_put([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 44, 55, 66, 77, 88, 99, 100]])
 corpus.synchronize()
 for mode in ("tree", "chain"):
-    w = object.__new__(nw.NGRAMWorker)
-    w.draft_token_num = w.speculative_num_draft_tokens = D
-    w.max_trie_depth = 12
-    w.enable_overlap = False
-    w.device = "cpu"
-    w.max_batch_size = 4
-    w.ngram_corpus = corpus
-    w._init_preallocated_tensors()
-    w._fv = NgramVerifyHook(ChainConfig(mode=mode, num_draft_tokens=D, match_type="BFS"))
-    w.adaptive_controller = None
+    w = ngram_stand_ins.bare_worker(nw, None, None, None, corpus, D, overlap=False, mode=mode)
 
     def req(rid, p, o):
         return types.SimpleNamespace(rid=f"{mode}-{rid}", origin_input_ids=p, origin_input_ids_unpadded=p,

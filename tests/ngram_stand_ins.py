@@ -1,5 +1,5 @@
 """Stand-ins for the GPU-only pieces of SGLang's n-gram worker step, shared by the probe scripts that drive
-the patched NGRAMWorker on the CPU (widths_probe.py, auto_step_probe.py).
+the patched NGRAMWorker on the CPU (ngram_probe.py, widths_probe.py, auto_step_probe.py).
 
 The target is a fixed function: after token x it predicts (x // 10 + 1) * 10 (so 10, 20, 30, ... is its
 greedy continuation). Sampling is the torch reference of greedy chain verification
@@ -35,9 +35,10 @@ def install(nw) -> None:
                                                                 dtype=torch.int64)
 
 
-def bare_worker(nw, server_args, model_runner, target, corpus, k: int, overlap: bool):
+def bare_worker(nw, server_args, model_runner, target, corpus, k: int, overlap: bool, mode: str = "chain"):
     """An NGRAMWorker built without its constructor (which needs a GPU model): the attributes a decode step
-    reads, SGLang's own draft buffers (_init_preallocated_tensors) and a chain verify hook (patch 0005)."""
+    reads, SGLang's own draft buffers (_init_preallocated_tensors) and patch 0005's verify hook in `mode`
+    (tree or chain). server_args, model_runner and target may be None for a probe that only prepares drafts."""
     from fastverify.chain import ChainConfig
     from fastverify.glue.ngram import NgramVerifyHook
 
@@ -52,7 +53,7 @@ def bare_worker(nw, server_args, model_runner, target, corpus, k: int, overlap: 
     w.max_batch_size = 4
     w.ngram_corpus = corpus
     w._init_preallocated_tensors()
-    w._fv = NgramVerifyHook(ChainConfig(mode="chain", num_draft_tokens=k, match_type="BFS"))
+    w._fv = NgramVerifyHook(ChainConfig(mode=mode, num_draft_tokens=k, match_type="BFS"))
     w.adaptive_controller = None
     w._prev_decode_rids = set()
     w.token_to_kv_pool_allocator = None

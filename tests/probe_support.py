@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,3 +40,49 @@ def run_probe(script: str, model: Path, folder: Path | None = None, extra_env: d
     line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
     assert r.returncode == 0 and line, r.stderr[-3000:]
     return json.loads(line[0][6:])
+
+
+_COPIES: dict = {}  # (version, through) -> (folder, version): one patched copy per test session
+
+
+def patched_sglang(tmp_path_factory, through: str | None = None):
+    """(folder, version) for a probe: `folder` holds a copy of the installed SGLang carrying this repository's
+    series up to and including patch `through` (the whole series when None), or is None when the installed
+    SGLang already carries those patches (`make test` applies the series before pytest). The patched files
+    come from the patch tool's own plan of the series (fastverify.patchtool.make_plan). Skips when SGLang or
+    its series is missing, or when the install carries part of the patches or a drifted copy of them."""
+    import importlib.util
+    from importlib.metadata import version as dist_version
+
+    from fastverify import patchtool
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("SGLang is not installed")
+    version = dist_version("sglang")
+    if (version, through) in _COPIES:
+        return _COPIES[(version, through)]
+    try:
+        patches = patchtool.load_series(version)
+    except patchtool.PatchToolError as e:
+        pytest.skip(f"no series for SGLang {version}: {e}")
+    if through is not None:
+        patches = patches[:[p.name for p in patches].index(through) + 1]
+    target = patchtool.find_target()
+    plan = patchtool.make_plan(target, patches)
+    states = {st.state for st in plan.states}
+    if states == {patchtool.APPLIED}:
+        folder = None
+    elif states == {patchtool.NOT_APPLIED}:
+        folder = tmp_path_factory.mktemp(f"sglang-{version}-patched")
+        shutil.copytree(target.root / "sglang", folder / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+        for rel, data in plan.final.items():
+            dst = folder / rel
+            if data is None:
+                dst.unlink(missing_ok=True)
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(data)
+    else:
+        pytest.skip("the installed SGLang carries part of the series (or a drifted one); run `make apply-patches`")
+    _COPIES[(version, through)] = (folder, version)
+    return folder, version

@@ -143,31 +143,11 @@ def test_calibrate_worker_needs_graphs(tmp_path):
 
 
 # ------------------------------------------------------------------ patched SGLang (series through 0007)
-def _patched_copy(tmp_path_factory):
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    sglang = pytest.importorskip("sglang")
-    version = getattr(sglang, "__version__", "")
-    root = Path(__file__).resolve().parents[1]
-    series_dir = root / "patches" / f"sglang-{version}"
-    pristine = root / ".scratch" / "pristine" / version / "sglang"
-    if not series_dir.is_dir() or not pristine.is_dir():
-        pytest.skip(f"no series or pristine copy for SGLang {version}")
-    dst = tmp_path_factory.mktemp(f"sglang-{version}")
-    shutil.copytree(pristine, dst / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    names = [ln.strip() for ln in (series_dir / "series").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    for name in names:
-        subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-i", str(series_dir / name)], cwd=dst, check=True)
-    return dst, root
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    from probe_support import run_probe, tiny_model
+    from probe_support import patched_sglang, run_probe, tiny_model
 
-    folder, _root = _patched_copy(tmp_path_factory)
+    folder, _version = patched_sglang(tmp_path_factory)
     return run_probe("auto_probe.py", tiny_model(tmp_path_factory), folder)
 
 
@@ -183,9 +163,9 @@ def test_patched_server_args(probe):
 
 @pytest.fixture(scope="module")
 def step_probe(tmp_path_factory):
-    from probe_support import run_probe, tiny_model
+    from probe_support import patched_sglang, run_probe, tiny_model
 
-    folder, _root = _patched_copy(tmp_path_factory)
+    folder, _version = patched_sglang(tmp_path_factory)
     costs = tmp_path_factory.mktemp("costs")
     (costs / "dear.json").write_text(json.dumps({"decode_ms": {"1": 1, "4": 1}, "verify_ms": {"1": 1, "64": 200}}))
     (costs / "cheap.json").write_text(json.dumps({"decode_ms": {"1": 1, "4": 1}, "verify_ms": {"1": 1, "64": 1.01}}))

@@ -1,16 +1,11 @@
 """Glue of patch 0005 (fastverify.glue.ngram), and the patched SGLang worker's draft path in tree and chain mode."""
-import shutil
-import subprocess
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fastverify.chain import ChainConfig
 from fastverify.glue import ngram as g
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cfg(**kw):
@@ -57,39 +52,13 @@ def test_hook_chain_and_accounting():
     assert t2 is toks and m2 is mask
 
 
-def _patched_sglang(tmp_path_factory):
-    """Folder holding a copy of the installed SGLang with patch 0005 (or None if the install already has it)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("sglang")
-    if spec is None:
-        pytest.skip("SGLang is not installed")
-    pkg = Path(spec.submodule_search_locations[0])
-    from importlib.metadata import version as dist_version
-
-    version = dist_version("sglang")
-    patch = ROOT / "patches" / f"sglang-{version}" / "0005-ngram-chain-verify.patch"
-    if not patch.exists():
-        pytest.skip(f"no series for SGLang {version}")
-    if "fv_ngram" in (pkg / "srt" / "speculative" / "ngram_info.py").read_text():
-        return None, version
-    dst = tmp_path_factory.mktemp("sglang-patched")
-    shutil.copytree(pkg, dst / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-i", str(patch)], cwd=dst, check=True)
-    return dst, version
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    from probe_support import run_probe, tiny_model
+    from probe_support import patched_sglang, run_probe, tiny_model
 
-    folder, version = _patched_sglang(tmp_path_factory)
-    sp = Path(__import__("sglang").__path__[0]) if folder is None else folder / "sglang"
-    result_h = next(sp.glob("**/csrc/ngram_corpus/result.h"))
-    extra = {}
-    if version == "0.5.16" and "<cstddef>" not in result_h.read_text():
-        extra["CXX"] = "c++ -include cstddef"  # 0.5.16 without patch 0001 does not build with GCC 12
-    return run_probe("ngram_probe.py", tiny_model(tmp_path_factory), folder, extra)
+    # through 0005; on 0.5.16 that includes 0001, without which the corpus does not build with GCC 12
+    folder, _version = patched_sglang(tmp_path_factory, through="0005-ngram-chain-verify.patch")
+    return run_probe("ngram_probe.py", tiny_model(tmp_path_factory), folder)
 
 
 @pytest.mark.sglang

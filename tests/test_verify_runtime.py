@@ -1,8 +1,5 @@
 """Glue of patch 0008 (fastverify.glue.verify_runtime) and the patched SGLang n-gram worker switching verify widths."""
-import shutil
-import subprocess
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +7,6 @@ import torch
 from fastverify.glue import verify_runtime as vr
 from fastverify.widths import WidthsConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 FLAG = "--speculative-ngram-verify-widths"
 
 
@@ -86,35 +82,12 @@ def test_errors_and_flag_off():
 
 
 # --------------------------------------------------------------------------- patched SGLang (both pins)
-def _patched_sglang(tmp_path_factory):
-    import importlib.util
-    from importlib.metadata import version as dist_version
-
-    spec_ = importlib.util.find_spec("sglang")
-    if spec_ is None:
-        pytest.skip("SGLang is not installed")
-    pkg = Path(spec_.submodule_search_locations[0])
-    version = dist_version("sglang")
-    series = ROOT / "patches" / f"sglang-{version}" / "series"
-    if not series.exists():
-        pytest.skip(f"no series for SGLang {version}")
-    if "fv_vrt" in (pkg / "srt" / "speculative" / "ngram_worker.py").read_text():
-        return None
-    if "fv_ngram" in (pkg / "srt" / "speculative" / "ngram_info.py").read_text():
-        pytest.skip("the installed SGLang carries part of the series; run `make apply-patches`")
-    dst = tmp_path_factory.mktemp("sglang-patched-widths")
-    shutil.copytree(pkg, dst / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    names = [x.strip() for x in series.read_text().splitlines() if x.strip() and not x.startswith("#")]
-    for name in names[: names.index("0008-ngram-verify-widths.patch") + 1]:
-        subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-i", str(series.parent / name)], cwd=dst, check=True)
-    return dst
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    from probe_support import run_probe, tiny_model
+    from probe_support import patched_sglang, run_probe, tiny_model
 
-    return run_probe("widths_probe.py", tiny_model(tmp_path_factory), _patched_sglang(tmp_path_factory))
+    folder, _version = patched_sglang(tmp_path_factory, through="0008-ngram-verify-widths.patch")
+    return run_probe("widths_probe.py", tiny_model(tmp_path_factory), folder)
 
 
 @pytest.mark.sglang
