@@ -148,6 +148,12 @@ class Sampler:
         return False
 
 
+def _upper_median(values) -> float:
+    """The middle value (the upper one of an even count): robust to the odd long period."""
+    xs = sorted(values)
+    return xs[len(xs) // 2]
+
+
 def widened_interval(floor: int, sample_cost_ms: float, period_ms: float, budget: float = OVERHEAD_BUDGET) -> int:
     """The sampling interval that keeps the sampled passes' extra host time within ``budget`` of the total:
     one sample costs ``sample_cost_ms`` more than an ordinary pass period ``period_ms``, so one sample in N
@@ -215,7 +221,8 @@ def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], 
     )
 
 
-def across_ranks(local: List[Tuple[str, float]], ranks: List[List[Tuple[str, float]]]) -> Optional[Tuple[List[Tuple[str, float]], float]]:
+def across_ranks(local: List[Tuple[str, float]],
+                 ranks: List[List[Tuple[str, float]]]) -> Optional[Tuple[List[Tuple[str, float]], float]]:
     """Separate collective time from waiting for other ranks, per call.
 
     ``local``: this rank's (kind, ms) spans of one pass; ``ranks``: every rank's spans of the same pass (this
@@ -593,10 +600,10 @@ class PassTimer:
         # a sample costs its hold, the eager pass and the wait for it (at most ~2 x the longest hold); a
         # longer gap also holds idle time and would overstate the cost
         if self.periods and 1000.0 * (ready - last) < 2 * self.hold.max_ms + IDLE_GAP_MS:
-            period = sorted(self.periods)[len(self.periods) // 2]
+            period = _upper_median(self.periods)
             self.sample_costs.append(max(1000.0 * (ready - last) - period, 0.0))
-            cost = sorted(self.sample_costs)[len(self.sample_costs) // 2]
             if self.config.budgeted:
+                cost = _upper_median(self.sample_costs)
                 self.proposed_interval = widened_interval(self.config.floor, cost, period)
             if self.exchange is None:  # one rank: nobody to agree with
                 self.sampler.interval = self.proposed_interval
@@ -605,9 +612,8 @@ class PassTimer:
         """Share of host time the samples cost at the current interval (None before the first sample)."""
         if not self.sample_costs or not self.periods:
             return None
-        period = sorted(self.periods)[len(self.periods) // 2]
-        cost = sorted(self.sample_costs)[len(self.sample_costs) // 2]
-        return cost / (self.sampler.interval * period) if period > 0 else None
+        period = _upper_median(self.periods)
+        return _upper_median(self.sample_costs) / (self.sampler.interval * period) if period > 0 else None
 
     def end(self) -> None:
         p = self.open

@@ -134,7 +134,7 @@ class AutoState:
     last_step: tuple = None  # (kind, bs, width) of the previous decode step
     synced: bool = False  # this step's requests were already advanced by lean_drafts
     steps: int = 0
-    sync_costs: object = None  # callable(StepCosts) -> StepCosts from rank 0, or None (one rank)
+    sync_costs: object = None  # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
     clock: object = time.perf_counter
 
 
@@ -155,7 +155,7 @@ def setup(worker, spec=None, observability=None):
     state = AutoState(ctl, ShadowTracker(), cfg.max_chain + 1,
                       gauges=_make_gauges() if getattr(obs, "enable_metrics", False) else None,
                       metrics_every=max(int(getattr(obs, "decode_log_interval", 40) or 40), 1),
-                      costs=StepCosts(costs), sync_costs=_cost_sync())
+                      costs=StepCosts(costs), sync_costs=_tp_broadcaster())
     worker._fv_auto = state
     return state
 
@@ -350,11 +350,6 @@ def _tp_broadcaster():
         return box[0]
 
     return broadcast
-
-
-def _cost_sync():
-    """Rank 0's StepCosts on every rank, called by every rank at the same step count (COST_SYNC_STEPS)."""
-    return _tp_broadcaster()
 
 
 def _broadcast_from_first_rank(table: CostTable) -> CostTable:
