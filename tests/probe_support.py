@@ -62,17 +62,18 @@ def patched_sglang(tmp_path_factory, through: str | None = None):
     if (version, through) in _COPIES:
         return _COPIES[(version, through)]
     try:
-        patches = patchtool.load_series(version)
+        series = patchtool.load_series(version)
     except patchtool.PatchToolError as e:
         pytest.skip(f"no series for SGLang {version}: {e}")
-    if through is not None:
-        patches = patches[:[p.name for p in patches].index(through) + 1]
+    n = len(series) if through is None else [p.name for p in series].index(through) + 1
     target = patchtool.find_target()
-    plan = patchtool.make_plan(target, patches)
-    states = {st.state for st in plan.states}
-    if states == {patchtool.APPLIED}:
+    # the whole series' plan: a prefix alone cannot be peeled off an install that carries later patches too
+    plan = patchtool.make_plan(target, series)
+    if all(st.state == patchtool.APPLIED for st in plan.states[:n]):
         folder = None
-    elif states == {patchtool.NOT_APPLIED}:
+    elif all(st.state == patchtool.NOT_APPLIED for st in plan.states):
+        if n < len(series):
+            plan = patchtool.make_plan(target, series[:n])
         folder = tmp_path_factory.mktemp(f"sglang-{version}-patched")
         shutil.copytree(target.root / "sglang", folder / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
         for rel, data in plan.final.items():
