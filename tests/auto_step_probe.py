@@ -3,11 +3,12 @@
 Run with the patched sglang first on PYTHONPATH and tests/stubs after it:  python auto_step_probe.py MODEL_DIR
 env FV_PROBE_COSTS: a folder with dear.json (verify far dearer than decode) and cheap.json (verify ~ decode).
 
-Decodes with the patched NGRAMWorker in auto mode (the real n-gram corpus, the patched draft preparation with
-its lean steps, 0008's runtime switch, 0007's controller glue) against a stand-in target whose greedy output
+Decodes with the patched NGRAMWorker in auto mode (the real n-gram corpus, the patched step with its plain
+decode steps, 0008's runtime switch, 0007's controller glue) against a stand-in target whose greedy output
 after token x is (x // 10 + 1) * 10. The model runner, the forward and the sampling kernel are stand-ins (no
-GPU here); sampling is the torch reference of greedy chain verification. The host clock of the controller's
-step timing is a fake: a step without a lookup takes 2 ms, one with a lookup 5 ms.
+GPU here); verify sampling is the torch reference of greedy chain verification, a plain decode pass returns
+the target's next token. The host clock of the controller's step timing is a fake: a plain decode step takes
+2 ms, one with a lookup 5 ms.
 """
 import json
 import os
@@ -31,6 +32,7 @@ from sglang.srt import runtime_context as rc  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.speculative import ngram_worker as nw  # noqa: E402
 from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
@@ -38,6 +40,7 @@ import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 class Runner:
     def __init__(self, mr, *, attn_backend, speculative_num_steps, speculative_num_draft_tokens):
         self.width = speculative_num_draft_tokens
+        self.algorithm = mr.spec_algorithm.name  # what SGLang's runner reads to pick its capture mode
 
 
 ngram_stand_ins.install(nw)  # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch
@@ -51,16 +54,28 @@ def run(table, steps, corpus_text):
     forwards = []
     mr = types.SimpleNamespace(attn_backend="backend@8", decode_cuda_graph_runner=object.__new__(Runner),
                                init_new_workspace=False, server_args=sa, watermark_state=None,
-                               _get_attention_backend=lambda init_new_workspace=False: "backend")
+                               _get_attention_backend=lambda init_new_workspace=False: "backend",
+                               spec_algorithm=SpeculativeAlgorithm.NGRAM)
     mr.decode_cuda_graph_runner.width = D
+    mr._get_attention_backend = lambda init_new_workspace=False: f"backend/{mr.spec_algorithm.name}"
+    mr.decode_cuda_graph_runner.algorithm = "NGRAM"
 
     class Target:
         model_runner = mr
 
         def forward_batch_generation(self, batch, is_verify=False, **kw):
-            forwards.append({"width": mr.decode_cuda_graph_runner.width, "input": batch.input_ids.tolist()})
-            return types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(1, 4)),
-                                         can_run_cuda_graph=True)
+            runner = mr.decode_cuda_graph_runner
+            forwards.append({"width": runner.width, "input": batch.input_ids.tolist(), "verify": is_verify,
+                             "runner_algorithm": runner.algorithm, "mr_algorithm": mr.spec_algorithm.name,
+                             "batch_algorithm": batch.spec_algorithm.name, "mode": batch.forward_mode.name,
+                             "seq_lens": batch.seq_lens.tolist(), "seq_lens_cpu": batch.seq_lens_cpu.tolist(),
+                             "seq_lens_sum": batch.seq_lens_sum, "out_cache_loc": batch.out_cache_loc.tolist(),
+                             "spec_info": batch.spec_info is not None, "attn_backend": mr.attn_backend})
+            res = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(1, 4)),
+                                        can_run_cuda_graph=True)
+            if not is_verify:  # the plain sampler: the target's next token
+                res.next_token_ids = torch.tensor([ngram_stand_ins.target_next(x) for x in batch.input_ids])
+            return res
 
     corpus = NgramCorpus(max_trie_depth=12, draft_token_num=D, min_bfs_breadth=1, max_bfs_breadth=8,
                          match_type="BFS", capacity=100000)
@@ -85,21 +100,32 @@ def run(table, steps, corpus_text):
     log = []
     for _ in range(steps):
         seq = [len(r.origin_input_ids) + len(r.output_ids) for r in reqs]
+        # KV slot of request i at position j: 1000 * i + j
+        slots = 1000 * torch.arange(len(reqs)).view(-1, 1) + torch.arange(64).view(1, -1)
         batch = types.SimpleNamespace(
             reqs=reqs, forward_mode=ForwardMode.DECODE, seq_lens=torch.tensor(seq), seq_lens_cpu=torch.tensor(seq),
-            req_pool_indices=torch.arange(len(reqs)), req_to_token_pool=types.SimpleNamespace(req_to_token=None),
+            seq_lens_sum=sum(seq), orig_seq_lens=None, input_ids=None, out_cache_loc=None,
+            spec_algorithm=SpeculativeAlgorithm.NGRAM,
+            req_pool_indices=torch.arange(len(reqs)), req_to_token_pool=types.SimpleNamespace(req_to_token=slots),
             spec_info=info, has_grammar=False, grammar_needs_sync=lambda: False, return_logprob=False)
         n_puts = len(puts)
-        res = w.forward_batch_generation(batch)
+        published = []
+        res = w.forward_batch_generation(batch, on_publish=published.append)
         kind = state.last_step[0]
         lens = res.accept_lens.tolist()
         stride = res.next_draft_input.draft_token_num
         acc = res.next_draft_input.accept_tokens.view(len(reqs), stride)
         for i, r in enumerate(reqs):
             r.output_ids = r.output_ids + acc[i, :lens[i]].tolist()
-        log.append({"kind": kind, "width": forwards[-1]["width"], "input": forwards[-1]["input"],
+        f = forwards[-1]
+        log.append({"kind": kind, "width": f["width"], "input": f["input"], "forward": f,
                     "accept_lens": lens, "prev_token_ids": list(getattr(w, "prev_token_ids", [])),
-                    "puts": puts[n_puts:], "after_k": w.draft_token_num})
+                    "puts": puts[n_puts:], "after_k": w.draft_token_num, "step_width": res.speculative_num_draft_tokens,
+                    "published": [t.tolist() for t in published], "seq_lens_before": seq,
+                    "restored": {"mr_algorithm": mr.spec_algorithm.name, "batch_algorithm": batch.spec_algorithm.name,
+                                 "attn_backend": mr.attn_backend, "runner_width": mr.decode_cuda_graph_runner.width,
+                                 "seq_lens": batch.seq_lens.tolist(), "spec_info": batch.spec_info is info,
+                                 "input_ids": batch.input_ids, "out_cache_loc": batch.out_cache_loc}})
         info = res.next_draft_input
         now[0] += 0.002 if kind == "lean" else 0.005
     return {"steps": log, "outputs": {r.rid: r.output_ids for r in reqs},

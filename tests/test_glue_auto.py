@@ -33,6 +33,7 @@ def _worker(widths=(1, 2, 4)):
     return w
 
 
+PLAIN = VerifyRuntime(1, "attn-plain", None, {})  # the plain decode runtime (a GPU build in the server)
 CHEAP = {"decode_ms": {"1": 10, "64": 10}, "verify_ms": {"1": 10, "256": 10.5}}  # verify ~ free
 DEAR = {"decode_ms": {"1": 10, "64": 12}, "verify_ms": {"1": 10, "8": 30, "256": 900}}  # 3x at 8 tokens
 
@@ -47,7 +48,7 @@ def _drafts(rows):
 
 def _run(worker, spec, streams, steps, draft_of):
     """Greedy decode of fixed `streams` (the target's output); each step the drafter proposes draft_of(s, n)."""
-    auto.setup(worker, spec)
+    auto.setup(worker, spec, plain=PLAIN)
     reqs = [SimpleNamespace(rid=f"r{i}", output_ids=list(s[:1])) for i, s in enumerate(streams)]
     widths = []
     for _ in range(steps):
@@ -182,20 +183,38 @@ def _plain_greedy(first, n):
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_patched_lean_steps_skip_the_lookup_and_stay_lossless(step_probe):
+def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless(step_probe):
     run = step_probe["dear"]  # verify ~200x a decode: no speculation; lookups only as backed-off probes
     steps = run["steps"]
     # fresh requests are looked up at once, then after gaps of 2 and 4 steps (steps 1, 3, 7 of 12)
     assert [i for i, s in enumerate(steps) if s["kind"] == "spec"] == [0, 2, 6]
-    assert all(s["width"] == 1 for s in steps)
+    for s in steps:
+        if s["kind"] == "spec":  # a lookup step that chose no speculation verifies at width 1
+            assert s["forward"]["verify"] and s["forward"]["mode"] == "TARGET_VERIFY" and s["width"] == 1
+            assert s["forward"]["mr_algorithm"] == "NGRAM" and s["forward"]["runner_algorithm"] == "NGRAM"
     lean = [s for s in steps if s["kind"] == "lean"]
     assert len(lean) == 9 and run["metrics"]["auto_lean_steps_total"] == 9
     for s in lean:
-        assert s["width"] == 1 and s["accept_lens"] == [1, 1] and s["after_k"] == 8
+        f, seq = s["forward"], s["seq_lens_before"]
+        # SGLang's plain decode pass: DECODE mode, no spec_info, the DECODE graphs (built while the runner read
+        # as not speculative) and their own attention backend, the plain sampler (not verify)
+        assert not f["verify"] and f["mode"] == "DECODE" and not f["spec_info"]
+        assert f["mr_algorithm"] == f["batch_algorithm"] == f["runner_algorithm"] == "NONE"
+        assert f["width"] == 1 and f["attn_backend"] == "backend/NONE"
+        # seq_lens count the new token; its KV slot is the first one reserved for this step's drafts
+        assert f["seq_lens"] == f["seq_lens_cpu"] == [n + 1 for n in seq] and f["seq_lens_sum"] == sum(seq) + 2
+        assert f["out_cache_loc"] == [1000 * i + n for i, n in enumerate(seq)]
+        # the result reads as a verify step that accepted no draft, one token per request
+        assert s["accept_lens"] == [1, 1] and s["step_width"] == 1 and s["after_k"] == 8
+        assert s["published"] == [[n + 1 for n in seq]]
         assert s["prev_token_ids"] == []  # nothing carried: the corpus update reads the host tokens only
-    # the lean step's input is each request's last accepted token, gathered on the device
+        # and the batch and the model runner are as they were
+        assert s["restored"] == {"mr_algorithm": "NGRAM", "batch_algorithm": "NGRAM", "attn_backend": "backend@8",
+                                 "runner_width": 8, "seq_lens": seq, "spec_info": True, "input_ids": None,
+                                 "out_cache_loc": None}
+    # the plain step's input is each request's last accepted token, gathered on the device
     assert steps[1]["input"] == [20, 20] and steps[2]["input"] == [30, 30]
-    # the corpus still learns the output during lean steps (SGLang's own update, host tokens)
+    # the corpus still learns the output during plain steps (SGLang's own update, host tokens)
     assert lean[-1]["puts"] and lean[-1]["puts"][0][0][-1] == run["outputs"]["a"][-2]
     assert run["outputs"]["a"] == _plain_greedy(10, len(steps) + 1)
     assert run["outputs"]["b"] == [13] + _plain_greedy(20, len(steps))
@@ -204,7 +223,7 @@ def test_patched_lean_steps_skip_the_lookup_and_stay_lossless(step_probe):
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_patched_auto_learns_during_lean_steps_and_speculates(step_probe):
+def test_patched_auto_learns_during_plain_steps_and_speculates(step_probe):
     run = step_probe["cheap"]  # the corpus holds the stream up to 390; verify costs about a decode
     steps = run["steps"]
     kinds = [(s["kind"], s["width"]) for s in steps]
@@ -235,7 +254,7 @@ def test_controller_costs_are_a_frozen_copy_shared_at_fixed_steps(tmp_path):
     """Each rank measures its own step periods; the controller must only ever see the copy shared at a fixed
     step count, or ranks would decide differently between two synchronisations."""
     worker = _worker()
-    state = auto.setup(worker, _spec(tmp_path, DEAR))
+    state = auto.setup(worker, _spec(tmp_path, DEAR), plain=PLAIN)
     shared = []
     state.sync_costs = lambda c: (shared.append(c), c)[1]  # one rank: its own measurements are "rank 0's"
     now = [0.0]

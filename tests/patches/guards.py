@@ -217,18 +217,52 @@ GUARDS = [
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker._prepare_for_speculative_decoding",
           params=("self", "batch"), contains=("        self._prev_decode_rids: set = set()\n",)),
-    # 0007's lean step (no lookup) leaves the corpus update to SGLang's own _update_ngram_corpus with empty
-    # carried tokens, gathers the root from the previous step's accept tokens, and copies device drafts.
+    # 0007's plain decode step (fastverify.glue.auto.run_plain_decode): called first in the worker's step; leaves
+    # the corpus update to SGLang's own _update_ngram_corpus with empty carried tokens and erases departed
+    # match states as the verify step does; gathers the root from the previous step's accept tokens; builds
+    # the next NgramVerifyInput from the same four fields as the worker; the DECODE graphs are captured and
+    # replayed while ModelRunner.spec_algorithm reads NONE, which decides the graph runner's capture mode;
+    # a DECODE pass takes its positions from seq_lens - 1 (seq_lens count the new token).
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker._update_ngram_corpus",
           params=("self", "batch"),
           contains=("self.prev_token_ids[i * stride : i * stride + self.prev_accept_lens[i]]",
                     "batch.spec_info.accept_lens,",
-                    "        draft_tokens.copy_(torch.from_numpy(req_drafts), non_blocking=True)\n")),
+                    "        record_stream_for_v2_verify(batch, None, fwd_stream)\n        bs = len(batch.reqs)\n",
+                    "self.ngram_corpus.erase_match_state(list(departed_rids))",
+                    "            new_seq_lens=new_seq_lens,\n            accept_tokens=accept_tokens,\n"
+                    "            accept_lens=accept_lens,\n")),
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker.forward_batch_generation",
+          params_include=("self", "batch", "on_publish")),
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/spec_info.py", symbol="SpeculativeAlgorithm.NONE"),
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16",), file="sglang/srt/speculative/spec_info.py",
           symbol="create_dummy_verify_input",
           params=("spec_algorithm", "server_args", "custom_mask", "num_tokens_per_req", "is_draft_worker")),
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.23",), file="sglang/srt/speculative/spec_info.py",
           symbol="create_dummy_verify_input",
           params=("spec_algorithm", "custom_mask", "num_tokens_per_req", "is_draft_worker")),
+]
+
+
+# What a patch's glue (python/fastverify/glue) relies on in upstream files the patch does not touch: checked
+# against the pristine sources like GUARDS (tests/patches/test_drift_guards.py), without the "the patch touches
+# this file" rule.
+GLUE_SEAMS = [
+    # fastverify.glue.verify_runtime.plain_algorithm / auto.run_plain_decode (0007's plain decode step): the
+    # graph runner's capture mode follows ModelRunner.spec_algorithm (an attribute set from the server args),
+    # and a DECODE pass takes its positions from seq_lens - 1.
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner.decode_num_tokens_per_req",
+          contains=("        self.spec_algorithm = SpeculativeAlgorithm.from_string(\n",)),
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+          symbol="DecodeCudaGraphRunner.__init__",
+          params_include=("attn_backend", "speculative_num_steps", "speculative_num_draft_tokens"),
+          contains=("        if model_runner.spec_algorithm.is_speculative():\n",
+                    "            self.capture_forward_mode = ForwardMode.TARGET_VERIFY\n")),
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/forward_batch_info.py", symbol="ForwardBatch.init_new",
+          contains=("                ret.positions = clamp_position(batch.seq_lens)\n",)),
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fastverify import patchtool, pins
-from guards import GUARDS, Guard
+from guards import GLUE_SEAMS, GUARDS, Guard
 
 VERSIONS = pins.supported_versions()
 CASES = [(g, v) for g in GUARDS for v in g.versions]
@@ -82,6 +82,14 @@ def check_guard(guard: Guard, root: Path) -> None:
 
 @pytest.mark.parametrize("guard,version", CASES, ids=[f"{v}:{g}" for g, v in CASES])
 def test_guard_holds_upstream(guard, version, pristine_source):
+    check_guard(guard, pristine_source(version))
+
+
+SEAM_CASES = [(g, v) for g in GLUE_SEAMS for v in g.versions]
+
+
+@pytest.mark.parametrize("guard,version", SEAM_CASES, ids=[f"{v}:{g}" for g, v in SEAM_CASES])
+def test_glue_seam_holds_upstream(guard, version, pristine_source):
     check_guard(guard, pristine_source(version))
 
 

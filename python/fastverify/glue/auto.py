@@ -12,15 +12,16 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
     speculative_hook._handle_ngram      chain_view(args) for 0005's overrides (auto verifies chain-shaped);
                                         validate_server_args(args): flag checks before any process starts
     NGRAMWorker.__init__                chain_view(args) for 0005's verify hook
-    NGRAMWorker.init_cuda_graphs        setup(worker): after 0008 built the runtimes per width: cost table
-                                        (file, or calibration by replaying the captured verify graphs)
+    NGRAMWorker.init_cuda_graphs        setup(worker): after 0008 built the runtimes per width: the plain decode
+                                        runtime (DECODE graphs), then the cost table (file, or calibration by
+                                        replaying the captured decode and verify graphs)
+    NGRAMWorker.forward_batch_generation
+                                        plain_step(worker, batch, on_publish[, pp_proxy_tensors]): first in the
+                                        step; measures the last step's period and, when no speculation is expected
+                                        to pay, runs this step as a plain decode step and returns its result
     NGRAMWorker._prepare_for_speculative_decoding
-                                        lean_drafts(worker, batch, bs): before the lookup; measures the last
-                                        step's period and, when no speculation is expected to pay, runs this
-                                        step without a lookup (root tokens from the GPU, width 1); else
                                         step_drafts(worker, batch, tokens, mask, bs) after the lookup: decide,
-                                        gate, truncate, select the width's runtime (0008's finish_step puts k
-                                        back); device_or_host(drafts) for the buffer copy
+                                        gate, truncate, select the width's runtime (0008's finish_step puts k back)
     spec_info.create_dummy_verify_input verify_shape(mode): capture graphs mask-free in auto mode
 
 Every TP rank must pick the same width each step (the pass holds collectives): the gain model sees the same
@@ -29,13 +30,17 @@ measured step periods differ slightly between ranks, so they are rank 0's: each 
 medians are broadcast every `COST_SYNC_STEPS` steps (a step count, the same on every rank); between two
 broadcasts the controller uses the last broadcast costs.
 
-A step without a lookup ("lean"): the n-gram worker's step spends host time on the corpus lookup, the
-draft bookkeeping and a blocking copy of the last accepted tokens; a step that will verify nothing needs none
-of it. Its root token (the last accepted one) is gathered on the GPU from the previous step's accept tokens,
-the corpus still receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of
-the step in flight), and the width-1 verify graph runs. Without speculation, drafts are still looked up after
-1, 2, 4, ... up to `PROBE_MAX` steps (back to 1 when a request joins or speculation is chosen), so the gain
-model keeps learning from real drafts and output that starts to repeat is noticed within a few steps.
+A step without speculation (kind LEAN in the cost model): it needs neither the corpus lookup nor the draft
+bookkeeping nor the blocking copy of the last accepted tokens, and SGLang's verify path at width 1 still costs
+more than its plain decode step (on the 2x H200 with a 2-layer model 3.9 ms against 2.2 ms: verify sampling,
+target-verify metadata, the KV move). So it runs as SGLang's plain decode step inside the n-gram worker: each
+request's last accepted token (gathered on the device from the previous step's accept tokens) is decoded with
+DECODE graphs captured once more at start-up while the model runner reads as not speculative, and sampled
+by the plain sampler; the result is shaped as a verify step that accepted no draft, and the corpus still
+receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of the step in flight).
+Without speculation, drafts are still looked up after 1, 2, 4, ... up to `PROBE_MAX` steps (back to 1 when a
+request joins or speculation is chosen), so the gain model keeps learning from real drafts and output that
+starts to repeat is noticed within a few steps; such a lookup step that then verifies nothing runs at width 1.
 """
 from __future__ import annotations
 
@@ -132,22 +137,31 @@ class AutoState:
     features: dict = field(default_factory=dict)  # rid -> DraftFeatures of its last draft
     last_start: float = None  # host clock at the start of the previous decode step
     last_step: tuple = None  # (kind, bs, width) of the previous decode step
-    synced: bool = False  # this step's requests were already advanced by lean_drafts
+    synced: bool = False  # this step's requests were already advanced by plain_step
     steps: int = 0
     sync_costs: object = None  # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
     clock: object = time.perf_counter
+    plain: object = None  # the plain decode runtime (verify_runtime.build_plain_runtime)
 
 
-def setup(worker, spec=None, observability=None):
-    """Once per worker, after the verify runtimes per width exist. None unless the mode is auto."""
+def setup(worker, spec=None, observability=None, plain=None):
+    """Once per worker, after the verify runtimes per width exist. None unless the mode is auto.
+
+    Builds the plain decode runtime (DECODE graphs; ``plain``: one built already) and then, without a cost
+    table file, calibrates: the plain graphs give the decode costs, the verify graphs of every width the rest."""
     spec = spec if spec is not None else _spec_of(worker)
     cfg = config_from(spec)
     if cfg is None:
         worker._fv_auto = None
         return None
     obs = observability if observability is not None else spec
+    if plain is None:
+        from fastverify.glue.verify_runtime import build_plain_runtime
+
+        plain = build_plain_runtime(worker)
     path = getattr(spec, "speculative_ngram_auto_cost_table", None)
-    costs = load_cost_table(path, COSTS_FLAG) if path else _broadcast_from_first_rank(calibrate_worker(worker))
+    costs = (load_cost_table(path, COSTS_FLAG) if path
+             else _broadcast_from_first_rank(calibrate_worker(worker, plain=plain)))
     logger.info("auto verify: widths %s, cost table %s: decode %s ms, verify %s ms", (1,) + cfg.chain_widths,
                 costs.source, costs.decode, costs.verify)
     step_costs = StepCosts(costs)
@@ -155,16 +169,9 @@ def setup(worker, spec=None, observability=None):
     state = AutoState(ctl, ShadowTracker(), cfg.max_chain + 1,
                       gauges=_make_gauges() if getattr(obs, "enable_metrics", False) else None,
                       metrics_every=max(int(getattr(obs, "decode_log_interval", 40) or 40), 1),
-                      costs=StepCosts(costs), sync_costs=_tp_broadcaster())
+                      costs=StepCosts(costs), sync_costs=_tp_broadcaster(), plain=plain)
     worker._fv_auto = state
     return state
-
-
-def device_or_host(drafts):
-    """The draft tokens for the worker's device buffer copy: a lean step's are a device tensor already."""
-    import torch
-
-    return drafts if isinstance(drafts, torch.Tensor) else torch.from_numpy(drafts)
 
 
 def root_tokens(spec_info, bs: int):
@@ -206,39 +213,106 @@ def _sync_requests(state: AutoState, batch) -> None:
             state.controller.observe(req.rid, f, ca)
 
 
-def lean_drafts(worker, batch, bs: int):
-    """Before the lookup of a decode step. (None, None): look drafts up (then step_drafts). Otherwise this step
-    runs without speculation and without a lookup: returns (root tokens [bs] on the device, mask [bs] of
-    ones) with the width-1 runtime selected. Always (None, None) unless the mode is auto."""
+def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
+    """At the start of the n-gram worker's step. None: the step speculates (or is not a decode step): the worker
+    goes on with its lookup, then step_drafts. Otherwise the step was chosen to verify nothing and has run as a
+    plain decode step; returns its result (what the worker's own step returns, one token per request). Always
+    None unless the mode is auto."""
     state: AutoState = getattr(worker, "_fv_auto", None)
-    if state is None:
-        return None, None
+    if state is None or not batch.forward_mode.is_decode():
+        return None
     _tick(state)
     _sync_requests(state, batch)
     state.synced = True
     if any(req.rid not in state.features for req in batch.reqs):
         state.controller.reset_probe()
-        return None, None  # a request not looked up yet is looked up once (its match is unknown)
-    if getattr(batch, "has_grammar", False):
-        return None, None
+        return None  # a request not looked up yet is looked up once (its match is unknown)
+    if not _plain_capable(state, batch, pp_proxy_tensors):
+        return None
+    bs = len(batch.reqs)
     views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
     if state.controller.plan_lookup(views, PROBE_MAX):
-        return None, None
-    import numpy as np
-
-    from fastverify.glue.verify_runtime import select_runtime
-
-    roots = root_tokens(batch.spec_info, bs)
-    # _update_ngram_corpus reads these after the verify: no carried tokens (they are not on the host yet);
-    # the corpus gets the request's tokens up to the last processed step, as in SGLang's non-overlap path
-    worker.prev_token_ids = []
-    worker.prev_accept_lens = [0] * bs
-    select_runtime(worker, 1)
+        return None
+    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish)
     d = state.controller.note_lean(bs)
     state.last_step = (LEAN, bs, 1)
     state.synced = False
     _export(state, d)
-    return roots, np.ones(bs, dtype=bool)
+    return result
+
+
+def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
+    """Batches a plain decode step inside the n-gram worker does not serve (they speculate or verify at width 1
+    as before): logprobs and hidden states (the scheduler reads them in the verify layout), grammars (SGLang
+    masks the verify pass), pipeline stages, and a worker without the plain runtime."""
+    return (state.plain is not None and pp_proxy_tensors is None
+            and not getattr(batch, "return_logprob", False) and not getattr(batch, "return_hidden_states", False)
+            and not getattr(batch, "has_grammar", False))
+
+
+def run_plain_decode(worker, batch, runtime, k: int, on_publish=None):
+    """One decode step of SGLang's plain path inside the n-gram worker: each request's last accepted token (the
+    root its draft would have had) is decoded with the DECODE graphs and the plain sampler, then the result is
+    put in the shape the worker's verify step returns, as a step that accepted no draft (accept length 1).
+
+    The batch is changed for the pass and put back afterwards: seq_lens count the new token (a DECODE pass
+    attends to it; a verify pass counts it among its draft tokens), the token's KV slot is the first of those
+    the scheduler reserved for this step's drafts, no spec_info, and the model runner reads as not speculative
+    (verify_runtime.plain_algorithm) with the plain runtime's attention backend and graph runner in place."""
+    import torch
+
+    from fastverify.glue.verify_runtime import plain_algorithm
+
+    bs = len(batch.reqs)
+    mr = worker.model_runner
+    info = batch.spec_info
+    seq_lens = batch.seq_lens
+    roots = root_tokens(info, bs)
+    saved = {name: getattr(batch, name, None) for name in
+             ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "orig_seq_lens", "spec_info")}
+    saved_rt = (mr.attn_backend, mr.decode_cuda_graph_runner)
+    batch.input_ids = roots.to(torch.int64)
+    batch.out_cache_loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, seq_lens.to(torch.int64)
+                                                               ].to(torch.int64)
+    batch.seq_lens = seq_lens + 1
+    if saved["seq_lens_cpu"] is not None:
+        batch.seq_lens_cpu = saved["seq_lens_cpu"] + 1
+    if saved["seq_lens_sum"] is not None:
+        batch.seq_lens_sum = int(saved["seq_lens_sum"]) + bs
+    if saved["orig_seq_lens"] is not None:
+        batch.orig_seq_lens = saved["orig_seq_lens"] + 1
+    batch.spec_info = None
+    mr.attn_backend, mr.decode_cuda_graph_runner = runtime.attn_backend, runtime.graph_runner
+    try:
+        with plain_algorithm(mr, batch):
+            result = worker.target_worker.forward_batch_generation(batch)
+    finally:
+        mr.attn_backend, mr.decode_cuda_graph_runner = saved_rt
+        for name, value in saved.items():
+            setattr(batch, name, value)
+    predict = result.next_token_ids
+    new_seq_lens = seq_lens + 1
+    accept_lens = torch.ones(bs, dtype=torch.int32, device=predict.device)
+    accept_tokens = torch.zeros(bs, k, dtype=torch.int32, device=predict.device)
+    accept_tokens[:, 0] = predict
+    if on_publish is not None:
+        on_publish(new_seq_lens)
+    # the corpus learns the output as in SGLang's own step, here without the tokens still in flight (they are
+    # not on the host: nothing was looked up), and the match state of requests that left is erased
+    worker.prev_token_ids = []
+    worker.prev_accept_lens = [0] * bs
+    worker._update_ngram_corpus(batch)
+    rids = {req.rid for req in batch.reqs}
+    departed = worker._prev_decode_rids - rids
+    if departed:
+        worker.ngram_corpus.erase_match_state(list(departed))
+    worker._prev_decode_rids = rids
+    result.accept_lens = accept_lens
+    result.new_seq_lens = new_seq_lens
+    result.next_draft_input = type(info)(draft_token_num=k, new_seq_lens=new_seq_lens,
+                                         accept_tokens=accept_tokens.flatten(), accept_lens=accept_lens)
+    result.speculative_num_draft_tokens = 1
+    return result
 
 
 def step_drafts(worker, batch, tokens, mask, bs: int):
@@ -286,10 +360,11 @@ def _export(state: AutoState, d) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- calibration
-def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CALIBRATION_BS) -> CostTable:
+def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CALIBRATION_BS,
+                     plain=None) -> CostTable:
     """Replay the captured verify graph of every width at the captured batch sizes in `batch_sizes`, timed
-    with CUDA events (median of `repeats` after `CALIBRATION_WARMUP`). Width 1 gives decode_ms[bs] and every
-    width verify_ms[bs * width]. Call before serving: a replay reuses the graph's static inputs, which hold the
+    with CUDA events (median of `repeats` after `CALIBRATION_WARMUP`). The plain runtime's DECODE graphs give
+    decode_ms[bs] (the width-1 verify graphs when `plain` has none) and every width verify_ms[bs * width]. Call before serving: a replay reuses the graph's static inputs, which hold the
     capture's dummy batch only until the first real step. The plan is fixed (no time cut) so that all TP ranks
     replay the same graphs; each graph replay is one forward pass, so it takes
     widths x batch sizes x (repeats + warm-up) passes, e.g. 4 x 8 x 7 x ~15 ms ~ 3.4 s."""
@@ -298,8 +373,11 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
     rts = getattr(worker, "_fv_widths", None)
     if rts is None:
         raise CostTableError(f"{MODE_FLAG} auto needs {WIDTHS_FLAG} (the verify runtimes per width)")
-    graphs = {}  # (width, bs) -> replay callable
-    for width, rt in rts.runtimes.items():
+    graphs = {}  # (width, bs) -> replay callable; width 0: the plain decode graphs
+    runtimes = list(rts.runtimes.items())
+    if plain is not None and plain.graph_runner is not None:
+        runtimes.append((0, plain))
+    for width, rt in runtimes:
         runner = rt.graph_runner
         if runner is None:
             raise CostTableError(f"{MODE_FLAG} auto: CUDA graphs are off, so verify cost cannot be calibrated "
@@ -309,12 +387,14 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
                 graphs.setdefault((width, int(key.size)), graph.replay)
     if not any(w == 1 for w, _ in graphs):
         raise CostTableError(f"{MODE_FLAG} auto: no captured width-1 graph to time; pass {COSTS_FLAG}")
+    decode_w = 0 if any(w == 0 for w, _ in graphs) else 1
     by_tokens = {}
     for (w, bs) in sorted(graphs):
-        by_tokens.setdefault(w * bs, (w, bs))
+        if w:
+            by_tokens.setdefault(w * bs, (w, bs))
 
     def time_pass(kind, n):
-        replay = graphs[(1, n)] if kind == "decode" else graphs[by_tokens[n]]
+        replay = graphs[(decode_w, n)] if kind == "decode" else graphs[by_tokens[n]]
         for _ in range(CALIBRATION_WARMUP if time_pass.warm.get((kind, n)) is None else 0):
             replay()
         time_pass.warm[(kind, n)] = True
@@ -326,8 +406,9 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
         return start.elapsed_time(end)
 
     time_pass.warm = {}
-    return calibrate(time_pass, sorted(bs for w, bs in graphs if w == 1), sorted(by_tokens), repeats=repeats,
-                     budget_s=math.inf, log=logger.info, source="calibration (captured verify graphs, CUDA events)")
+    return calibrate(time_pass, sorted(bs for w, bs in graphs if w == decode_w), sorted(by_tokens),
+                     repeats=repeats, budget_s=math.inf, log=logger.info,
+                     source="calibration (captured decode and verify graphs, CUDA events)")
 
 
 def _tp_broadcaster():

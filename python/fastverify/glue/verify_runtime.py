@@ -173,12 +173,34 @@ def _free_bytes(device) -> int:
     return 0
 
 
-def _build_one(worker, width: int) -> VerifyRuntime:
-    """Attention backend + verify graph runner at ``width``, built like SGLang builds its own at k."""
+@contextlib.contextmanager
+def plain_algorithm(model_runner, batch=None):
+    """While inside, the model runner (and ``batch``, when given) read as not speculative: SGLang then builds,
+    captures and runs the plain decode pass (one token per request, the decode graphs, the plain sampler)
+    instead of a TARGET_VERIFY pass. The previous values are put back on exit."""
+    saved = model_runner.spec_algorithm
+    none = type(saved).NONE
+    saved_batch = getattr(batch, "spec_algorithm", None) if batch is not None else None
+    model_runner.spec_algorithm = none
+    if batch is not None:
+        batch.spec_algorithm = none
+    try:
+        yield
+    finally:
+        model_runner.spec_algorithm = saved
+        if batch is not None:
+            batch.spec_algorithm = saved_batch
+
+
+def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
+    """Attention backend + verify graph runner at ``width``, built like SGLang builds its own at k.
+
+    ``plain``: the runtime of a plain decode pass instead (width 1, DECODE-mode graphs), built while the model
+    runner reads as not speculative."""
     mr = worker.model_runner
     base_runner = mr.decode_cuda_graph_runner
     tic, free0 = time.perf_counter(), _free_bytes(worker.device)
-    with spec_settings(mr, width):
+    with spec_settings(mr, width), (plain_algorithm(mr) if plain else contextlib.nullcontext()):
         saved_flag = mr.init_new_workspace
         try:
             attn_backend = mr._get_attention_backend(init_new_workspace=True)
@@ -192,7 +214,7 @@ def _build_one(worker, width: int) -> VerifyRuntime:
                 speculative_num_steps=max(width - 1, 0),
                 speculative_num_draft_tokens=width,
             )
-    rt = VerifyRuntime(width, attn_backend, graph_runner, _worker_views(worker, width))
+    rt = VerifyRuntime(width, attn_backend, graph_runner, {} if plain else _worker_views(worker, width))
     rt.build_seconds = time.perf_counter() - tic
     rt.build_bytes = max(free0 - _free_bytes(worker.device), 0) if free0 else 0
     return rt
@@ -216,6 +238,15 @@ def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | Non
     logger.info("n-gram verify widths %s (k=%d, mode %s): extra runtimes %.0f MiB in total", cfg.widths, cfg.k,
                 cfg.mode, sum(r.build_bytes for r in runtimes.values()) / 2**20)
     return rts
+
+
+def build_plain_runtime(worker) -> VerifyRuntime:
+    """The runtime of a plain decode pass (one token per request, DECODE graphs at the captured batch sizes):
+    what the auto mode runs for a step that verifies nothing. Built once, after the verify runtimes."""
+    rt = _build_one(worker, 1, plain=True)
+    logger.info("plain decode runtime built in %.1f s, %.0f MiB of device memory (%s)", rt.build_seconds,
+                rt.build_bytes / 2**20, "CUDA graphs" if rt.graph_runner is not None else "eager")
+    return rt
 
 
 def _spec_of(worker):
