@@ -244,8 +244,11 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
 def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
     """Batches a plain decode step inside the n-gram worker does not serve (they speculate or verify at width 1
     as before): logprobs and hidden states (the scheduler reads them in the verify layout), grammars (SGLang
-    masks the verify pass), pipeline stages, and a worker without the plain runtime."""
-    return (state.plain is not None and pp_proxy_tensors is None
+    masks the verify pass), penalties (SGLang's speculative path accumulates them its own way), pipeline stages,
+    and a worker without the plain runtime."""
+    penalties = getattr(getattr(getattr(batch, "sampling_info", None), "penalizer_orchestrator", None),
+                        "is_required", False)
+    return (state.plain is not None and pp_proxy_tensors is None and not penalties
             and not getattr(batch, "return_logprob", False) and not getattr(batch, "return_hidden_states", False)
             and not getattr(batch, "has_grammar", False))
 
