@@ -16,6 +16,7 @@
 #    plain servers of the dummy 7168-hidden model, one with timing and two without (their difference is the
 #    noise floor), in rounds of rotated order; then a chain server's verify split (every 5th pass sampled).
 # 3. The all-reduce-vs-compute microbenchmark for the dummy model, tokens 1 and 8, NCCL.
+#    PHASE1_MODEL=dummy runs phase 1 on the dummy 7168-hidden model instead (GPU-heavier steps).
 #    Phase 1 ends with a host profile (py-spy, 10 s, TP-0 scheduler) of auto on the
 #    sampled workload. Phase 1 and phase 2 servers do not run at the same time.
 set -u
@@ -37,6 +38,9 @@ DM=$D/models/dummy-7168
 
 DMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.2"
 TMA="--model-path $HOME/models/tiny --mem-fraction-static 0.15"
+# PHASE1_MODEL=dummy: phase 1 on the dummy 7168-hidden 8-layer model instead (a GPU pass that outweighs the
+# host part of a step); five servers share the GPUs, hence the smaller memory fraction
+[ "${PHASE1_MODEL:-tiny}" = dummy ] && TMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.12"
 trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
@@ -68,7 +72,7 @@ for n in m_tree m_chain m_chain_w m_auto; do
   done
 done > "$W/identity.txt" 2>&1
 # host profiles on the sampled workload (nothing to speculate on)
-for n in m_auto; do
+for n in ${PROFILE_SERVERS:-m_auto}; do
   [ "${PROFILE:-1}" = 1 ] && up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
   ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
       --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
