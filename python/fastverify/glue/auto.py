@@ -180,7 +180,7 @@ def root_tokens(spec_info, bs: int):
     import torch
 
     acc = spec_info.accept_tokens.reshape(bs, -1)  # [bs, k]
-    idx = (spec_info.accept_lens.to(torch.long) - 1).clamp_(min=0).view(bs, 1)  # [bs, 1]
+    idx = (spec_info.accept_lens.view(bs, 1) - 1).to(torch.long)  # [bs, 1]; an accept length counts the root
     return acc.gather(1, idx).view(bs)
 
 
@@ -277,7 +277,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None):
     batch.input_ids = roots.to(torch.int64)
     batch.out_cache_loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, seq_lens.to(torch.int64)
                                                                ].to(torch.int64)
-    batch.seq_lens = seq_lens + 1
+    new_seq_lens = batch.seq_lens = seq_lens + 1  # also the step's result (the pass does not write to it)
     if saved["seq_lens_cpu"] is not None:
         batch.seq_lens_cpu = saved["seq_lens_cpu"] + 1
     if saved["seq_lens_sum"] is not None:
@@ -294,7 +294,6 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None):
         for name, value in saved.items():
             setattr(batch, name, value)
     predict = result.next_token_ids
-    new_seq_lens = seq_lens + 1
     accept_lens = torch.ones(bs, dtype=torch.int32, device=predict.device)
     accept_tokens = torch.zeros(bs, k, dtype=torch.int32, device=predict.device)
     accept_tokens[:, 0] = predict
