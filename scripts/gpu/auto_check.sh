@@ -39,8 +39,8 @@ DM=$D/models/dummy-7168
 DMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.2"
 TMA="--model-path $HOME/models/tiny --mem-fraction-static 0.15"
 # PHASE1_MODEL=dummy: phase 1 on the dummy 7168-hidden 8-layer model instead (a GPU pass that outweighs the
-# host part of a step); five servers share the GPUs, hence the smaller memory fraction
-[ "${PHASE1_MODEL:-tiny}" = dummy ] && TMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static 0.12"
+# host part of a step); five servers share the GPUs, hence the smaller memory fraction (PHASE1_MEM; 0.2 for four)
+[ "${PHASE1_MODEL:-tiny}" = dummy ] && TMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static ${PHASE1_MEM:-0.16}"
 trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
