@@ -243,6 +243,16 @@ GUARDS = [
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.23",), file="sglang/srt/speculative/spec_info.py",
           symbol="create_dummy_verify_input",
           params=("spec_algorithm", "custom_mask", "num_tokens_per_req", "is_draft_worker")),
+    # 0009: the n-gram force in decide_needs_cpu_seq_lens (its reason: the tree verify's full mask reads
+    # seq_lens_cpu; chain mode skips that build behind 0005's `not self._fv.chain`).
+    Guard(patch="0009-ngram-chain-host-seq-lens.patch", versions=("0.5.16",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="decide_needs_cpu_seq_lens",
+          params=("server_args", "attn_backends"),
+          contains=("    if algo.is_ngram():\n", "        return True\n    # Skip unset slots")),
+    Guard(patch="0009-ngram-chain-host-seq-lens.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="decide_needs_cpu_seq_lens",
+          params=("attn_backends",),
+          contains=("    if algo.is_ngram():\n", "        return True\n    # Skip unset slots")),
 ]
 
 

@@ -8,6 +8,7 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
     ngram_worker.on_verify_complete_cpu  hook.on_verify_complete(num_correct_drafts_per_req): accounting
     ngram_info.NgramVerifyInput        verify_input_device(...), and no mask padding when the mask is None
     spec_info.create_dummy_verify_input  dummy_custom_mask(mode, mask): None in chain mode (CUDA-graph capture)
+    overlap_utils.decide_needs_cpu_seq_lens  needs_host_seq_lens(spec): tree mode only (patch 0009)
 
 Nothing here imports SGLang; the arguments are SGLang's own config objects, read by attribute once.
 """
@@ -59,6 +60,26 @@ def dummy_custom_mask(mode, custom_mask):
     greedy output diverged from the first verify step).
     """
     return None if mode in ("chain", "auto") else custom_mask
+
+
+HOST_SEQ_LENS_ENV = "FASTVERIFY_NGRAM_HOST_SEQ_LENS"  # "1": keep the host copy in every mode (to compare)
+
+
+def needs_host_seq_lens(spec, environ=None) -> bool:
+    """Does the n-gram worker read the host copy of the sequence lengths (batch.seq_lens_cpu)? Only its tree
+    verify does: it sizes the full custom mask of each request from it. Chain-shaped verify (chain, and auto,
+    which verifies chains) builds no such mask. SGLang makes the scheduler keep that copy for every n-gram server,
+    a blocking device-to-host copy before every decode step that also keeps the host from preparing the next
+    step while the GPU runs the current one; without it the attention backends alone decide (triton,
+    FlashAttention 3 and TRT-LLM MHA do not need it). Patch 0009 asks this; ``FASTVERIFY_NGRAM_HOST_SEQ_LENS=1``
+    keeps the copy anyway."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if env.get(HOST_SEQ_LENS_ENV, "") == "1":
+        return True
+    mode = getattr(spec, "speculative_ngram_verify_mode", "tree") or "tree"
+    return mode not in ("chain", "auto")
 
 
 def verify_input_device(custom_mask, draft_token, new_seq_lens):
