@@ -40,17 +40,21 @@ DMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-sta
 TMA="--model-path $HOME/models/tiny --mem-fraction-static 0.15"
 # PHASE1_MODEL=dummy: phase 1 on the dummy 7168-hidden 8-layer model instead (a GPU pass that outweighs the
 # host part of a step); five servers share the GPUs, hence the smaller memory fraction (PHASE1_MEM; 0.2 for four)
-[ "${PHASE1_MODEL:-tiny}" = dummy ] && TMA="--model-path $DM --load-format dummy --tp-allreduce nccl --mem-fraction-static ${PHASE1_MEM:-0.16}"
+# (PHASE1_MODEL=<folder under DIR/models>: that dummy-weight model, e.g. dummy-7168-l24, a GPU-bound step)
+P1=${PHASE1_MODEL:-tiny}; [ "$P1" = dummy ] && P1=dummy-7168
+[ "$P1" != tiny ] && TMA="--model-path $D/models/$P1 --load-format dummy --tp-allreduce nccl --mem-fraction-static ${PHASE1_MEM:-0.16}"
 trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
 if has 1; then
-MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers:
+MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers (or m_auto_sync):
 M_CASES="m_plain|33010|$TMA
 m_tree|33020|$TMA $NG
 m_chain|33030|$TMA $NG --speculative-ngram-verify-mode chain
 m_chain_w|33040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
-m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
+m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
+m_auto_sync|33060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
+SRV_ENV_m_auto_sync="FASTVERIFY_NGRAM_HOST_SEQ_LENS=1"  # auto with the host copy of the lengths kept (patch 0009 off)
 launch_servers "$COMMON" <<< "$(echo "$M_CASES" | grep -E "^($(echo $MODES | tr ' ' '|'))\|")"
 wait_healthy 60
 GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 200 --warmup 1"
@@ -66,7 +70,7 @@ for round in $(seq 1 "$ROUNDS"); do
   pack
 done
 for n in $MODES; do up "$n" && scrape "$n"; done
-for n in m_tree m_chain m_chain_w m_auto; do
+for n in m_tree m_chain m_chain_w m_auto m_auto_sync; do
   for lv in c=1 c=4; do
     [ -f "$W/${n}_greedy_r1.json" ] && python3 "$D/serving.py" compare "$W/m_plain_greedy_r1.json" "$W/${n}_greedy_r1.json" --level $lv
   done

@@ -33,15 +33,16 @@ prepare_machine() {  # multicast off, bundle unpacked, py-spy (if its wheel is i
   log "unpacked; py-spy: ${SPY:-none}; commit $(cat "$D/commit.txt" 2>/dev/null || echo unknown)"
 }
 
-launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" lines
-  local common=$1 name port extra
+launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" lines; SRV_ENV_<name>="K=V ..."
+  local common=$1 name port extra envv                  # adds environment variables to that server only
   while IFS='|' read -r name port extra; do
     [ -z "$name" ] && continue
     cp -r "$HOME/jitcache" "$HOME/jit-$name"
-    TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid python3 -m sglang.launch_server $common --port "$port" \
+    envv="SRV_ENV_$name"
+    TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env ${!envv:-} python3 -m sglang.launch_server $common --port "$port" \
       --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
     PID[$name]=$!; PORT[$name]=$port
-    echo "$name: python3 -m sglang.launch_server $common --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
+    echo "$name: ${!envv:-} python3 -m sglang.launch_server $common --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
   done
   log "launched ${!PID[*]}"
 }
