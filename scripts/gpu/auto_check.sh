@@ -55,8 +55,13 @@ m_chain_w|33040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngr
 m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
 m_auto_sync|33060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
 SRV_ENV_m_auto_sync="FASTVERIFY_NGRAM_HOST_SEQ_LENS=1"  # auto with the host copy of the lengths kept (patch 0009 off)
-launch_servers "$COMMON" <<< "$(echo "$M_CASES" | grep -E "^($(echo $MODES | tr ' ' '|'))\|")"
-wait_healthy 60
+CASES=$(echo "$M_CASES" | grep -E "^($(echo $MODES | tr ' ' '|'))\|")
+if [ "${LAUNCH_SERIAL:-0}" = 1 ]; then  # one server up before the next starts (large models: no start-up races
+  while IFS= read -r c; do launch_servers "$COMMON" <<< "$c"; wait_healthy 60; done <<< "$CASES"  # over memory)
+else
+  launch_servers "$COMMON" <<< "$CASES"
+  wait_healthy 60
+fi
 GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 200 --warmup 1"
 SAMPLED="$GREEDY --temperature 1.0"
 for round in $(seq 1 "$ROUNDS"); do
