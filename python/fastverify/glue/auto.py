@@ -366,8 +366,9 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
                      plain=None) -> CostTable:
     """Replay the captured verify graph of every width at the captured batch sizes in `batch_sizes`, timed
     with CUDA events (median of `repeats` after `CALIBRATION_WARMUP`). The plain runtime's DECODE graphs give
-    decode_ms[bs] (the width-1 verify graphs when `plain` has none) and every width verify_ms[bs * width]. Call before serving: a replay reuses the graph's static inputs, which hold the
-    capture's dummy batch only until the first real step. The plan is fixed (no time cut) so that all TP ranks
+    decode_ms[bs] (the width-1 verify graphs when `plain` has none) and every width verify_ms[bs * width].
+    Call before serving: a replay reuses the graph's static inputs, which hold the capture's dummy batch only
+    until the first real step. The plan is fixed (no time cut) so that all TP ranks
     replay the same graphs; each graph replay is one forward pass, so it takes
     widths x batch sizes x (repeats + warm-up) passes, e.g. 4 x 8 x 7 x ~15 ms ~ 3.4 s."""
     import torch
