@@ -117,7 +117,7 @@ def test_cost_table_errors(tmp_path):
         rp.parse_cost_table({"decode_ms": 3})
     with pytest.raises(rp.CostTableError, match=r"'decode_ms' must be a positive number"):
         rp.parse_cost_table({"decode_ms": -1, "verify_ms": {"1": 1}})
-    with pytest.raises(rp.CostTableError, match=r"key 'eight' is not a token count"):
+    with pytest.raises(rp.CostTableError, match=r"'verify_ms' key 'eight' is not an integer count"):
         rp.parse_cost_table({"decode_ms": 1, "verify_ms": {"eight": 1}})
     cost = rp.parse_cost_table({"decode_ms": 1, "verify_ms": {"2": 1, "4": 2}}, "c.json")
     with pytest.raises(rp.CostTableError, match="c.json: no verify time for 9 tokens"):
@@ -288,11 +288,29 @@ def test_cost_table_from_microbenchmark_json():
     ]}}
     with pytest.raises(rp.CostTableError, match=r"--cost-backend \(nccl, symm-oneshot\)"):
         rp.parse_cost_table(bench, "b.json")
-    with pytest.raises(rp.CostTableError, match=r"--cost-backend 'flashinfer-ar' is not in b.json; allowed: nccl, symm"):
+    with pytest.raises(rp.CostTableError, match=r"b.json: backend 'flashinfer-ar' not in the file; allowed: nccl, symm"):
         rp.parse_cost_table(bench, "b.json", "flashinfer-ar")
     cost = rp.parse_cost_table(bench, "b.json", "symm-oneshot")
     assert cost.decode_ms == 1.0 and cost.pass_ms(8) == 1.2
     assert cost.pass_ms(4) == pytest.approx(1.0 + 0.2 * 3 / 7)
+    with pytest.raises(rp.CostTableError, match="b.json .nccl.: no verify time for 16 tokens"):
+        rp.parse_cost_table(bench, "b.json", "nccl").pass_ms(16)  # the controller would extrapolate; replay refuses
+    no_single = {"summary": {"rows": [{"backend": "nccl", "tokens": 8, "pass_us": 2600.0}]}}
+    with pytest.raises(rp.CostTableError, match="no decode time for one request"):
+        rp.parse_cost_table(no_single, "b.json")
+
+
+def test_cost_tables_are_read_by_the_controller_parser(tmp_path):
+    """One reader for both tools: every form the server flag takes works here, with the same table."""
+    from fastverify import controller
+    form1 = {"decode_ms": {"1": 12.2, "8": 13.0}, "verify_ms": {"2": 14.8, "8": 30.0}}
+    cost = rp.parse_cost_table({"gpu": "H200", "cost_table": form1})
+    assert cost.table == controller.parse_cost_table(form1, "<cost table> ['cost_table']")
+    assert cost.decode_ms == 12.2 and cost.verify_ms == {2: 14.8, 8: 30.0}
+    p = _write(tmp_path, json.dumps(form1), "t.json")
+    assert rp.load_cost_table(p).table.verify == controller.load_cost_table(p).verify
+    with pytest.raises(rp.CostTableError, match="--cost-table .*missing.json: file not found"):
+        rp.load_cost_table(tmp_path / "missing.json")
 
 
 def test_progress_falls_back_to_plain_lines(monkeypatch, capsys):

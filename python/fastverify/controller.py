@@ -111,7 +111,8 @@ class CostTable:
                 "verify_ms": {str(n): ms for n, ms in self.verify}, "source": self.source}
 
 
-def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] = None) -> CostTable:
+def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] = None,
+                     pick_backend: str = "PATH#backend") -> CostTable:
     """Accepted JSON forms (keys are counts; values milliseconds):
 
     1. {"decode_ms": {"<bs>": ms, ...}, "verify_ms": {"<tokens in the pass>": ms, ...}}
@@ -119,12 +120,13 @@ def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] =
     3. a result that carries form 1 under the key "cost_table";
     4. benchmark/allreduce_vs_compute.py's --json: summary.rows of {backend, tokens, pass_us} (a CUDA-graph
        median of one modeled pass of that many tokens; it stands for decode of bs = tokens as well). With several
-       backends in the file, name one: `PATH#backend` (load_cost_table) or `backend=`.
+       backends in the file, name one: `PATH#backend` (load_cost_table) or `backend=`; `pick_backend` is how the
+       error message tells the user to name one (the replay tool has its own flag for it).
     """
     if isinstance(obj, Mapping) and "cost_table" in obj and "verify_ms" not in obj:
         return parse_cost_table(obj["cost_table"], f"{source} ['cost_table']")
     if isinstance(obj, Mapping) and isinstance(obj.get("summary"), Mapping) and "rows" in obj["summary"]:
-        return _from_microbenchmark(obj["summary"]["rows"], source, backend)
+        return _from_microbenchmark(obj["summary"]["rows"], source, backend, pick_backend)
     if not isinstance(obj, Mapping):
         raise CostTableError(f"{source}: expected a JSON object with 'decode_ms' and 'verify_ms'")
     for key in ("decode_ms", "verify_ms"):
@@ -138,13 +140,13 @@ def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] =
     return CostTable(decode, _points(obj["verify_ms"], "verify_ms", source), source)
 
 
-def _from_microbenchmark(rows, source: str, backend: Optional[str]) -> CostTable:
+def _from_microbenchmark(rows, source: str, backend: Optional[str], pick_backend: str) -> CostTable:
     usable = [r for r in rows if isinstance(r, Mapping) and not r.get("error") and r.get("pass_us")]
     backends = sorted({str(r.get("backend")) for r in usable if r.get("backend")})
     if not backends:
         raise CostTableError(f"{source}: the microbenchmark result has no rows with a pass time (pass_us)")
     if backend is None and len(backends) > 1:
-        raise CostTableError(f"{source}: several all-reduce backends; name one as PATH#backend "
+        raise CostTableError(f"{source}: several all-reduce backends; name one as {pick_backend} "
                              f"({', '.join(backends)})")
     backend = backend or backends[0]
     if backend not in backends:
@@ -154,8 +156,12 @@ def _from_microbenchmark(rows, source: str, backend: Optional[str]) -> CostTable
     return CostTable(pts, pts, f"{source} [{backend}]")
 
 
-def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table") -> CostTable:
-    path, _, backend = str(path).partition("#")
+def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table", backend: Optional[str] = None,
+                    pick_backend: str = "PATH#backend") -> CostTable:
+    """A cost table from a JSON file (`parse_cost_table`'s forms). `PATH#backend` names the microbenchmark
+    backend, or `backend=`; `flag` names the option the path came from in every error message."""
+    path, _, named = str(path).partition("#")
+    backend = backend or named or None
     p = Path(path)
     if not p.is_file():
         raise CostTableError(f"{flag} {path}: file not found")
@@ -163,7 +169,7 @@ def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table") -> 
         obj = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CostTableError(f"{flag} {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return parse_cost_table(obj, f"{flag} {path}", backend or None)
+    return parse_cost_table(obj, f"{flag} {path}", backend, pick_backend)
 
 
 def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], verify_tokens: Sequence[int],

@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
+
+from fastverify import controller as _controller
+from fastverify.controller import CostTableError
 
 MODES = ("tree", "chain")
 MATCH_TYPES = ("BFS", "PROB")
@@ -57,9 +59,6 @@ SERVER_MAX_BFS_BREADTH = 10
 class TraceError(ValueError):
     """A trace file that cannot be replayed; the message names the file and line."""
 
-
-class CostTableError(ValueError):
-    """A verify-cost table that cannot be used; the message names the file and the key."""
 
 
 # --------------------------------------------------------------------------------------------- trace
@@ -396,95 +395,60 @@ def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sgla
 
 
 # -------------------------------------------------------------------------------------- cost model
+COST_FLAG = "--cost-table"
+PICK_BACKEND = "--cost-backend"
+
+
 @dataclass(frozen=True)
 class CostTable:
-    """Per-request forward-pass times: decode_ms for one token without speculation, verify_ms[n] for a
-    verify pass of n tokens. Missing n between two given points is interpolated linearly."""
+    """The replay tool's single-stream view of a cost table (read by `fastverify.controller`'s parser, the same
+    JSON forms as `--speculative-ngram-auto-cost-table`): decode_ms for one token without speculation and
+    pass_ms(n) for a verify pass of n tokens. Unlike the controller, which must decide for any batch and
+    extrapolates, a prediction never leaves the measured range: pass_ms interpolates linearly between two
+    given token counts and refuses a count outside them."""
 
-    decode_ms: float
-    verify_ms: dict  # int tokens -> float ms
-    source: str = "<cost table>"
+    table: _controller.CostTable
+
+    @property
+    def source(self) -> str:
+        return self.table.source
+
+    @property
+    def decode_ms(self) -> float:
+        return self.table.decode_ms(1)
+
+    @property
+    def verify_ms(self) -> dict:
+        return dict(self.table.verify)
 
     def pass_ms(self, n: int) -> float:
-        if n in self.verify_ms:
-            return self.verify_ms[n]
+        verify = self.verify_ms
+        if n in verify:
+            return verify[n]
         if n == 1:
             return self.decode_ms
-        keys = sorted(self.verify_ms)
-        if not keys or n < keys[0] or n > keys[-1]:
-            raise CostTableError(
-                f"{self.source}: no verify time for {n} tokens (table covers {keys[0] if keys else '-'}"
-                f"..{keys[-1] if keys else '-'} tokens); add an entry for {n}"
-            )
-        lo = max(k for k in keys if k < n)
-        hi = min(k for k in keys if k > n)
-        w = (n - lo) / (hi - lo)
-        return self.verify_ms[lo] * (1 - w) + self.verify_ms[hi] * w
+        lo, hi = self.table.verify[0][0], self.table.verify[-1][0]
+        if n < lo or n > hi:
+            raise CostTableError(f"{self.source}: no verify time for {n} tokens (table covers {lo}..{hi} tokens); "
+                                 f"add an entry for {n}")
+        return self.table.verify_ms(n)
 
 
-def _positive_ms(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise CostTableError(f"{where} must be a positive number of milliseconds, got {value!r}")
-    return float(value)
+def _single_stream(table: _controller.CostTable) -> CostTable:
+    if table.decode[0][0] != 1:
+        raise CostTableError(f"{table.source}: no decode time for one request (the smallest decode entry is "
+                             f"{table.decode[0][0]}); add bs 1 (or, from the microbenchmark, a 1-token pass)")
+    return CostTable(table)
 
 
 def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] = None) -> CostTable:
-    """A verify-cost table from either form:
-
-    - simple: {"decode_ms": x, "verify_ms": {"1": ms, "2": ms, "8": ms, ...}} (keys: tokens in the pass);
-    - the microbenchmark's --json (benchmark/allreduce_vs_compute.py): summary.rows with backend, tokens and
-      pass_us (CUDA-graph median of one modeled pass); `backend` picks the rows, decode = the 1-token pass.
-    """
-    if isinstance(obj, dict) and isinstance(obj.get("summary"), dict) and "rows" in obj["summary"]:
-        return _cost_from_microbenchmark(obj["summary"]["rows"], source, backend)
-    if not isinstance(obj, dict):
-        raise CostTableError(f"{source}: expected a JSON object with 'decode_ms' and 'verify_ms'")
-    for key in ("decode_ms", "verify_ms"):
-        if key not in obj:
-            raise CostTableError(f"{source}: missing key '{key}' (format: {{\"decode_ms\": 30.0, "
-                                 f"\"verify_ms\": {{\"1\": 30.0, \"8\": 33.0}}}})")
-    decode = _positive_ms(obj["decode_ms"], f"{source}: 'decode_ms'")
-    if not isinstance(obj["verify_ms"], dict) or not obj["verify_ms"]:
-        raise CostTableError(f"{source}: 'verify_ms' must be a non-empty object mapping token counts to ms")
-    verify = {}
-    for k, v in obj["verify_ms"].items():
-        try:
-            n = int(k)
-        except (TypeError, ValueError):
-            raise CostTableError(f"{source}: 'verify_ms' key {k!r} is not a token count") from None
-        if n < 1:
-            raise CostTableError(f"{source}: 'verify_ms' key {k!r} must be >= 1")
-        verify[n] = _positive_ms(v, f"{source}: 'verify_ms'[{k!r}]")
-    return CostTable(decode, verify, source)
-
-
-def _cost_from_microbenchmark(rows, source: str, backend: Optional[str]) -> CostTable:
-    usable = [r for r in rows if isinstance(r, dict) and not r.get("error") and r.get("pass_us")]
-    backends = sorted({r.get("backend") for r in usable if r.get("backend")})
-    if not backends:
-        raise CostTableError(f"{source}: the microbenchmark result has no rows with a pass time (pass_us)")
-    if backend is None:
-        if len(backends) > 1:
-            raise CostTableError(f"{source}: several all-reduce backends; choose one with --cost-backend "
-                                 f"({', '.join(backends)})")
-        backend = backends[0]
-    if backend not in backends:
-        raise CostTableError(f"--cost-backend {backend!r} is not in {source}; allowed: {', '.join(backends)}")
-    verify = {int(r["tokens"]): float(r["pass_us"]) / 1000.0 for r in usable if r.get("backend") == backend}
-    if 1 not in verify:
-        raise CostTableError(f"{source}: backend {backend!r} has no 1-token pass to use as the decode time")
-    return CostTable(verify[1], verify, f"{source} [{backend}]")
+    """A verify-cost table in any form `fastverify.controller.parse_cost_table` reads (e.g. {"decode_ms": 30.0,
+    "verify_ms": {"1": 30.0, "8": 33.0}}, or the microbenchmark's --json with `backend` picking its rows)."""
+    return _single_stream(_controller.parse_cost_table(obj, source, backend, PICK_BACKEND))
 
 
 def load_cost_table(path, backend: Optional[str] = None) -> CostTable:
-    p = Path(path)
-    if not p.is_file():
-        raise CostTableError(f"--cost-table {path}: file not found")
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CostTableError(f"--cost-table {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return parse_cost_table(obj, f"--cost-table {path}", backend)
+    return _single_stream(_controller.load_cost_table(path, COST_FLAG, backend, PICK_BACKEND))
 
 
 def predict(result: ReplayResult, cost: CostTable) -> dict:
