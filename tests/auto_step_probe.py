@@ -46,7 +46,7 @@ class Runner:
 ngram_stand_ins.install(nw)  # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch
 
 
-def run(table, steps, corpus_text):
+def run(table, steps, corpus_text, host_lens=True):
     sa = prepare_server_args(base + ["--speculative-ngram-auto-cost-table", os.path.join(costs_dir, table)])
     if hasattr(sa, "resolve_once"):  # 0.5.23: resolved settings live in the published config
         sa.resolve_once()
@@ -68,7 +68,7 @@ def run(table, steps, corpus_text):
             forwards.append({"width": runner.width, "input": batch.input_ids.tolist(), "verify": is_verify,
                              "runner_algorithm": runner.algorithm, "mr_algorithm": mr.spec_algorithm.name,
                              "batch_algorithm": batch.spec_algorithm.name, "mode": batch.forward_mode.name,
-                             "seq_lens": batch.seq_lens.tolist(), "seq_lens_cpu": batch.seq_lens_cpu.tolist(),
+                             "seq_lens": batch.seq_lens.tolist(), "seq_lens_cpu": None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
                              "seq_lens_sum": batch.seq_lens_sum, "out_cache_loc": batch.out_cache_loc.tolist(),
                              "spec_info": batch.spec_info is not None, "attn_backend": mr.attn_backend})
             res = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(1, 4)),
@@ -103,8 +103,8 @@ def run(table, steps, corpus_text):
         # KV slot of request i at position j: 1000 * i + j
         slots = 1000 * torch.arange(len(reqs)).view(-1, 1) + torch.arange(64).view(1, -1)
         batch = types.SimpleNamespace(
-            reqs=reqs, forward_mode=ForwardMode.DECODE, seq_lens=torch.tensor(seq), seq_lens_cpu=torch.tensor(seq),
-            seq_lens_sum=sum(seq), orig_seq_lens=None, input_ids=None, out_cache_loc=None,
+            reqs=reqs, forward_mode=ForwardMode.DECODE, seq_lens=torch.tensor(seq),
+            seq_lens_cpu=torch.tensor(seq) if host_lens else None, seq_lens_sum=sum(seq) if host_lens else None, orig_seq_lens=None, input_ids=None, out_cache_loc=None,
             spec_algorithm=SpeculativeAlgorithm.NGRAM,
             req_pool_indices=torch.arange(len(reqs)), req_to_token_pool=types.SimpleNamespace(req_to_token=slots),
             spec_info=info, has_grammar=False, grammar_needs_sync=lambda: False, return_logprob=False)
@@ -135,4 +135,6 @@ def run(table, steps, corpus_text):
 stream = [10 * i for i in range(1, 40)]
 out["dear"] = run("dear.json", 12, [[9, 9, 9]])
 out["cheap"] = run("cheap.json", 16, [stream])
+# patch 0009: chain-shaped verify keeps no host copy of the lengths (the scheduler hands seq_lens_cpu = None)
+out["dear_no_host_lens"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False)
 print("PROBE " + json.dumps(out, default=str))

@@ -223,6 +223,21 @@ def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_patched_plain_steps_without_a_host_copy_of_the_lengths(step_probe):
+    """With patch 0009 the scheduler hands chain and auto steps no host lengths (seq_lens_cpu and seq_lens_sum
+    None): the plain step leaves them None (SGLang's device-only path) and decodes the same tokens."""
+    run, ref = step_probe["dear_no_host_lens"], step_probe["dear"]
+    lean = [s for s in run["steps"] if s["kind"] == "lean"]
+    assert len(lean) == 9
+    for s in lean:
+        f = s["forward"]
+        assert f["mode"] == "DECODE" and f["seq_lens_cpu"] is None and f["seq_lens_sum"] is None
+        assert f["seq_lens"] == [n + 1 for n in s["seq_lens_before"]]
+    assert run["outputs"] == ref["outputs"]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_patched_auto_learns_during_plain_steps_and_speculates(step_probe):
     run = step_probe["cheap"]  # the corpus holds the stream up to 390; verify costs about a decode
     steps = run["steps"]
