@@ -4,8 +4,8 @@
 #
 #   bash scripts/gpu/auto_check.sh DIR       from the repository root on the GPU machine
 #   DIR as for timing_check.sh (site, overlay, jitcache, serving.py, models/dummy-7168, optional py-spy wheel).
-#   Results: $OUT/auto.tar.xz (logs, client JSON and tables, /metrics, identity checks, profiles, microbenchmark)
-#   and $OUT/summary.txt.
+#   Results: $OUT/auto.tar.xz (logs, client JSON and tables, /metrics, identity checks, the goal verdict of
+#   benchmark/auto_verdict.py, profiles, microbenchmark) and $OUT/summary.txt.
 #
 # 1. Modes: no speculation, tree, chain, chain + widths 1,2,4,8 and auto on a 2-layer random-weight model
 #    (host-bound like SmolLM2-135M: the decode step is mostly host time). Two workloads, the same requests for
@@ -81,6 +81,8 @@ for n in m_tree m_chain m_chain_w m_auto m_auto_sync; do
     [ -f "$W/${n}_greedy_r1.json" ] && python3 "$D/serving.py" compare "$W/m_plain_greedy_r1.json" "$W/${n}_greedy_r1.json" --level $lv
   done
 done > "$W/identity.txt" 2>&1
+# the goal per load and concurrency (auto >= 0.98x the best server and >= no speculation), from the client JSONs
+python3 benchmark/auto_verdict.py "$W" --json "$W/verdict.json" > "$W/verdict.txt" 2>&1
 # host profiles on the sampled workload (nothing to speculate on)
 for n in ${PROFILE_SERVERS:-m_auto}; do
   [ "${PROFILE:-1}" = 1 ] && up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
@@ -137,6 +139,7 @@ fi
 grep -h "Verify timing" "$W"/t_*.log | tail -30 > "$W/timing_lines.txt"
 {
   cat "$W/timeline.txt"; echo "== identity"; grep -E "identical|vs" "$W/identity.txt" | head -20
+  echo "== verdict"; grep -E "^(#|[a-z])|auto:" "$W/verdict.txt" 2>/dev/null
   echo "== timing lines"; cut -c1-330 "$W/timing_lines.txt" | tail -12
   echo "== auto lines"; cut -c1-400 "$W/auto_lines.txt" | tail -12
   echo "== microbenchmark"; grep -vE "it/s\]|s/it\]" "$W/microbench.log" | tail -8

@@ -1,0 +1,102 @@
+"""Does auto verify meet its goal in a run of scripts/gpu/auto_check.sh? Reads the client JSONs, prints the verdict.
+
+    python benchmark/auto_verdict.py DIR [--json OUT] [--goal 0.98]
+
+DIR holds the serving client's results named <server>_<load>_r<round>.json (m_plain_sampled_r1.json, ...), as
+auto_check.sh writes them. For every load (greedy = repetitive, sampled = non-repetitive) and concurrency it
+takes each server's median output tok/s over its rounds (the range next to it) and compares auto with no
+speculation (m_plain) and with the best server of that column. The goal (issue: auto >= 0.98x the best mode on
+each load and never below no speculation) is judged per column: "met" only when auto's median is at least
+`--goal` times the best and at least no speculation's. Servers other than m_plain and m_auto (m_tree, m_chain,
+m_chain_w, m_auto_sync, ...) are listed and count as candidates for the best. No GPU: it reads files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+NAME = re.compile(r"^(?P<server>m_\w+?)_(?P<load>greedy|sampled)_r(?P<round>\d+)\.json$")
+LOADS = {"greedy": "repetitive (greedy)", "sampled": "non-repetitive (temperature 1)"}
+PLAIN, AUTO = "m_plain", "m_auto"
+
+
+def collect(folder: Path) -> dict:
+    """{(load, concurrency): {server: [tok/s per round]}} from the client JSONs in `folder`."""
+    found: dict = {}
+    for path in sorted(folder.iterdir()):
+        m = NAME.match(path.name)
+        if not m:
+            continue
+        try:
+            levels = json.loads(path.read_text(encoding="utf-8"))["levels"]
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"error: {path}: not a serving-client result ({e})") from None
+        for lv in levels:
+            rate = (lv.get("summary") or {}).get("output_tok_per_s")
+            if rate:
+                found.setdefault((m["load"], int(lv["concurrency"])), {}).setdefault(m["server"], []).append(rate)
+    return found
+
+
+def verdict(found: dict, goal: float = 0.98) -> list:
+    """One row per (load, concurrency): medians and ranges per server, auto's ratios and whether the goal holds."""
+    rows = []
+    for (load, conc), servers in sorted(found.items()):
+        med = {s: statistics.median(v) for s, v in servers.items()}
+        best = max(med, key=med.get)
+        row = {"load": load, "concurrency": conc, "servers": {
+            s: {"median": round(med[s], 1), "min": round(min(v), 1), "max": round(max(v), 1), "rounds": len(v)}
+            for s, v in sorted(servers.items())}, "best": best}
+        if AUTO in med:
+            row["auto_vs_best"] = round(med[AUTO] / med[best], 3)
+            row["auto_vs_plain"] = round(med[AUTO] / med[PLAIN], 3) if PLAIN in med else None
+            row["met"] = row["auto_vs_best"] >= goal and (row["auto_vs_plain"] is None or row["auto_vs_plain"] >= 1.0)
+        rows.append(row)
+    return rows
+
+
+def format_rows(rows: list, goal: float) -> str:
+    out = []
+    for r in rows:
+        out.append(f"{LOADS.get(r['load'], r['load'])}, c={r['concurrency']}: best {r['best']}")
+        for s, v in r["servers"].items():
+            out.append(f"  {s:14s} {v['median']:9.1f} tok/s  [{v['min']:.1f} .. {v['max']:.1f}, {v['rounds']} round(s)]")
+        if "met" in r:
+            plain = "-" if r["auto_vs_plain"] is None else f"{r['auto_vs_plain']:.3f}"
+            out.append(f"  auto: {r['auto_vs_best']:.3f}x the best, {plain}x no speculation -> goal "
+                       f"(>= {goal}x best, >= 1x no speculation) {'MET' if r['met'] else 'NOT MET'}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("folder", type=Path, help="a run's folder of <server>_<load>_r<round>.json files")
+    ap.add_argument("--goal", type=float, default=0.98, help="auto's required share of the best server (0.98)")
+    ap.add_argument("--json", dest="json_out", type=Path, default=None, help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    if not args.folder.is_dir():
+        print(f"error: {args.folder}: not a folder", file=sys.stderr)
+        return 2
+    found = collect(args.folder)
+    if not found:
+        print(f"error: {args.folder}: no <server>_<load>_r<round>.json client results", file=sys.stderr)
+        return 2
+    rows = verdict(found, args.goal)
+    print(f"# {args.folder}: median output tok/s over rounds")
+    print(format_rows(rows, args.goal))
+    judged = [r for r in rows if "met" in r]
+    if judged:
+        print(f"# goal met in {sum(r['met'] for r in judged)} of {len(judged)} columns")
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"folder": str(args.folder), "goal": args.goal, "rows": rows},
+                                            indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

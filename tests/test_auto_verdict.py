@@ -1,0 +1,58 @@
+"""benchmark/auto_verdict.py on recorded GPU runs (benchmark/results/h200x2/auto) and on made-up folders."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmark"))
+import auto_verdict as av  # noqa: E402
+
+RUNS = ROOT / "benchmark" / "results" / "h200x2" / "auto"
+
+
+def _rows(folder, goal=0.98):
+    return {(r["load"], r["concurrency"]): r for r in av.verdict(av.collect(folder), goal)}
+
+
+def test_run10_gpu_bound_model():
+    rows = _rows(RUNS / "run10")
+    nonrep = rows[("sampled", 1)]
+    assert nonrep["best"] == "m_plain" and nonrep["servers"]["m_auto"]["median"] == 207.7
+    assert nonrep["auto_vs_plain"] == pytest.approx(207.7 / 210.3, abs=1e-3) and not nonrep["met"]
+    rep = rows[("greedy", 4)]
+    assert rep["best"] == "m_auto" and rep["auto_vs_best"] == 1.0 and rep["met"]
+    assert set(rep["servers"]) == {"m_plain", "m_auto", "m_auto_sync", "m_chain_w"}
+
+
+def test_run6_medians_over_three_rounds():
+    rows = _rows(RUNS / "run6")
+    plain = rows[("sampled", 1)]["servers"]["m_plain"]
+    assert (plain["median"], plain["min"], plain["max"], plain["rounds"]) == (323.6, 310.9, 339.1, 3)
+    assert rows[("greedy", 4)]["best"] == "m_chain"
+    assert not any(r["met"] for r in rows.values())
+
+
+def _level(c, rate):
+    return {"concurrency": c, "summary": {"output_tok_per_s": rate}}
+
+
+def test_goal_needs_both_the_share_of_the_best_and_no_speculation(tmp_path):
+    for name, rate in {"m_plain_sampled_r1": 100.0, "m_auto_sampled_r1": 101.0, "m_chain_sampled_r1": 103.0,
+                       "m_plain_greedy_r1": 100.0, "m_auto_greedy_r1": 300.0, "m_chain_greedy_r1": 310.0}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({"levels": [_level(1, rate)]}))
+    (tmp_path / "m_plain.metrics.txt").write_text("not a result")
+    rows = _rows(tmp_path)
+    assert rows[("sampled", 1)]["met"]  # 101 / 103 = 0.981 of the best and above no speculation
+    assert not rows[("greedy", 1)]["met"]  # 300 / 310 = 0.968
+    assert not _rows(tmp_path, goal=0.99)[("sampled", 1)]["met"]
+
+
+def test_cli(tmp_path, capsys):
+    assert av.main([str(tmp_path)]) == 2 and "no <server>_<load>_r<round>.json" in capsys.readouterr().err
+    out = tmp_path / "v.json"
+    assert av.main([str(RUNS / "run10"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "goal met in 2 of 4 columns" in text and "NOT MET" in text
+    assert len(json.loads(out.read_text())["rows"]) == 4
