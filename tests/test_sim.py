@@ -148,3 +148,29 @@ def test_auto_in_the_simulator_runs_the_servers_lookup_and_lean_flow():
     assert ctl.counters["lean_steps"] > 0.3 * res.steps  # most steps of the acceptance-0 periods
     assert sum(1 for o in res.options if o != NONE) > 0.2 * res.steps  # and it speculates in the others
     assert follow_bound_steps(CFG, probe_max=32) == 32 + 8 + 54
+
+
+def test_lookup_steps_cost_their_host_time_and_auto_probes_on_its_schedule():
+    """`lookup_ms`: every step that looked drafts up pays it (all steps of a speculative fixed mode, none of no
+    speculation); auto measures whole steps as the server does, so at acceptance 0 it runs plain steps and
+    looks up only as a new request arrives and after gaps of 2, 4, ... up to 32 steps: at steps 0, 2, 6, 14, 30,
+    62, 94, 126, 158, 190 of a 200-token request, 10 lookups."""
+    reqs = sim.synthetic_requests(16, 200, (0.0,), CFG.max_chain, CFG.tree_width, seed=0)
+    res = sim.run_all(reqs, sim.cost_table("h200-dummy24"), 1, CFG, lookup_ms=1.8)
+    auto, none, chain = res["auto"], res[NONE], res["chain7"]
+    assert none.lookups == 0 and chain.lookups == chain.steps
+    assert auto.steps == none.steps == 16 * 200 and auto.lookups == 16 * 10
+    assert auto.time_ms - none.time_ms == pytest.approx(auto.lookups * 1.8)  # the lookups are the whole gap
+    s = sim.summarize(res)
+    assert s["auto_vs_none"] >= 0.98 and s["auto_lookup_steps"] == 160
+    # with lookups free the same run is no speculation exactly
+    free = sim.summarize(sim.run_all(reqs, sim.cost_table("h200-dummy24"), 1, CFG))
+    assert free["tokens_per_s"]["none"] == s["tokens_per_s"]["none"]
+
+
+def test_measured_table_and_flags():
+    t = sim.cost_table("h200-dummy24")
+    assert t.decode_ms(1) == pytest.approx(4.4269) and t.verify_ms(8) == pytest.approx(4.8352)
+    assert sim.main(["--tables", "h200-dummy24", "--lookup-ms", "-1"]) == 2
+    assert sim.main(["--tables", "h200-dummy24", "--probe-max", "0"]) == 2
+    assert sim.main(["--tables", "nope"]) == 2

@@ -8,6 +8,8 @@ same text). A step:
     plan   = policy.decide(views)                            the REAL Controller for "auto"; fixed otherwise
     accept = chain: min(A_chain[pos], k); tree: A_tree[pos]; not speculating: 0
     time  += decode_ms(bs) or verify_ms(tokens in the pass)  from the TRUE cost table
+             + lookup_ms when the step looked drafts up       (host: corpus lookup, its blocking copy, the
+                                                              speculative verify path; 0 by default)
     pos   += 1 + accept
     drafts made at earlier steps resolve once the produced tokens show their first divergence (at most K + 1
     tokens later) and are fed to the controller, verified or not (ShadowTracker does this in the server).
@@ -22,11 +24,17 @@ Cost tables (`cost_table(name)`), both in the form the server loads:
 - "pcie-comm-bound": the reference report's 8x PCIe box: 30 ms verify of 8 tokens of which 25 ms are
   122 all-reduces, compute 5 ms, decode 12.2 ms (82 tok/s), all-reduce time linear in tokens between them.
 Above 64 tokens both are extrapolations, not measurements: compute = c * max(1, tokens / 192) (a roofline
-knee for bf16 GEMMs), all-reduce linear in tokens. `python -m fastverify.sim` prints every table used.
+knee for bf16 GEMMs), all-reduce linear in tokens.
+- "h200-dummy24": the start-up calibration of the auto server of benchmark/results/h200x2/auto/run10 (2x H200,
+  TP=2, the dummy 7168-hidden 24-layer model): decode and verify graphs as measured up to 8 requests / 64
+  tokens, linear extrapolation above. With `--lookup-ms 1.8` (that run: a chain + widths step that verified
+  nothing took 6.36 ms against 4.54 ms for a plain server's step) it stands for the run's whole steps.
+`python -m fastverify.sim` prints every table used.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import sys
@@ -34,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
-                                   RequestView, follow_bound_steps, options_for)
+                                   LEAN, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
+from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _KNEE_TOKENS = 192  # assumed compute knee above the measured 64 tokens (extrapolation)
@@ -58,18 +67,26 @@ def _pcie_allreduce_us(tokens: int) -> float:
     return 59.0 + (205.0 - 59.0) / 7.0 * (tokens - 1)
 
 
+# run10's start-up calibration (auto_lines.txt): DECODE graphs at 1-8 requests, verify graphs at 1-64 tokens
+_DUMMY24_DECODE = ((1, 4.4269), (2, 4.4421), (4, 4.4385), (8, 4.4543))
+_DUMMY24_VERIFY = ((1, 4.4967), (2, 4.6166), (4, 4.6370), (8, 4.8352), (16, 4.9216), (32, 4.9967), (64, 5.0923))
+
+
 def cost_table(name: str) -> CostTable:
+    if name == "h200-dummy24":
+        return CostTable(_DUMMY24_DECODE, _DUMMY24_VERIFY, name)
     if name == "h200-nvlink":
         f = lambda t: _compute_ms(9.7, t) + 122 * _h200_allreduce_us(t) / 1000.0
     elif name == "pcie-comm-bound":
         f = lambda t: _compute_ms(5.0, t) + 122 * _pcie_allreduce_us(t) / 1000.0
     else:
-        raise ValueError(f"unknown cost table {name!r}; choose one of {', '.join(COST_TABLES)}")
+        raise ValueError(f"unknown cost table {name!r}; choose one of {', '.join(ALL_TABLES)}")
     pts = tuple((t, round(f(t), 4)) for t in TABLE_POINTS)
     return CostTable(pts, pts, name)  # a decode step of bs requests is a pass of bs tokens
 
 
-COST_TABLES = ("h200-nvlink", "pcie-comm-bound")
+COST_TABLES = ("h200-nvlink", "pcie-comm-bound")  # the default report
+ALL_TABLES = COST_TABLES + ("h200-dummy24",)
 
 
 # ------------------------------------------------------------------------------------------------ traces
@@ -177,7 +194,9 @@ class FixedPolicy:
         self.gate_no_match = gate_no_match
         self.label = option.label
 
-    looked_up = True  # a fixed mode looks drafts up every step
+    @property
+    def looked_up(self) -> bool:  # a speculative fixed mode looks drafts up every step; no speculation never
+        return self.option.kind != NONE
 
     def decide(self, views):
         if self.option.kind == NONE:
@@ -195,15 +214,30 @@ class AutoPolicy:
     """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once;
     otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup
     step (`decide` on this step's drafts) and a lean step without drafts (`note_lean`); only drafts that were
-    looked up are scored later (`looked_up`)."""
+    looked up are scored later (`looked_up`).
+
+    `step_costs`: the controller decides on whole-step costs measured as the loop runs, as in the server
+    (`StepCosts`: every step's simulated time recorded by kind; the controller reads a copy taken every
+    `COST_SYNC_STEPS` steps); None: on the cost table alone."""
 
     label = "auto"
 
-    def __init__(self, controller: Controller, probe_max: int = 32):
+    def __init__(self, controller: Controller, probe_max: int = PROBE_MAX, step_costs: Optional[StepCosts] = None):
         self.c = controller
         self.probe_max = probe_max
         self.last: dict = {}  # rid -> features of its last lookup
         self.looked_up = True
+        self.step_costs = step_costs
+        self._steps = 0
+
+    def record(self, bs: int, width: int, ms: float) -> None:
+        """The step just simulated took `ms` (width: its verify width, 1 without speculation)."""
+        if self.step_costs is None:
+            return
+        self.step_costs.record(SPEC if self.looked_up else LEAN, bs, width, ms)
+        self._steps += 1
+        if self._steps % COST_SYNC_STEPS == 0:
+            self.c.costs = copy.deepcopy(self.step_costs)
 
     def decide(self, views):
         fresh = [v for v in views if v.req_id not in self.last]
@@ -233,6 +267,7 @@ class SimResult:
     tokens: int = 0
     time_ms: float = 0.0
     steps: int = 0
+    lookups: int = 0  # steps that looked drafts up
     options: list = field(default_factory=list)  # chosen option label per step
     batch: list = field(default_factory=list)  # running requests per step
 
@@ -243,8 +278,9 @@ class SimResult:
 
 def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, shape: str = "ragged",
              max_chain: int = 7, tree_width: int = 8,
-             regime_of_step: Optional[Callable[[int], int]] = None) -> SimResult:
-    """Run `requests` through a decode loop of at most `bs` concurrent requests (refilled in order)."""
+             regime_of_step: Optional[Callable[[int], int]] = None, lookup_ms: float = 0.0) -> SimResult:
+    """Run `requests` through a decode loop of at most `bs` concurrent requests (refilled in order).
+    `lookup_ms`: what a step that looked drafts up costs on top of its pass (0: passes only)."""
     res = SimResult(policy.label)
     queue = list(requests)[::-1]
     active: dict = {}  # rid -> [request, pos, pending drafts [(pos, regime)]]
@@ -257,6 +293,7 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
         regime = regime_of_step(step) if regime_of_step else 0
         step += 1
         rids = list(active)
+        t0 = res.time_ms
         views = [RequestView(rid, active[rid][0].regimes[regime][0][active[rid][1]]) for rid in rids]
         option, spec = policy.decide(views)
         n_spec = sum(spec) if option.kind != NONE else 0
@@ -266,6 +303,11 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
             width = option.width
             tokens = len(rids) * width if shape == "uniform" else n_spec * width + (len(rids) - n_spec)
             res.time_ms += costs.verify_ms(tokens)
+        if policy.looked_up:
+            res.time_ms += lookup_ms
+            res.lookups += 1
+        if hasattr(policy, "record"):
+            policy.record(len(rids), option.width if n_spec else 1, res.time_ms - t0)
         res.options.append(option.label if n_spec else NONE)
         res.batch.append(len(rids))
         res.steps += 1
@@ -300,13 +342,19 @@ def fixed_policies(max_chain: int, tree_width: int) -> list:
     return [FixedPolicy(o) for o in options_for(max_chain, tree_width)]
 
 
-def run_all(requests, costs, bs, cfg: AutoConfig, regime_of_step=None, controller_costs=None) -> dict:
-    """Every fixed option and auto on the same requests; returns label -> SimResult."""
+def run_all(requests, costs, bs, cfg: AutoConfig, regime_of_step=None, controller_costs=None,
+            lookup_ms: float = 0.0, probe_max: int = None) -> dict:
+    """Every fixed option and auto on the same requests; returns label -> SimResult. With `lookup_ms` > 0 the
+    steps cost more than their passes, and auto decides on whole-step costs measured as it runs (as the server
+    does); otherwise on the table (`controller_costs`, default: the true one)."""
     out = {}
-    for pol in fixed_policies(cfg.max_chain, cfg.tree_width) + [
-            AutoPolicy(Controller(cfg, controller_costs or costs))]:
+    table = controller_costs or costs
+    measured = StepCosts(table) if lookup_ms > 0 else None
+    auto = AutoPolicy(Controller(cfg, StepCosts(table) if measured else table),
+                      PROBE_MAX if probe_max is None else probe_max, measured)
+    for pol in fixed_policies(cfg.max_chain, cfg.tree_width) + [auto]:
         out[pol.label] = simulate(requests, pol, costs, bs, cfg.shape, cfg.max_chain, cfg.tree_width,
-                                  regime_of_step)
+                                  regime_of_step, lookup_ms)
     return out
 
 
@@ -324,6 +372,7 @@ def summarize(results: dict) -> dict:
         "auto_vs_none": round(auto.tokens_per_s / none, 4),
         "auto_vs_best_fixed": round(auto.tokens_per_s / fixed[best].tokens_per_s, 4),
         "auto_option_steps": dict(sorted(mix.items(), key=lambda kv: -kv[1])),
+        "auto_lookup_steps": auto.lookups,
     }
 
 
@@ -355,12 +404,14 @@ def follow_steps(res: SimResult, start: int, end: int, rates_for: Callable[[int]
 
 
 def switching_run(costs: CostTable, bs: int, cfg: AutoConfig, period: int = 200, p_high: float = 0.85,
-                  length: int = 1024, seed: int = 0, tol: float = 0.15) -> tuple:
+                  length: int = 1024, seed: int = 0, tol: float = 0.15, lookup_ms: float = 0.0,
+                  probe_max: Optional[int] = None) -> tuple:
     """Acceptance switches between 0 and `p_high` every `period` steps (every position matches, so the
     features cannot tell). Returns (results, follow steps per switch that has a full window)."""
     reqs = synthetic_requests(2 * bs + 2, length, (0.0, p_high), cfg.max_chain, cfg.tree_width,
                               match_rate=1.0, seed=seed)
-    res = run_all(reqs, costs, bs, cfg, regime_of_step=lambda s: (s // period) % 2)
+    res = run_all(reqs, costs, bs, cfg, regime_of_step=lambda s: (s // period) % 2, lookup_ms=lookup_ms,
+                  probe_max=probe_max)
     auto = res["auto"]
     cache: dict = {}
 
@@ -383,7 +434,8 @@ SCENARIOS = {"zero": (0.0,), "low": (0.3,), "high": (0.85,)}
 
 
 def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, length=256, seed=0,
-                    cfg: Optional[AutoConfig] = None, replay: bool = False, switch_period: int = 200) -> dict:
+                    cfg: Optional[AutoConfig] = None, replay: bool = False, switch_period: int = 200,
+                    lookup_ms: float = 0.0, probe_max: Optional[int] = None) -> dict:
     cfg = cfg or AutoConfig()
     rows = []
     replayed = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width) if replay else None
@@ -393,14 +445,16 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
             for name, ps in SCENARIOS.items():
                 reqs = synthetic_requests(n_requests, length, ps, cfg.max_chain, cfg.tree_width, seed=seed)
                 rows.append({"table": table, "bs": bs, "trace": f"synthetic-{name}", **summarize(
-                    run_all(reqs, costs, bs, cfg))})
-            res, follow = switching_run(costs, bs, cfg, switch_period, seed=seed)
+                    run_all(reqs, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max))})
+            res, follow = switching_run(costs, bs, cfg, switch_period, seed=seed, lookup_ms=lookup_ms,
+                                        probe_max=probe_max)
             rows.append({"table": table, "bs": bs, "trace": f"switch-0/0.85-every-{switch_period}",
                          "follow_steps": follow, "follow_bound": follow_bound_steps(cfg), **summarize(res)})
             if replayed is not None:
                 rows.append({"table": table, "bs": bs, "trace": "replay-default", **summarize(
-                    run_all(replayed, costs, bs, cfg))})
-    return {"config": cfg.__dict__, "rows": rows,
+                    run_all(replayed, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max))})
+    return {"config": cfg.__dict__, "rows": rows, "lookup_ms": lookup_ms,
+            "probe_max": PROBE_MAX if probe_max is None else probe_max,
             "cost_tables": {t: cost_table(t).to_json() for t in tables}}
 
 
@@ -427,11 +481,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _fill_parser(p):
     p.add_argument("--batch-sizes", default="1,8,64", help="comma-separated concurrent requests")
-    p.add_argument("--tables", default=",".join(COST_TABLES), help=f"cost tables: {', '.join(COST_TABLES)}")
+    p.add_argument("--tables", default=",".join(COST_TABLES), help=f"cost tables: {', '.join(ALL_TABLES)}")
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--length", type=int, default=256, help="tokens per synthetic request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--replay", action="store_true", help="also the replayed default trace (builds the corpus)")
+    p.add_argument("--lookup-ms", type=float, default=0.0,
+                   help="host time a step that looks drafts up costs on top of its pass (default 0); 1.8 on the "
+                        "2x H200 with the 24-layer dummy model (h200-dummy24)")
+    p.add_argument("--probe-max", type=int, default=None,
+                   help=f"auto's longest gap between probe lookups without speculation (the server's: {PROBE_MAX})")
     p.add_argument("--json", help="write the report here")
 
 
@@ -439,12 +498,17 @@ def run_cli(args, argv=None) -> int:
     bss = tuple(int(x) for x in args.batch_sizes.split(","))
     tables = tuple(t for t in args.tables.split(",") if t)
     for t in tables:
-        if t not in COST_TABLES:
-            print(f"--tables: unknown table {t!r}; choose from {', '.join(COST_TABLES)}", file=sys.stderr)
+        if t not in ALL_TABLES:
+            print(f"--tables: unknown table {t!r}; choose from {', '.join(ALL_TABLES)}", file=sys.stderr)
             return 2
-    rep = scenario_report(bss, tables, args.requests, args.length, args.seed, replay=args.replay)
+    if args.lookup_ms < 0 or (args.probe_max is not None and args.probe_max < 1):
+        print("--lookup-ms must be >= 0 and --probe-max >= 1", file=sys.stderr)
+        return 2
+    rep = scenario_report(bss, tables, args.requests, args.length, args.seed, replay=args.replay,
+                          lookup_ms=args.lookup_ms, probe_max=args.probe_max)
     rep["repro_command"] = "python -m fastverify.sim " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"# fastverify.sim: simulated decode loop, real controller; config {json.dumps(rep['config'])}")
+    print(f"# fastverify.sim: simulated decode loop, real controller; config {json.dumps(rep['config'])}; "
+          f"lookup step +{rep['lookup_ms']} ms; probe gap up to {rep['probe_max']} steps")
     for t, tab in rep["cost_tables"].items():
         print(f"# cost table {t} (ms): " + ", ".join(f"{k}:{v:.2f}" for k, v in tab["verify_ms"].items()))
     print(format_rows(rep["rows"]))
