@@ -90,6 +90,10 @@ def run(table, steps, corpus_text, host_lens=True):
     puts = []
     real_put = corpus.batch_put
     corpus.batch_put = lambda toks: (puts.append([list(t) for t in toks]), real_put(toks))[1]
+    gets = []  # every lookup: (request ids, contexts, total lengths)
+    real_get = corpus.batch_get
+    corpus.batch_get = lambda ids, toks, lens: (gets.append([list(ids), [list(t) for t in toks], list(lens)]),
+                                                real_get(ids, toks, lens))[1]
 
     reqs = [types.SimpleNamespace(rid="a", origin_input_ids=[7, 1, 2], origin_input_ids_unpadded=[7, 1, 2],
                                   output_ids=[10], is_retracted=False),
@@ -108,7 +112,7 @@ def run(table, steps, corpus_text, host_lens=True):
             spec_algorithm=SpeculativeAlgorithm.NGRAM,
             req_pool_indices=torch.arange(len(reqs)), req_to_token_pool=types.SimpleNamespace(req_to_token=slots),
             spec_info=info, has_grammar=False, grammar_needs_sync=lambda: False, return_logprob=False)
-        n_puts = len(puts)
+        n_puts, n_gets = len(puts), len(gets)
         published = []
         res = w.forward_batch_generation(batch, on_publish=published.append)
         kind = state.last_step[0]
@@ -120,7 +124,7 @@ def run(table, steps, corpus_text, host_lens=True):
         f = forwards[-1]
         log.append({"kind": kind, "width": f["width"], "input": f["input"], "forward": f,
                     "accept_lens": lens, "prev_token_ids": list(getattr(w, "prev_token_ids", [])),
-                    "puts": puts[n_puts:], "after_k": w.draft_token_num, "step_width": res.speculative_num_draft_tokens,
+                    "puts": puts[n_puts:], "gets": gets[n_gets:], "after_k": w.draft_token_num, "step_width": res.speculative_num_draft_tokens,
                     "published": [t.tolist() for t in published], "seq_lens_before": seq,
                     "restored": {"mr_algorithm": mr.spec_algorithm.name, "batch_algorithm": batch.spec_algorithm.name,
                                  "attn_backend": mr.attn_backend, "runner_width": mr.decode_cuda_graph_runner.width,

@@ -406,3 +406,37 @@ def test_probe_lookups_back_off_and_reset():
         ctl.observe("r", DraftFeatures(7, 1), 7)  # drafts now pay: every step looks up and speculates
     assert lookups(5) == [1, 2, 3, 4, 5] and ctl.current.kind == "chain"
     assert ctl.plan_lookup(views, probe_max=0) is True  # the expected gain alone asks for it
+
+
+def test_probes_that_could_not_pay_are_marked_for_looking_up_behind():
+    """A probe whose drafts would not pay even if they matched in full is PLAN_PROBE (the server looks it up on
+    the host's tokens and stays plain); `note_probe` then backs the gap off like a lookup that chose no
+    speculation, or brings it to 1 when the probe's drafts make speculation look worthwhile. A probe that could
+    pay (matching drafts of this request are accepted) is a real lookup (PLAN_WANTED)."""
+    from fastverify.controller import PLAN_PROBE, PLAN_WANTED
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    ctl = Controller(cfg, _lean_cheaper())
+    none_yet = [RequestView("r", DraftFeatures(0, 0))]
+    at = []
+    for i in range(1, 41):
+        if ctl.plan_lookup(none_yet, probe_max=8):
+            assert ctl.planned == PLAN_PROBE  # the prior: even a full match is not expected to pay
+            d = ctl.note_probe(none_yet)
+            assert d.option.kind == "none"
+            at.append(i)
+        else:
+            assert ctl.planned is None
+            ctl.note_lean(1)
+    assert at == [1, 3, 7, 15, 23, 31, 39] and ctl.counters["probe_lookups"] == 7
+    assert ctl.metrics()["auto_probe_lookups_total"] == 7.0
+    assert ctl.counters["lean_steps"] == 40  # probe steps are plain steps
+    # matching drafts of this request turn out to be accepted: a probe's full-match features now ask for a
+    # real lookup, and the next step's plan says so too
+    for _ in range(6):
+        ctl.observe("r", DraftFeatures(7, 1), 7)
+    ctl.note_probe([RequestView("r", DraftFeatures(7, 1))])
+    assert ctl.plan_lookup([RequestView("r", DraftFeatures(7, 1))], probe_max=8) and ctl.planned == PLAN_WANTED
+    # and a request whose last draft found nothing, but whose matching drafts are accepted, is looked up for real
+    ctl.reset_probe()
+    assert ctl.plan_lookup(none_yet, probe_max=8) and ctl.planned == PLAN_WANTED

@@ -186,14 +186,22 @@ def _plain_greedy(first, n):
 def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless(step_probe):
     run = step_probe["dear"]  # verify ~200x a decode: no speculation; lookups only as backed-off probes
     steps = run["steps"]
-    # fresh requests are looked up at once, then after gaps of 2 and 4 steps (steps 1, 3, 7 of 12)
-    assert [i for i, s in enumerate(steps) if s["kind"] == "spec"] == [0, 2, 6]
-    for s in steps:
-        if s["kind"] == "spec":  # a lookup step that chose no speculation verifies at width 1
-            assert s["forward"]["verify"] and s["forward"]["mode"] == "TARGET_VERIFY" and s["width"] == 1
-            assert s["forward"]["mr_algorithm"] == "NGRAM" and s["forward"]["runner_algorithm"] == "NGRAM"
+    # fresh requests are looked up at once (and, choosing no speculation, verify at width 1)
+    assert [i for i, s in enumerate(steps) if s["kind"] == "spec"] == [0]
+    first = steps[0]["forward"]
+    assert first["verify"] and first["mode"] == "TARGET_VERIFY" and steps[0]["width"] == 1
+    assert first["mr_algorithm"] == "NGRAM" and first["runner_algorithm"] == "NGRAM"
+    # then probes after gaps of 2 and 4 steps (steps 3 and 7 of 12): drafts that would not pay even if they
+    # matched in full, so they are looked up behind (the host's tokens, no wait) and the step stays plain
+    assert [i for i, s in enumerate(steps) if s["gets"]] == [0, 2, 6]
+    assert run["metrics"]["auto_probe_lookups_total"] == 2
+    for i in (2, 6):
+        (ids, contexts, totals), = steps[i]["gets"]
+        assert ids == ["a", "b"]
+        out_a = [10] + _plain_greedy(20, i)  # request a's output before step i: 10, 20, ...
+        assert contexts[0] == ([7, 1, 2] + out_a)[-12:] and totals[0] == 3 + len(out_a)
     lean = [s for s in steps if s["kind"] == "lean"]
-    assert len(lean) == 9 and run["metrics"]["auto_lean_steps_total"] == 9
+    assert len(lean) == 11 and run["metrics"]["auto_lean_steps_total"] == 11
     for s in lean:
         f, seq = s["forward"], s["seq_lens_before"]
         # SGLang's plain decode pass: DECODE mode, no spec_info, the DECODE graphs (built while the runner read
@@ -228,7 +236,7 @@ def test_patched_plain_steps_without_a_host_copy_of_the_lengths(step_probe):
     None): the plain step leaves them None (SGLang's device-only path) and decodes the same tokens."""
     run, ref = step_probe["dear_no_host_lens"], step_probe["dear"]
     lean = [s for s in run["steps"] if s["kind"] == "lean"]
-    assert len(lean) == 9
+    assert len(lean) == 11
     for s in lean:
         f = s["forward"]
         assert f["mode"] == "DECODE" and f["seq_lens_cpu"] is None and f["seq_lens_sum"] is None

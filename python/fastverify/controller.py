@@ -206,6 +206,7 @@ def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], 
 
 
 # ------------------------------------------------------------------------------------ whole-step costs
+PLAN_PROBE, PLAN_WANTED = "probe", "wanted"  # why Controller.plan_lookup looked drafts up
 LEAN, SPEC = "lean", "spec"  # a step that skipped the draft lookup (no speculation) / one that looked drafts up
 
 
@@ -546,7 +547,9 @@ class Controller:
         self._clock = clock
         self._last_log = -math.inf
         self._suppressed = 0
-        self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0, "lean_steps": 0}
+        self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0, "lean_steps": 0,
+                         "probe_lookups": 0}
+        self.planned: Optional[str] = None  # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
         self._since_lookup = 0
         self._probe_gap = 1  # steps between lookups while none is expected to pay (doubles up to probe_max)
         self.steps_by_mode = {o.label: 0 for o in self.options}
@@ -598,19 +601,45 @@ class Controller:
         repeat itself). The gap is 1 step after a lookup that chose to speculate (or `reset_probe`: a new
         request) and doubles after each lookup that chose not to, up to `probe_max` (0: no probes).
         False: the step runs without speculation and without a lookup (`note_lean`). Always True unless
-        skipping the lookup is measured to pay (`lean_pays`)."""
+        skipping the lookup is measured to pay (`lean_pays`). `planned` says how to look up: PLAN_WANTED (for
+        real: the drafts may be verified this step) or PLAN_PROBE (the gap passed and even drafts that matched
+        in full are not expected to pay: drafts only to learn from, see `note_probe`)."""
+        self.planned = None
         if not requests:
             return False
         if not self.lean_pays(len(requests)):
+            self.planned = PLAN_WANTED
+            return True
+        if self._wanted(requests):
+            self._since_lookup = 0
+            self.planned = PLAN_WANTED
             return True
         if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
             self._since_lookup = 0
+            # a probe that may find drafts worth verifying at once is a real lookup; one whose drafts would not
+            # pay even if they matched in full (the requests' own acceptance of matching drafts is low) is for
+            # learning only, and cheaper (PLAN_PROBE: looked up behind, scored, the step stays plain)
+            full = DraftFeatures(self.cfg.max_chain, 1)
+            promising = self._wanted([RequestView(r.req_id, full) for r in requests])
+            self.planned = PLAN_WANTED if promising else PLAN_PROBE
             return True
+        self._since_lookup += 1
+        return False
+
+    def _wanted(self, requests: Sequence[RequestView]) -> bool:
+        """Is an option that speculates expected to beat no speculation (by the hysteresis) for `requests`?"""
         _, evals = self._evaluate(requests, self.step + 1)
         best = choose(evals, self.current if self.current is not None else evals[0].option, self.cfg.hysteresis)
-        wanted = best.option.kind != NONE and any(best.speculate)
-        self._since_lookup = 0 if wanted else self._since_lookup + 1
-        return wanted
+        return best.option.kind != NONE and any(best.speculate)
+
+    def note_probe(self, requests: Sequence[RequestView]) -> Decision:
+        """A probe step (`plan_lookup` gave PLAN_PROBE) whose drafts were looked up only to be scored, and which
+        ran without speculation: `requests` carry the features of those drafts. The probe gap goes back to 1
+        when they make speculation look worthwhile (the next step then looks up for real) and doubles
+        otherwise; the step counts as a step without a lookup's drafts verified (`note_lean`)."""
+        self._probe_gap = 1 if self._wanted(requests) else min(self._probe_gap * 2, 1 << 16)
+        self.counters["probe_lookups"] += 1
+        return self.note_lean(len(requests))
 
     def lean_pays(self, bs: int, margin: float = 0.02) -> bool:
         """Is a step without a lookup measured to be cheaper than a lookup step that verifies nothing? A lean
@@ -678,6 +707,7 @@ class Controller:
             "auto_gated_requests_total": float(self.counters["gated_requests"]),
             "auto_requests_total": float(self.counters["requests"]),
             "auto_lean_steps_total": float(self.counters["lean_steps"]),
+            "auto_probe_lookups_total": float(self.counters["probe_lookups"]),
         }
         for lbl, n in self.steps_by_mode.items():
             out[f"auto_steps_{lbl}_total"] = float(n)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
-                                   LEAN, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
+                                   LEAN, PLAN_PROBE, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
 from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -213,8 +213,10 @@ class FixedPolicy:
 class AutoPolicy:
     """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once;
     otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup
-    step (`decide` on this step's drafts) and a lean step without drafts (`note_lean`); only drafts that were
-    looked up are scored later (`looked_up`).
+    step (`decide` on this step's drafts), a plain step without drafts (`note_lean`), and a probe: a plain
+    step whose drafts are looked up only to be scored (`note_probe`; in the server they are looked up on the
+    host's tokens, one step behind, which the simulator does not model: it uses this step's features). Only
+    drafts that were looked up are scored later (`looked_up`); a probe pays no lookup cost (`paid_lookup`).
 
     `step_costs`: the controller decides on whole-step costs measured as the loop runs, as in the server
     (`StepCosts`: every step's simulated time recorded by kind; the controller reads a copy taken every
@@ -229,23 +231,32 @@ class AutoPolicy:
         self.looked_up = True
         self.step_costs = step_costs
         self._steps = 0
+        self.paid_lookup = True  # this step waited for and ran a lookup (a probe does not)
 
     def record(self, bs: int, width: int, ms: float) -> None:
         """The step just simulated took `ms` (width: its verify width, 1 without speculation)."""
         if self.step_costs is None:
             return
-        self.step_costs.record(SPEC if self.looked_up else LEAN, bs, width, ms)
+        self.step_costs.record(SPEC if self.paid_lookup else LEAN, bs, width, ms)
         self._steps += 1
         if self._steps % COST_SYNC_STEPS == 0:
             self.c.costs = copy.deepcopy(self.step_costs)
 
     def decide(self, views):
         fresh = [v for v in views if v.req_id not in self.last]
+        self.paid_lookup = True
         if fresh:
             self.c.reset_probe()
         elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max):
             self.looked_up = False
+            self.paid_lookup = False
             d = self.c.note_lean(len(views))
+            return d.option, d.speculate
+        elif self.c.planned == PLAN_PROBE:
+            self.looked_up, self.paid_lookup = True, False
+            for v in views:
+                self.last[v.req_id] = v.features
+            d = self.c.note_probe(views)
             return d.option, d.speculate
         self.looked_up = True
         for v in views:
@@ -267,7 +278,8 @@ class SimResult:
     tokens: int = 0
     time_ms: float = 0.0
     steps: int = 0
-    lookups: int = 0  # steps that looked drafts up
+    lookups: int = 0  # steps that looked drafts up (and paid for it)
+    probes: int = 0  # steps that looked drafts up only to score them, at no cost (auto's probes)
     options: list = field(default_factory=list)  # chosen option label per step
     batch: list = field(default_factory=list)  # running requests per step
 
@@ -303,9 +315,11 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
             width = option.width
             tokens = len(rids) * width if shape == "uniform" else n_spec * width + (len(rids) - n_spec)
             res.time_ms += costs.verify_ms(tokens)
-        if policy.looked_up:
+        if policy.looked_up and getattr(policy, "paid_lookup", True):
             res.time_ms += lookup_ms
             res.lookups += 1
+        elif policy.looked_up:
+            res.probes += 1
         if hasattr(policy, "record"):
             policy.record(len(rids), option.width if n_spec else 1, res.time_ms - t0)
         res.options.append(option.label if n_spec else NONE)
@@ -373,6 +387,7 @@ def summarize(results: dict) -> dict:
         "auto_vs_best_fixed": round(auto.tokens_per_s / fixed[best].tokens_per_s, 4),
         "auto_option_steps": dict(sorted(mix.items(), key=lambda kv: -kv[1])),
         "auto_lookup_steps": auto.lookups,
+        "auto_probe_steps": auto.probes,
     }
 
 

@@ -235,6 +235,10 @@ GUARDS = [
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker.forward_batch_generation",
           params_include=("self", "batch", "on_publish")),
+    # 0007's probe lookups (auto.probe_behind) build SGLang's own query with the worker's helper
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker._efficient_concat_last_n",
+          params=("self", "seq1", "seq2", "n")),
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/spec_info.py", symbol="SpeculativeAlgorithm.NONE"),
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16",), file="sglang/srt/speculative/spec_info.py",
@@ -275,4 +279,11 @@ GLUE_SEAMS = [
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/model_executor/forward_batch_info.py", symbol="ForwardBatch.init_new",
           contains=("                ret.positions = clamp_position(batch.seq_lens)\n",)),
+    # auto.probe_behind: the corpus' lookup and its wait for pending inserts
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/cpp_ngram/ngram_corpus.py", symbol="NgramCorpus.batch_get",
+          params=("self", "req_ids", "batch_tokens", "total_lens")),
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/cpp_ngram/ngram_corpus.py", symbol="NgramCorpus.synchronize",
+          params=("self",)),
 ]

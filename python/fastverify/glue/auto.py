@@ -18,7 +18,8 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
     NGRAMWorker.forward_batch_generation
                                         plain_step(worker, batch, on_publish[, pp_proxy_tensors]): first in the
                                         step; measures the last step's period and, when no speculation is expected
-                                        to pay, runs this step as a plain decode step and returns its result
+                                        to pay, runs this step as a plain decode step (a probe's drafts looked up
+                                        behind first) and returns its result
     NGRAMWorker._prepare_for_speculative_decoding
                                         step_drafts(worker, batch, tokens, mask, bs) after the lookup: decide,
                                         gate, truncate, select the width's runtime (0008's finish_step puts k back)
@@ -40,7 +41,10 @@ by the plain sampler; the result is shaped as a verify step that accepted no dra
 receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of the step in flight).
 Without speculation, drafts are still looked up after 1, 2, 4, ... up to `PROBE_MAX` steps (back to 1 when a
 request joins or speculation is chosen), so the gain model keeps learning from real drafts and output that
-starts to repeat is noticed within a few steps; such a lookup step that then verifies nothing runs at width 1.
+starts to repeat is noticed within a few steps. A probe whose drafts could not pay even if they matched in
+full is looked up behind (`probe_behind`: on the tokens the host has, without waiting for the step in flight)
+and the step stays plain; a probe that could pay is a real lookup, and a lookup step that then verifies
+nothing runs at width 1.
 """
 from __future__ import annotations
 
@@ -50,8 +54,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from fastverify.controller import (LEAN, SPEC, AutoConfig, Controller, CostTable, CostTableError, DraftFeatures,
-                                   RequestView, ShadowTracker, StepCosts, calibrate, load_cost_table)
+from fastverify.controller import (LEAN, PLAN_PROBE, SPEC, AutoConfig, Controller, CostTable, CostTableError,
+                                   DraftFeatures, RequestView, ShadowTracker, StepCosts, calibrate, load_cost_table)
 
 logger = logging.getLogger("fastverify.auto")
 
@@ -231,14 +235,52 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
         return None
     bs = len(batch.reqs)
     views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
+    probe = False
     if state.controller.plan_lookup(views, PROBE_MAX):
-        return None
+        if state.controller.planned != PLAN_PROBE:
+            return None  # speculation is expected to pay: look drafts up and verify
+        probe = True  # drafts only to learn from: looked up behind, scored later, the step stays plain
+        views = probe_behind(worker, state, batch)
     result = run_plain_decode(worker, batch, state.plain, state.k, on_publish)
-    d = state.controller.note_lean(bs)
+    d = state.controller.note_probe(views) if probe else state.controller.note_lean(bs)
     state.last_step = (LEAN, bs, 1)
     state.synced = False
     _export(state, d)
     return result
+
+
+def probe_behind(worker, state: AutoState, batch) -> list:
+    """A probe's drafts, looked up without waiting for the step in flight: the corpus is asked (SGLang's own
+    query: the last max_trie_depth tokens of prompt + output, and the total length, per request) on the tokens
+    the host has, one step behind in overlap mode, so no device-to-host copy has to finish first. The drafts
+    are never verified: each request's chain is recorded for the shadow tracker (it predicts the output from
+    position len(output_ids) on) and its features replace the request's last known ones. Returns the views
+    with the new features. The corpus' per-request match state advances from these contexts as from any
+    lookup (it rebuilds itself when a context does not extend the last one)."""
+    from fastverify.chain import reduce_to_chain
+    from fastverify.widths import chain_draft_lengths
+
+    k, depth = state.k, int(worker.max_trie_depth)
+    req_ids, contexts, totals = [], [], []
+    for req in batch.reqs:
+        prompt = getattr(req, "origin_input_ids_unpadded", None)
+        prompt = req.origin_input_ids if prompt is None else prompt
+        contexts.append(worker._efficient_concat_last_n(list(prompt[-depth:]), list(req.output_ids[-depth:]), depth))
+        req_ids.append(req.rid)
+        totals.append(len(prompt) + len(req.output_ids))
+    worker.ngram_corpus.synchronize()
+    tokens, mask = worker.ngram_corpus.batch_get(req_ids, contexts, totals)
+    tokens, _mask, _lens = reduce_to_chain(tokens, mask, k, worker._fv.config.match_type)
+    lens = chain_draft_lengths(tokens, k)
+    flat = [int(t) for t in tokens]
+    views = []
+    for i, req in enumerate(batch.reqs):
+        n = int(lens[i])
+        f = DraftFeatures(n, 1 if n else 0)
+        state.features[req.rid] = f
+        state.shadow.record(req.rid, len(req.output_ids), f, flat[i * k + 1:i * k + 1 + n])
+        views.append(RequestView(req.rid, f))
+    return views
 
 
 def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
