@@ -56,8 +56,10 @@ m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-v
 m_auto_sync|33060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
 SRV_ENV_m_auto_sync="FASTVERIFY_NGRAM_HOST_SEQ_LENS=1"  # auto with the host copy of the lengths kept (patch 0009 off)
 CASES=$(echo "$M_CASES" | grep -E "^($(echo $MODES | tr ' ' '|'))\|")
-# LAUNCH_SERIAL=1: each server up before the next starts (large models: no start-up races over GPU memory)
-if [ "${LAUNCH_SERIAL:-0}" = 1 ]; then
+# LAUNCH_SERIAL=1: each server up before the next starts (large models: no start-up races over GPU memory;
+# the default for the dummy models, which lost servers to such races when started together)
+[ "$P1" = tiny ] && SERIAL_DEFAULT=0 || SERIAL_DEFAULT=1
+if [ "${LAUNCH_SERIAL:-$SERIAL_DEFAULT}" = 1 ]; then
   while IFS= read -r c; do launch_servers "$COMMON" <<< "$c"; wait_healthy 60; done <<< "$CASES"
 else
   launch_servers "$COMMON" <<< "$CASES"
