@@ -219,7 +219,9 @@ stage_small() {
     rm -rf "$DEST/models/$m"; mkdir -p "$DEST/models/$m"
     (cd "$BUILD/model/$m" && cp $(ls | grep -v '^model.safetensors$') "$DEST/models/$m/")
   done
-  rm -rf "$DEST/models/dummy-7168"; cp -r "$HERE/models/dummy-7168" "$DEST/models/"
+  for m in dummy-7168 dummy-7168-l24; do  # dummy-weight configs: 8 layers (host-bound), 24 (GPU-bound step)
+    rm -rf "$DEST/models/$m"; cp -r "$HERE/models/$m" "$DEST/models/"
+  done
   { echo "# bundle built $(date -u +%FT%TZ) from $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo +dirty)"
     echo "# series:"; awk '!/^#/ && NF {print "#   " $1}' "$ROOT/patches/sglang-$VER/series" 2>/dev/null || true
     (cd "$DEST" && find . -type f ! -name MANIFEST.txt | sort | xargs sha256sum) ; } > "$DEST/MANIFEST.txt"
