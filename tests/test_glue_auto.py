@@ -296,3 +296,37 @@ def test_controller_costs_are_a_frozen_copy_shared_at_fixed_steps(tmp_path):
         auto._tick(state)
         now[0] += 0.010
     assert state.costs.decode_ms(1) > frozen and state.controller.costs.decode_ms(1) == frozen
+
+
+def test_plain_decode_puts_the_batch_and_runner_back_when_the_forward_fails():
+    import enum
+
+    import torch
+
+    class Algo(enum.Enum):
+        NONE = 0
+        NGRAM = 1
+
+    class Boom(RuntimeError):
+        pass
+
+    class Target:
+        def forward_batch_generation(self, batch, **kw):
+            assert batch.spec_info is None and batch.spec_algorithm is Algo.NONE
+            assert worker.model_runner.spec_algorithm is Algo.NONE and worker.model_runner.attn_backend == "plain"
+            raise Boom("out of memory")
+
+    worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend="verify", decode_cuda_graph_runner="g8",
+                                                          spec_algorithm=Algo.NGRAM), target_worker=Target())
+    info = SimpleNamespace(accept_tokens=torch.tensor([5, 0, 6, 0]), accept_lens=torch.tensor([1, 1]))
+    seq = torch.tensor([3, 4])
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")], spec_info=info,
+                            seq_lens=seq, seq_lens_cpu=None, seq_lens_sum=None, orig_seq_lens=None, input_ids=None,
+                            out_cache_loc=None, spec_algorithm=Algo.NGRAM, req_pool_indices=torch.tensor([0, 1]),
+                            req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(20).view(2, 10)))
+    with pytest.raises(Boom):
+        auto.run_plain_decode(worker, batch, VerifyRuntime(1, "plain", "g1", {}), 2)
+    mr = worker.model_runner
+    assert (mr.attn_backend, mr.decode_cuda_graph_runner, mr.spec_algorithm) == ("verify", "g8", Algo.NGRAM)
+    assert batch.spec_info is info and batch.seq_lens is seq and batch.spec_algorithm is Algo.NGRAM
+    assert batch.input_ids is None and batch.out_cache_loc is None
