@@ -6,8 +6,8 @@ left() { echo $(( DEADLINE_S - $(el) )); }
 log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
 declare -A PID PORT UP
 # the server settings every check shares (TP=2, token-id requests, graphs up to bs 8, metrics on); ATTN picks
-# the attention backend (default triton, the one SM120 has too; fa3 on Hopper)
-COMMON="--tp 2 --skip-tokenizer-init --attention-backend ${ATTN:-triton} --sampling-backend pytorch \
+# the attention backend (default triton, the one SM120 has too; fa3 on Hopper), TP the ranks (TP=8 on 8 GPUs)
+COMMON="--tp ${TP:-2} --skip-tokenizer-init --attention-backend ${ATTN:-triton} --sampling-backend pytorch \
 --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768 \
 --decode-log-interval 40 --enable-metrics --sleep-on-idle --log-level info"
 NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
