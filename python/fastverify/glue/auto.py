@@ -258,7 +258,6 @@ def probe_behind(worker, state: AutoState, batch) -> list:
     with the new features. The corpus' per-request match state advances from these contexts as from any
     lookup (it rebuilds itself when a context does not extend the last one)."""
     from fastverify.chain import reduce_to_chain
-    from fastverify.widths import chain_draft_lengths
 
     k, depth = state.k, int(worker.max_trie_depth)
     req_ids, contexts, totals = [], [], []
@@ -271,16 +270,26 @@ def probe_behind(worker, state: AutoState, batch) -> list:
     worker.ngram_corpus.synchronize()
     tokens, mask = worker.ngram_corpus.batch_get(req_ids, contexts, totals)
     tokens, _mask, _lens = reduce_to_chain(tokens, mask, k, worker._fv.config.match_type)
-    lens = chain_draft_lengths(tokens, k)
+    return _record_drafts(state, batch, tokens, [0] * len(batch.reqs))[1]
+
+
+def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
+    """Chain-format drafts [bs*k] of a lookup -> each request's features (kept as its last known ones) and its
+    chain recorded for the shadow tracker at output position len(output_ids) + carried[i] (tokens of the step
+    in flight, not in output_ids yet). Returns (real chain lengths [bs], views with the new features)."""
+    from fastverify.widths import chain_draft_lengths
+
+    k = state.k
+    lens = chain_draft_lengths(tokens, k)  # [bs] real chain tokens per request
     flat = [int(t) for t in tokens]
     views = []
     for i, req in enumerate(batch.reqs):
         n = int(lens[i])
         f = DraftFeatures(n, 1 if n else 0)
         state.features[req.rid] = f
-        state.shadow.record(req.rid, len(req.output_ids), f, flat[i * k + 1:i * k + 1 + n])
+        state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, flat[i * k + 1:i * k + 1 + n])
         views.append(RequestView(req.rid, f))
-    return views
+    return lens, views
 
 
 def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
@@ -366,25 +375,16 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     if state is None:
         return tokens, mask
     from fastverify.glue.verify_runtime import select_runtime
-    from fastverify.widths import chain_draft_lengths, truncate_drafts
+    from fastverify.widths import truncate_drafts
 
     k = state.k
-    lens = chain_draft_lengths(tokens, k)  # [bs] real chain tokens per request
-    flat = [int(t) for t in tokens]
     use_prev = bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
     prev_lens = list(getattr(worker, "prev_accept_lens", None) or [0] * bs)
     if not state.synced:
         _sync_requests(state, batch)
     state.synced = False
-    views = []
-    for i, req in enumerate(batch.reqs):
-        n = int(lens[i])
-        f = DraftFeatures(n, 1 if n else 0)
-        state.features[req.rid] = f
-        # the draft proposes output positions len(output_ids) + tokens carried from the last step (overlap)
-        pos = len(req.output_ids) + (int(prev_lens[i]) if use_prev else 0)
-        state.shadow.record(req.rid, pos, f, flat[i * k + 1:i * k + 1 + n])
-        views.append(RequestView(req.rid, f))
+    # the draft proposes output positions len(output_ids) + tokens carried from the last step (overlap)
+    lens, views = _record_drafts(state, batch, tokens, [int(p) if use_prev else 0 for p in prev_lens])
     d = state.controller.decide(views)
     width = 1 if d.option.kind == "none" else d.option.width
     keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
