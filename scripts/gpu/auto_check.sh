@@ -21,18 +21,13 @@
 #    sampled workload. Phase 1 and phase 2 servers do not run at the same time.
 set -u
 set +m
-D=$(cd "${1:?bundle dir}" && pwd)
-OUT=${OUT:-$HOME/auto-out}
-W=$HOME/auto
-mkdir -p "$OUT" "$W"
-T0=$(date +%s)
+. "$(dirname "$0")/servers.sh"
+start_check auto "${1:-}"
 DEADLINE_S=${DEADLINE_S:-560}
 CLIENT_TIMEOUT_S=${CLIENT_TIMEOUT_S:-60}
 PHASES=${PHASES:-"1 2"}   # 1: every mode on two workloads; 2: verify timing overhead and split
 ROUNDS=${ROUNDS:-2}       # phase 1 rounds (round 2 in reverse server order)
 has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
-. "$(dirname "$0")/servers.sh"
-pack() { tar -C "$HOME" -cJf "$OUT/auto.tar.xz.tmp" auto && mv "$OUT/auto.tar.xz.tmp" "$OUT/auto.tar.xz"; }
 prepare_machine || exit 1
 DM=$D/models/dummy-7168
 

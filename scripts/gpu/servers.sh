@@ -1,6 +1,18 @@
 # Shared by the GPU-machine check scripts (source it): start SGLang servers together, wait for health,
-# run the serving client, scrape /metrics, find a server's TP-0 scheduler. Needs: W (work folder), D (bundle
-# folder with serving.py), T0 (start time), DEADLINE_S; the caller sets PYTHONPATH to the unpacked site.
+# run the serving client, scrape /metrics, find a server's TP-0 scheduler. A check begins with
+# `start_check NAME BUNDLE_DIR` (D, W, OUT, T0) and sets DEADLINE_S; prepare_machine sets PYTHONPATH to the
+# unpacked site.
+start_check() {  # start_check NAME BUNDLE_DIR: D = the bundle, W = $HOME/NAME (work), OUT (default $HOME/NAME-out)
+  CHECK=$1
+  D=$(cd "${2:?bundle dir}" && pwd) || exit 2
+  OUT=${OUT:-$HOME/$CHECK-out}
+  W=$HOME/$CHECK
+  mkdir -p "$OUT" "$W"
+  T0=$(date +%s)
+}
+pack() {  # the work folder as $OUT/NAME.tar.xz (written whole or not at all)
+  tar -C "$HOME" -cJf "$OUT/$CHECK.tar.xz.tmp" "$CHECK" && mv "$OUT/$CHECK.tar.xz.tmp" "$OUT/$CHECK.tar.xz"
+}
 el() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( DEADLINE_S - $(el) )); }
 log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }

@@ -16,14 +16,9 @@
 #    auto on a 2-layer random model (host-bound, so the step's host work shows).
 set -u
 set +m
-D=$(cd "${1:?bundle dir}" && pwd)
-OUT=${OUT:-$HOME/timing-out}
-W=$HOME/timing
-mkdir -p "$OUT" "$W"
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-540}
 . "$(dirname "$0")/servers.sh"
-pack() { tar -C "$HOME" -cJf "$OUT/timing.tar.xz.tmp" timing && mv "$OUT/timing.tar.xz.tmp" "$OUT/timing.tar.xz"; }
+start_check timing "${1:-}"
+DEADLINE_S=${DEADLINE_S:-540}
 prepare_machine || exit 1
 DM=$D/models/dummy-7168
 
