@@ -82,7 +82,7 @@ done > "$W/identity.txt" 2>&1
 python3 benchmark/auto_verdict.py "$W" --json "$W/verdict.json" > "$W/verdict.txt" 2>&1
 # host profiles on the sampled workload (nothing to speculate on)
 for n in ${PROFILE_SERVERS:-m_auto}; do
-  [ "${PROFILE:-1}" = 1 ] && up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
+  { [ "${PROFILE:-1}" = 1 ] || [ "${PROFILE:-1}" = both ]; } && up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
   ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
       --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
   CP=$!
@@ -93,6 +93,32 @@ for n in ${PROFILE_SERVERS:-m_auto}; do
   log "$n: py-spy rc=$? pid ${pid:-none}"
   wait $CP
 done
+# GPU timelines (PROFILE=torch, or both): SGLang's torch profiler (TORCH_ACTIVITIES, default GPU only: the
+# host-side recording of CPU would slow the host enough to change the step) for TORCH_STEPS decode steps of
+# each PROFILE_SERVERS server, well into one sampled request; benchmark/gpu_timeline.py compares them (first =
+# baseline). The traces stay on the machine ($HOME/traces; too large to bring back), their statistics do not.
+if [ "${PROFILE:-1}" = torch ] || [ "${PROFILE:-1}" = both ]; then
+  TL=()
+  for n in ${PROFILE_SERVERS:-m_plain m_auto}; do
+    up "$n" && [ "$(left)" -gt 40 ] || continue
+    rm -rf "$HOME/traces/$n"
+    ( client "$n" "${n}_torch" --vocab-size 2048 --kinds chat --per-kind 1 --concurrency 1 \
+        --max-new-tokens 700 --temperature 1.0 --warmup 0 ) &
+    CP=$!
+    sleep 1.5
+    python3 -c "import json,sys,urllib.request as u; r=u.Request('http://127.0.0.1:${PORT[$n]}/start_profile', \
+data=json.dumps({'output_dir': sys.argv[1], 'num_steps': ${TORCH_STEPS:-120}, 'activities': sys.argv[2].split(',')}).encode(), \
+headers={'Content-Type': 'application/json'}); print(u.urlopen(r, timeout=30).read().decode())" "$HOME/traces/$n" "${TORCH_ACTIVITIES:-GPU}" \
+      > "$W/$n.torch.log" 2>&1
+    wait $CP
+    for _ in $(seq 1 20); do ls "$HOME/traces/$n"/*TP-0*.trace.json.gz >/dev/null 2>&1 && break; sleep 1; done
+    f=$(ls "$HOME/traces/$n"/*TP-0*.trace.json.gz 2>/dev/null | head -1)
+    log "$n: torch trace ${f:-missing} $(du -h "$f" 2>/dev/null | cut -f1)"
+    [ -n "$f" ] && TL+=("$n=$f")
+  done
+  [ ${#TL[@]} -gt 0 ] && python3 benchmark/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline.json" \
+    > "$W/gpu_timeline.txt" 2>&1
+fi
 grep -h "auto verify\|n-gram verify widths" "$W"/m_auto.log | tail -40 > "$W/auto_lines.txt"
 for n in $MODES; do up "$n" && stop_server "$n"; done
 pack
@@ -137,6 +163,7 @@ grep -h "Verify timing" "$W"/t_*.log | tail -30 > "$W/timing_lines.txt"
 {
   cat "$W/timeline.txt"; echo "== identity"; grep -E "identical|vs" "$W/identity.txt" | head -20
   echo "== verdict"; grep -E "^(#|[a-z])|auto:" "$W/verdict.txt" 2>/dev/null
+  [ -f "$W/gpu_timeline.txt" ] && { echo "== GPU timeline"; cat "$W/gpu_timeline.txt"; }
   echo "== timing lines"; cut -c1-330 "$W/timing_lines.txt" | tail -12
   echo "== auto lines"; cut -c1-400 "$W/auto_lines.txt" | tail -12
   echo "== microbenchmark"; grep -vE "it/s\]|s/it\]" "$W/microbench.log" | tail -8

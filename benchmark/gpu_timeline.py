@@ -1,0 +1,253 @@
+"""What the GPU does between two CUDA-graph launches of a decode loop, from a torch-profiler trace.
+
+A server's decode step is one CUDA-graph launch (the forward) plus the small kernels and copies around it
+(input preparation, sampling, bookkeeping). When the GPU is the bottleneck, every such kernel adds its time to
+the step; when the host is, the GPU idles between launches. This reads a Chrome trace written by SGLang's
+/start_profile (torch profiler with CPU and GPU activities) and reports, per step (one graph launch to the
+next, pauses between requests left out):
+
+  period     graph start to the next graph's start (the step time as the GPU sees it)
+  graph      first kernel start to last kernel end of the launch (the forward in the graph)
+  around     GPU busy time outside graphs between the two launches (union of kernel, copy and set intervals)
+  idle       period - graph - around (the GPU waiting for the host)
+  ops        how many kernels, copies and sets ran outside graphs in that window
+  lead       graph's first kernel start minus the host's launch call (how far the host runs ahead)
+
+and the outside-graph operations by name (calls per step, mean microseconds). Kernels belong to a graph when
+their correlation id is that of a cudaGraphLaunch call.
+
+  python benchmark/gpu_timeline.py TRACE.json.gz [TRACE2 ...] [--json OUT.json] [--top 15]
+
+Several traces (say, the same load on a server without speculation and on one with auto) print side by side
+in one table, the first as the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+API_CATS = ("cuda_runtime", "cuda_driver")
+PAUSE_FACTOR = 3.0  # a period over this many times the median is a pause between requests, not a step
+
+
+def load_events(path) -> list:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data.get("traceEvents", data) if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError(f"{path}: no traceEvents list")
+    return events
+
+
+def _corr(ev):
+    args = ev.get("args") or {}
+    c = args.get("correlation", args.get("correlation id"))
+    return None if c is None else int(c)
+
+
+def _union(intervals) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
+    """Per-step statistics of one trace (see the module doc). Raises ValueError when the trace has fewer than
+    two graph launches on its busiest device."""
+    api = {}
+    for ev in events:
+        if ev.get("ph") == "X" and ev.get("cat") in API_CATS:
+            c = _corr(ev)
+            if c is not None:
+                api[c] = (ev.get("name", ""), float(ev["ts"]))
+    gpu = [ev for ev in events if ev.get("ph") == "X" and ev.get("cat") in GPU_CATS]
+    if not gpu:
+        raise ValueError("no GPU activity in the trace (was it recorded with the GPU activity?)")
+    per_dev = defaultdict(int)
+    for ev in gpu:
+        per_dev[(ev.get("args") or {}).get("device", ev.get("pid"))] += 1
+    dev = max(per_dev, key=per_dev.get)
+    gpu = sorted((ev for ev in gpu if (ev.get("args") or {}).get("device", ev.get("pid")) == dev),
+                 key=lambda ev: float(ev["ts"]))
+
+    # a graph launch: its host call is cudaGraphLaunch, or (a trace without the host calls) several GPU
+    # operations share its correlation id, which a single kernel launch never does
+    per_corr = defaultdict(int)
+    for ev in gpu:
+        per_corr[_corr(ev)] += 1
+    launches = {}  # correlation -> [start, end, kernels, host launch ts or None]
+    loose = []  # (start, end, name)
+    for ev in gpu:
+        s = float(ev["ts"])
+        e = s + float(ev.get("dur", 0.0))
+        c = _corr(ev)
+        call = api.get(c)
+        if c is not None and ((call is not None and "GraphLaunch" in call[0]) or (call is None and per_corr[c] > 1)):
+            g = launches.setdefault(c, [s, e, 0, None if call is None else call[1]])
+            g[0], g[1], g[2] = min(g[0], s), max(g[1], e), g[2] + 1
+        else:
+            loose.append((s, e, ev.get("name", "?")))
+    graphs = sorted(launches.values())
+    if len(graphs) < 2:
+        raise ValueError(f"{len(graphs)} CUDA-graph launch(es) on device {dev}: need two or more")
+
+    windows = []
+    for g, nxt in zip(graphs, graphs[1:]):
+        windows.append({"start": g[0], "graph_end": g[1], "next": nxt[0], "kernels": g[2],
+                        "lead": None if g[3] is None else g[0] - g[3]})
+    med_period = statistics.median(w["next"] - w["start"] for w in windows)
+    steps = [w for w in windows if w["next"] - w["start"] <= pause_factor * med_period]
+
+    # outside-graph operations, assigned to the window they start in (bisect over sorted window ends)
+    ends = [w["graph_end"] for w in steps]
+    per_step_ops = [[] for _ in steps]
+    for s, e, name in loose:
+        i = bisect.bisect_right(ends, s) - 1
+        if 0 <= i < len(steps) and s < steps[i]["next"]:
+            per_step_ops[i].append((s, min(e, steps[i]["next"]), name))
+
+    rows, by_name = [], defaultdict(lambda: [0, 0.0])
+    for w, ops in zip(steps, per_step_ops):
+        period = w["next"] - w["start"]
+        graph = w["graph_end"] - w["start"]
+        around = _union([(s, e) for s, e, _ in ops])
+        rows.append({"period": period, "graph": graph, "around": around,
+                     "idle": max(0.0, period - graph - around), "ops": len(ops), "lead": w["lead"],
+                     "kernels": w["kernels"]})
+        for s, e, name in ops:
+            by_name[name][0] += 1
+            by_name[name][1] += e - s
+    n = len(rows)
+    if n == 0:
+        raise ValueError("no step left after dropping pauses")
+
+    def med(key, sel=None):
+        vals = [r[key] for r in (rows if sel is None else sel) if r[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    sizes = defaultdict(int)
+    for r in rows:
+        sizes[r["kernels"]] += 1
+    # the same statistics per graph (by kernel count: a server with several graph kinds, e.g. decode and
+    # verify passes, mixes steps of different anatomy)
+    by_graph = {}
+    for size in sorted(sizes):
+        sel = [(r, ops) for r, ops in zip(rows, per_step_ops) if r["kernels"] == size]
+        names = defaultdict(lambda: [0, 0.0])
+        for _, ops in sel:
+            for s, e, name in ops:
+                names[name][0] += 1
+                names[name][1] += e - s
+        by_graph[size] = {
+            "steps": len(sel),
+            "median_us": {k: med(k, [r for r, _ in sel]) for k in ("period", "graph", "around", "idle", "ops", "lead")},
+            "ops_by_name": {name: {"per_step": c / len(sel), "mean_us": t / c}
+                            for name, (c, t) in sorted(names.items(), key=lambda kv: -kv[1][1])},
+        }
+    return {
+        "device": dev, "steps": n, "pauses_dropped": len(windows) - n,
+        "graph_sizes": dict(sorted(sizes.items())),
+        "median_us": {k: med(k) for k in ("period", "graph", "around", "idle", "ops", "lead")},
+        "mean_us": {k: sum(r[k] for r in rows) / n for k in ("period", "graph", "around", "idle", "ops")},
+        "ops_by_name": {name: {"per_step": c / n, "mean_us": t / c}
+                        for name, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])},
+        "by_graph": by_graph,
+    }
+
+
+def _short(name: str, width: int = 100) -> str:
+    name = " ".join(name.split())
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at_cuda_detail::"):
+        name = name.replace(noise, "")
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def _views(results: dict) -> dict:
+    """Columns of the table: each trace whole, and, for a trace with several graphs, each graph's steps."""
+    cols = {}
+    for label, r in results.items():
+        cols[label] = r
+        if len(r["by_graph"]) > 1:
+            for size, g in r["by_graph"].items():
+                cols[f"{label}/g{size}"] = {**g, "pauses_dropped": 0, "graph_sizes": {size: g["steps"]},
+                                            "mean_us": None}
+    return cols
+
+
+def render(results: dict, top: int = 15) -> str:
+    """results: label -> analyze() output. The first label is the baseline of the delta column; a trace with
+    several graphs (by kernel count) also gets one column per graph (LABEL/gN)."""
+    results = _views(results)
+    labels = list(results)
+    out = [f"{'per step (median, us)':<24}" + "".join(f"{lb[:22]:>24}" for lb in labels),
+           f"{'':<24}" + "".join(f"{'(- ' + labels[0][:18] + ')' if i else '':>24}" for i in range(len(labels)))]
+    for key in ("period", "graph", "around", "idle", "ops", "lead"):
+        vals = [results[lb]["median_us"][key] for lb in labels]
+        cells = []
+        for i, v in enumerate(vals):
+            if v is None:
+                cells.append(f"{'-':>24}")
+            elif i and vals[0] is not None:
+                cells.append(f"{f'{v:.1f} ({v - vals[0]:+.1f})':>24}")
+            else:
+                cells.append(f"{v:>24.1f}")
+        out.append(f"{key:<24}" + "".join(cells))
+    out.append(f"{'steps (pauses dropped)':<24}" + "".join(
+        f"{str(results[lb]['steps']) + ' (' + str(results[lb]['pauses_dropped']) + ')':>24}" for lb in labels))
+    out.append(f"{'mean period':<24}" + "".join(
+        f"{results[lb]['mean_us']['period']:>24.1f}" if results[lb]["mean_us"] else f"{'-':>24}" for lb in labels))
+    for lb in labels:
+        r = results[lb]
+        out.append("")
+        out.append(f"{lb}: graphs by kernel count {r['graph_sizes']}; outside-graph operations, heaviest first")
+        out.append(f"  {'calls/step':>10} {'mean us':>8} {'us/step':>8}  name")
+        for name, v in list(r["ops_by_name"].items())[:top]:
+            out.append(f"  {v['per_step']:>10.2f} {v['mean_us']:>8.2f} {v['per_step'] * v['mean_us']:>8.2f}  "
+                       f"{_short(name)}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="+", help="torch-profiler Chrome traces (.json or .json.gz); "
+                    "LABEL=PATH names a column")
+    ap.add_argument("--json", help="write the statistics here")
+    ap.add_argument("--top", type=int, default=15, help="outside-graph operations listed per trace")
+    args = ap.parse_args(argv)
+    results = {}
+    for spec in args.traces:
+        label, _, path = spec.rpartition("=") if "=" in spec else (Path(spec).name.split(".")[0], "", spec)
+        try:
+            results[label] = analyze(load_events(path))
+        except (OSError, ValueError) as e:
+            print(f"gpu_timeline: {path}: {e}", file=sys.stderr)
+            return 2
+    print(render(results, args.top))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"traces": dict(zip(results, args.traces)), "results": results,
+                                               "repro": "python benchmark/gpu_timeline.py " + " ".join(args.traces)},
+                                              indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""benchmark/gpu_timeline.py on made-up torch-profiler traces whose step anatomy is known by construction."""
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+import gpu_timeline  # noqa: E402
+
+
+class Trace:
+    """Builds Chrome-trace events: graph launches (host call + kernels with its correlation id) and loose
+    kernels (each with its own launch call)."""
+
+    def __init__(self):
+        self.events, self.corr = [], 0
+
+    def _call(self, name, ts):
+        self.corr += 1
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 3.0,
+                            "pid": 100, "tid": 1, "args": {"correlation": self.corr}})
+        return self.corr
+
+    def graph(self, host_ts, start, kernel_durs, gap=1.0, device=0):
+        c = self._call("cudaGraphLaunch", host_ts)
+        t = start
+        for d in kernel_durs:
+            self.events.append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": t, "dur": d, "pid": device,
+                                "tid": 7, "args": {"correlation": c, "device": device}})
+            t += d + gap
+        return t - gap  # end of the last kernel
+
+    def loose(self, name, start, dur, cat="kernel", device=0):
+        c = self._call("cudaLaunchKernel", start - 20.0)
+        self.events.append({"ph": "X", "cat": cat, "name": name, "ts": start, "dur": dur, "pid": device,
+                            "tid": 7, "args": {"correlation": c, "device": device}})
+
+
+def _steady(n_steps=6, pause_after=None):
+    """Steps of period 1000 us: a graph of three 200-us kernels (span 602 us), then an index kernel (10 us)
+    and a copy (5 us) outside the graph; the host launches each graph 300 us before its first kernel."""
+    tr = Trace()
+    t = 10_000.0
+    for i in range(n_steps):
+        end = tr.graph(t - 300.0, t, [200.0, 200.0, 200.0])
+        tr.loose("index_kernel", end + 50.0, 10.0)
+        tr.loose("Memcpy DtoH", end + 100.0, 5.0, cat="gpu_memcpy")
+        t += 1000.0
+        if pause_after is not None and i == pause_after:
+            t += 50_000.0  # no request for 50 ms
+    return tr
+
+
+def test_step_anatomy_by_construction():
+    r = gpu_timeline.analyze(_steady().events)
+    assert r["steps"] == 5 and r["pauses_dropped"] == 0
+    m = r["median_us"]
+    assert m["period"] == pytest.approx(1000.0)
+    assert m["graph"] == pytest.approx(602.0)
+    assert m["around"] == pytest.approx(15.0)
+    assert m["idle"] == pytest.approx(1000.0 - 602.0 - 15.0)
+    assert m["ops"] == 2 and m["lead"] == pytest.approx(300.0)
+    assert r["graph_sizes"] == {3: 5}
+    ops = r["ops_by_name"]
+    assert list(ops) == ["index_kernel", "Memcpy DtoH"]  # heaviest first
+    assert ops["index_kernel"]["per_step"] == pytest.approx(1.0) and ops["index_kernel"]["mean_us"] == 10.0
+
+
+def test_pauses_between_requests_are_not_steps():
+    r = gpu_timeline.analyze(_steady(n_steps=8, pause_after=3).events)
+    assert r["pauses_dropped"] == 1 and r["steps"] == 6
+    assert r["mean_us"]["period"] == pytest.approx(1000.0)
+
+
+def test_overlapping_operations_count_once_and_other_devices_are_ignored():
+    tr = _steady()
+    # a second stream's kernel overlapping the index kernel of the first step: busy time is a union
+    first_end = 10_000.0 + 602.0
+    tr.loose("other_stream", first_end + 55.0, 10.0)
+    # device 1's activity (fewer events) must not mix in
+    tr.graph(9_000.0, 9_500.0, [100.0], device=1)
+    tr.loose("dev1", 9_700.0, 1.0, device=1)
+    r = gpu_timeline.analyze(tr.events)
+    rows_around = r["mean_us"]["around"]
+    # one step gains 5 us of union busy time (55..65 overlaps 50..60 by 5): mean over 5 steps = 15 + 1
+    assert rows_around == pytest.approx(16.0)
+    assert "dev1" not in r["ops_by_name"]
+
+
+def test_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="no GPU activity"):
+        gpu_timeline.analyze([{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 1}])
+    tr = Trace()
+    tr.graph(0.0, 10.0, [5.0])
+    with pytest.raises(ValueError, match="need two or more"):
+        gpu_timeline.analyze(tr.events)
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    assert gpu_timeline.main([str(bad)]) == 2
+
+
+def test_cli_reads_gzip_compares_and_writes_json(tmp_path, capsys):
+    base, auto = _steady(), _steady()
+    # the second server runs two more 20-us kernels outside the graph each step
+    for ev in [e for e in auto.events if e.get("name") == "index_kernel"]:
+        auto.loose("gather_kernel", ev["ts"] + 200.0, 20.0)
+        auto.loose("gather_kernel", ev["ts"] + 250.0, 20.0)
+    paths = []
+    for name, tr in (("plain", base), ("auto", auto)):
+        p = tmp_path / f"{name}.trace.json.gz"
+        with gzip.open(p, "wt") as f:
+            json.dump({"traceEvents": tr.events}, f)
+        paths.append(f"{name}={p}")
+    out = tmp_path / "tl.json"
+    assert gpu_timeline.main(paths + ["--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    around = next(line for line in text.splitlines() if line.startswith("around"))
+    assert around.split()[1:] == ["15.0", "55.0", "(+40.0)"]
+    data = json.loads(out.read_text())
+    assert data["results"]["auto"]["ops_by_name"]["gather_kernel"]["per_step"] == pytest.approx(2.0)
+    assert data["repro"].startswith("python benchmark/gpu_timeline.py")
+
+
+def test_graph_launches_found_without_host_calls_and_steps_split_by_graph():
+    """A trace recorded without the host calls still shows graph launches (several kernels share one
+    correlation id); a server with two graphs (decode and verify) gets the statistics of each."""
+    tr = Trace()
+    t = 10_000.0
+    for i in range(6):
+        durs = [200.0] * 3 if i % 2 else [300.0] * 4  # alternate a 3-kernel and a 4-kernel graph
+        end = tr.graph(t - 300.0, t, durs)
+        tr.loose("k", end + 10.0, 4.0 if i % 2 else 8.0)
+        t += 1500.0
+    events = [e for e in tr.events if e["cat"] not in ("cuda_runtime",)]
+    r = gpu_timeline.analyze(events)
+    assert r["graph_sizes"] == {3: 2, 4: 3}
+    assert r["median_us"]["lead"] is None
+    g3, g4 = r["by_graph"][3], r["by_graph"][4]
+    assert g3["median_us"]["graph"] == pytest.approx(602.0) and g4["median_us"]["graph"] == pytest.approx(1203.0)
+    assert g3["median_us"]["around"] == pytest.approx(4.0) and g4["median_us"]["around"] == pytest.approx(8.0)
+    text = gpu_timeline.render({"x": r})
+    assert "x/g3" in text and "x/g4" in text
