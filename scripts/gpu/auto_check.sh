@@ -80,7 +80,8 @@ for n in m_tree m_chain m_chain_w m_auto m_auto_sync; do
 done > "$W/identity.txt" 2>&1
 # the goal per load and concurrency (auto >= 0.98x the best server and >= no speculation), from the client JSONs
 python3 benchmark/auto_verdict.py "$W" --json "$W/verdict.json" > "$W/verdict.txt" 2>&1
-# host profiles on the sampled workload (nothing to speculate on)
+# host profiles on the sampled workload (nothing to speculate on); PYSPY_ARGS adds py-spy options (--idle:
+# waiting threads too)
 for n in ${PROFILE_SERVERS:-m_auto}; do
   { [ "${PROFILE:-1}" = 1 ] || [ "${PROFILE:-1}" = both ]; } && up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
   ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
@@ -88,9 +89,10 @@ for n in ${PROFILE_SERVERS:-m_auto}; do
   CP=$!
   sleep 2
   pid=$(tp0_pid "$n")
-  [ -n "$pid" ] && timeout 30 "$SPY" record --pid "$pid" --duration 10 --rate 250 --format raw --nonblocking \
+  [ -n "$pid" ] && timeout 30 "$SPY" record --pid "$pid" --duration 10 --rate 250 --format raw --nonblocking ${PYSPY_ARGS:-} \
     --output "$W/$n.pyspy.txt" > "$W/$n.pyspy.log" 2>&1
   log "$n: py-spy rc=$? pid ${pid:-none}"
+  [ -s "$W/$n.pyspy.txt" ] && python3 scripts/gpu/pyspy_top.py "$W/$n.pyspy.txt" --top 70 > "$W/$n.pyspy_top.txt" 2>&1
   wait $CP
 done
 # GPU timelines (PROFILE=torch, or both): SGLang's torch profiler (TORCH_ACTIVITIES, default GPU only: the
