@@ -524,7 +524,11 @@ def cmd_run(args):
     pre = preamble(args, server_facts(ep))
     print_preamble(pre)
     if args.warmup:
-        run_level(ep, args, prompts[:1], 1, args.warmup, min(32, args.max_new_tokens), "warmup")
+        # at every measured concurrency: a server's first batch of a new size can pay one-time costs (a JIT
+        # compile of a kernel for that shape took ~0.5 s in the first speculative server to see 4 requests on a
+        # fresh machine) that do not belong to the level's numbers; the same short request, c at a time
+        for c in levels:
+            run_level(ep, args, prompts[:1], c, c * args.warmup, min(32, args.max_new_tokens), f"warmup c={c}")
     result = {"repro_command": " ".join(shlex.quote(a) for a in ["python3", args._script] + args._argv),
               "preamble": pre, "config": {k: v for k, v in vars(args).items() if k not in ("func", "api_key") and not k.startswith("_")},
               "prompts": prompts, "levels": []}
@@ -705,7 +709,8 @@ def main(argv=None):
     r.add_argument("--input-ids", action="store_true", help="send token ids (server without a tokenizer)")
     r.add_argument("--vocab-size", type=int, default=32000, help="for --input-ids")
     r.add_argument("--metrics", action="store_true", help="scrape /metrics around each level")
-    r.add_argument("--warmup", type=int, default=1, help="short requests before measuring")
+    r.add_argument("--warmup", type=int, default=1,
+                   help="short requests per concurrency slot before measuring, run at each level's concurrency")
     r.add_argument("--wait-s", type=float, default=0, help="wait up to this long for /health first")
     r.add_argument("--request-timeout", type=float, default=900)
     r.add_argument("--json", help="write the full result (with repro_command) here")

@@ -319,3 +319,18 @@ def test_errors_are_recorded_not_raised(tmp_path):
     assert rc == 1
     s = json.loads(out.read_text())["levels"][0]["summary"]
     assert s["errors"] == s["requests"] == 2 and "first_error" in s   # max(1 prompt, 1 * 2 per slot)
+
+
+def test_warmup_runs_at_every_measured_concurrency(tmp_path):
+    """Warm-up requests (short, one prompt) go out at each level's concurrency before anything is measured, so a
+    server's first batch of that size is not in the numbers; they are not in the results."""
+    out = tmp_path / "w.json"
+    with FakeServer() as srv:
+        serving.main(["run", "--base-url", srv.url, "--kinds", "chat", "--per-kind", "1", "--concurrency", "1,3",
+                      "--max-new-tokens", "40", "--warmup", "1", "--no-progress", "--json", str(out)])
+        bodies = [b for path, b in srv.bodies if path == "/generate"]
+    res = json.loads(out.read_text())
+    warm, measured = bodies[:4], bodies[4:]
+    assert [b["sampling_params"]["max_new_tokens"] for b in warm] == [32] * 4  # 1 at c=1, then 3 at c=3
+    assert all(b["sampling_params"]["max_new_tokens"] == 40 for b in measured)
+    assert len(measured) == sum(lv["summary"]["requests"] for lv in res["levels"]) == 2 + 6  # 2 per slot
