@@ -14,7 +14,9 @@ next, pauses between requests left out):
   lead       graph's first kernel start minus the host's launch call (how far the host runs ahead)
 
 and the outside-graph operations by name (calls per step, mean microseconds). Kernels belong to a graph when
-their correlation id is that of a cudaGraphLaunch call.
+their correlation id is that of a cudaGraphLaunch call (or, in a trace without the host calls, when several GPU
+operations share one correlation id). A server with several graphs (decode and verify passes: graphs of
+different kernel counts) also gets the statistics of each graph's steps.
 
   python benchmark/gpu_timeline.py TRACE.json.gz [TRACE2 ...] [--json OUT.json] [--top 15]
 

@@ -18,7 +18,8 @@
 # 3. The all-reduce-vs-compute microbenchmark for the dummy model, tokens 1 and 8, NCCL.
 #    PHASE1_MODEL=dummy runs phase 1 on the dummy 7168-hidden model instead (GPU-heavier steps).
 #    Phase 1 ends with a host profile (py-spy, 10 s, TP-0 scheduler) of auto on the
-#    sampled workload. Phase 1 and phase 2 servers do not run at the same time.
+#    sampled workload (PROFILE=1, the default; PROFILE=torch: GPU timelines of PROFILE_SERVERS instead,
+#    benchmark/gpu_timeline.py; both: the two; 0: none). Phase 1 and phase 2 servers do not run at the same time.
 set -u
 set +m
 . "$(dirname "$0")/servers.sh"
