@@ -38,6 +38,7 @@ from pathlib import Path
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
 PAUSE_FACTOR = 3.0  # a period over this many times the median is a pause between requests, not a step
+STEP_KEYS = ("period", "graph", "around", "idle", "ops", "lead")
 
 
 def load_events(path) -> list:
@@ -85,10 +86,9 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         raise ValueError("no GPU activity in the trace (was it recorded with the GPU activity?)")
     per_dev = defaultdict(int)
     for ev in gpu:
-        per_dev[(ev.get("args") or {}).get("device", ev.get("pid"))] += 1
+        per_dev[_device(ev)] += 1
     dev = max(per_dev, key=per_dev.get)
-    gpu = sorted((ev for ev in gpu if (ev.get("args") or {}).get("device", ev.get("pid")) == dev),
-                 key=lambda ev: float(ev["ts"]))
+    gpu = sorted((ev for ev in gpu if _device(ev) == dev), key=lambda ev: float(ev["ts"]))
 
     # a graph launch: its host call is cudaGraphLaunch, or (a trace without the host calls) several GPU
     # operations share its correlation id, which a single kernel launch never does
@@ -126,7 +126,7 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         if 0 <= i < len(steps) and s < steps[i]["next"]:
             per_step_ops[i].append((s, min(e, steps[i]["next"]), name))
 
-    rows, by_name = [], defaultdict(lambda: [0, 0.0])
+    rows = []
     for w, ops in zip(steps, per_step_ops):
         period = w["next"] - w["start"]
         graph = w["graph_end"] - w["start"]
@@ -134,16 +134,9 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         rows.append({"period": period, "graph": graph, "around": around,
                      "idle": max(0.0, period - graph - around), "ops": len(ops), "lead": w["lead"],
                      "kernels": w["kernels"]})
-        for s, e, name in ops:
-            by_name[name][0] += 1
-            by_name[name][1] += e - s
     n = len(rows)
     if n == 0:
         raise ValueError("no step left after dropping pauses")
-
-    def med(key, sel=None):
-        vals = [r[key] for r in (rows if sel is None else sel) if r[key] is not None]
-        return statistics.median(vals) if vals else None
 
     sizes = defaultdict(int)
     for r in rows:
@@ -153,26 +146,41 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
     by_graph = {}
     for size in sorted(sizes):
         sel = [(r, ops) for r, ops in zip(rows, per_step_ops) if r["kernels"] == size]
-        names = defaultdict(lambda: [0, 0.0])
-        for _, ops in sel:
-            for s, e, name in ops:
-                names[name][0] += 1
-                names[name][1] += e - s
-        by_graph[size] = {
-            "steps": len(sel),
-            "median_us": {k: med(k, [r for r, _ in sel]) for k in ("period", "graph", "around", "idle", "ops", "lead")},
-            "ops_by_name": {name: {"per_step": c / len(sel), "mean_us": t / c}
-                            for name, (c, t) in sorted(names.items(), key=lambda kv: -kv[1][1])},
-        }
+        by_graph[size] = {"steps": len(sel), "median_us": _medians([r for r, _ in sel]),
+                          "ops_by_name": _ops_by_name([ops for _, ops in sel])}
     return {
         "device": dev, "steps": n, "pauses_dropped": len(windows) - n,
         "graph_sizes": dict(sorted(sizes.items())),
-        "median_us": {k: med(k) for k in ("period", "graph", "around", "idle", "ops", "lead")},
+        "median_us": _medians(rows),
         "mean_us": {k: sum(r[k] for r in rows) / n for k in ("period", "graph", "around", "idle", "ops")},
-        "ops_by_name": {name: {"per_step": c / n, "mean_us": t / c}
-                        for name, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])},
+        "ops_by_name": _ops_by_name(per_step_ops),
         "by_graph": by_graph,
     }
+
+
+def _device(ev):
+    return (ev.get("args") or {}).get("device", ev.get("pid"))
+
+
+def _medians(rows) -> dict:
+    """Median of each step statistic over `rows` (None where no row has it: `lead` without host calls)."""
+    out = {}
+    for key in STEP_KEYS:
+        vals = [r[key] for r in rows if r[key] is not None]
+        out[key] = statistics.median(vals) if vals else None
+    return out
+
+
+def _ops_by_name(op_lists) -> dict:
+    """Outside-graph operations of the steps in `op_lists` (one list of (start, end, name) per step) by name:
+    calls per step and mean microseconds, heaviest in total first."""
+    names = defaultdict(lambda: [0, 0.0])
+    for ops in op_lists:
+        for s, e, name in ops:
+            names[name][0] += 1
+            names[name][1] += e - s
+    return {name: {"per_step": c / len(op_lists), "mean_us": t / c}
+            for name, (c, t) in sorted(names.items(), key=lambda kv: -kv[1][1])}
 
 
 def _short(name: str, width: int = 100) -> str:
@@ -201,7 +209,7 @@ def render(results: dict, top: int = 15) -> str:
     labels = list(results)
     out = [f"{'per step (median, us)':<24}" + "".join(f"{lb[:22]:>24}" for lb in labels),
            f"{'':<24}" + "".join(f"{'(- ' + labels[0][:18] + ')' if i else '':>24}" for i in range(len(labels)))]
-    for key in ("period", "graph", "around", "idle", "ops", "lead"):
+    for key in STEP_KEYS:
         vals = [results[lb]["median_us"][key] for lb in labels]
         cells = []
         for i, v in enumerate(vals):
