@@ -582,8 +582,7 @@ class Controller:
         self.current = chosen.option
         d = Decision(chosen.option, chosen.speculate, {e.option.label: e.rate for e in evals}, chosen.pass_ms,
                      self.step)
-        # lookups back off while they buy nothing: the gap doubles after a lookup that chose no speculation
-        self._probe_gap = 1 if chosen.option.kind != NONE else min(self._probe_gap * 2, 1 << 16)
+        self._back_off(chosen.option.kind != NONE)
         self.last = d
         self.counters["steps"] += 1
         self.counters["requests"] += len(requests)
@@ -637,7 +636,7 @@ class Controller:
         ran without speculation: `requests` carry the features of those drafts. The probe gap goes back to 1
         when they make speculation look worthwhile (the next step then looks up for real) and doubles
         otherwise; the step counts as a step without a lookup's drafts verified (`note_lean`)."""
-        self._probe_gap = 1 if self._wanted(requests) else min(self._probe_gap * 2, 1 << 16)
+        self._back_off(self._wanted(requests))
         self.counters["probe_lookups"] += 1
         return self.note_lean(len(requests))
 
@@ -652,6 +651,11 @@ class Controller:
         if self.costs.samples(LEAN, bs, 1) < self.costs.min_samples:
             return True  # not measured yet: take lean steps to measure them
         return step_ms(LEAN, bs, 1) * (1.0 + margin) < step_ms(SPEC, bs, 1)
+
+    def _back_off(self, speculating: bool) -> None:
+        """Lookups back off while they buy nothing: after a lookup (or probe) the gap goes back to 1 if it
+        chose (or would choose) to speculate, and doubles otherwise."""
+        self._probe_gap = 1 if speculating else min(self._probe_gap * 2, 1 << 16)
 
     def reset_probe(self) -> None:
         """A new request joined: look up again soon (its output may start repeating at once)."""
