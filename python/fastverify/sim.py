@@ -252,16 +252,14 @@ class AutoPolicy:
             self.paid_lookup = False
             d = self.c.note_lean(len(views))
             return d.option, d.speculate
-        elif self.c.planned == PLAN_PROBE:
-            self.looked_up, self.paid_lookup = True, False
-            for v in views:
-                self.last[v.req_id] = v.features
-            d = self.c.note_probe(views)
-            return d.option, d.speculate
         self.looked_up = True
         for v in views:
             self.last[v.req_id] = v.features
-        d = self.c.decide(views)
+        if not fresh and self.c.planned == PLAN_PROBE:
+            self.paid_lookup = False
+            d = self.c.note_probe(views)
+        else:
+            d = self.c.decide(views)
         return d.option, d.speculate
 
     def observe(self, rid, features, chain, tree):
