@@ -422,9 +422,9 @@ class CostTable:
         return dict(self.table.verify)
 
     def pass_ms(self, n: int) -> float:
-        verify = self.verify_ms
-        if n in verify:
-            return verify[n]
+        for tokens, ms in self.table.verify:
+            if tokens == n:
+                return ms
         if n == 1:
             return self.decode_ms
         lo, hi = self.table.verify[0][0], self.table.verify[-1][0]
