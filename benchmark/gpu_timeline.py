@@ -35,6 +35,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+SCRIPT = "benchmark/gpu_timeline.py"
+
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
 PAUSE_FACTOR = 3.0  # a period over this many times the median is a pause between requests, not a step
@@ -253,9 +258,8 @@ def main(argv=None) -> int:
             return 2
     print(render(results, args.top))
     if args.json:
-        Path(args.json).write_text(json.dumps({"traces": dict(zip(results, args.traces)), "results": results,
-                                               "repro": "python benchmark/gpu_timeline.py " + " ".join(args.traces)},
-                                              indent=1))
+        common.write_json(args.json, {"traces": dict(zip(results, args.traces)), "results": results},
+                          common.repro_command(sys.argv[1:] if argv is None else list(argv), SCRIPT))
     return 0
 
 

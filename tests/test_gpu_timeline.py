@@ -123,7 +123,8 @@ def test_cli_reads_gzip_compares_and_writes_json(tmp_path, capsys):
     assert around.split()[1:] == ["15.0", "55.0", "(+40.0)"]
     data = json.loads(out.read_text())
     assert data["results"]["auto"]["ops_by_name"]["gather_kernel"]["per_step"] == pytest.approx(2.0)
-    assert data["repro"].startswith("python benchmark/gpu_timeline.py")
+    assert data["repro_command"].startswith("python benchmark/gpu_timeline.py plain=")
+    assert data["repro_command"].endswith(f"--json {out}")
 
 
 def test_graph_launches_found_without_host_calls_and_steps_split_by_graph():
