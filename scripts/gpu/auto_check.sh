@@ -20,6 +20,7 @@
 #    Phase 1 ends with a host profile (py-spy, 10 s, TP-0 scheduler) of auto on the
 #    sampled workload (PROFILE=1, the default; PROFILE=torch: GPU timelines of PROFILE_SERVERS instead,
 #    benchmark/gpu_timeline.py; both: the two; 0: none). Phase 1 and phase 2 servers do not run at the same time.
+#    STEPTRACE=1: every scheduler iteration of every server traced (benchmark/step_trace.py -> step_trace.txt).
 set -u
 set +m
 . "$(dirname "$0")/servers.sh"
@@ -81,6 +82,12 @@ for n in m_tree m_chain m_chain_w m_auto m_auto_sync; do
 done > "$W/identity.txt" 2>&1
 # the goal per load and concurrency (auto >= 0.98x the best server and >= no speculation), from the client JSONs
 python3 benchmark/auto_verdict.py "$W" --json "$W/verdict.json" > "$W/verdict.txt" 2>&1
+# STEPTRACE=1: per-step host statistics of every server (launch, wait for the GPU, garbage collections; the
+# servers' step traces are written when they go idle between loads, so the last load's are complete)
+if [ "${STEPTRACE:-0}" = 1 ]; then
+  traced=""; for n in $MODES; do [ -d "$W/steps-$n" ] && traced="$traced $n=$W/steps-$n"; done
+  [ -n "$traced" ] && python3 benchmark/step_trace.py $traced --json "$W/step_trace.json" > "$W/step_trace.txt" 2>&1
+fi
 # host profiles on the sampled workload (nothing to speculate on); PYSPY_ARGS adds py-spy options (--idle:
 # waiting threads too)
 for n in ${PROFILE_SERVERS:-m_auto}; do

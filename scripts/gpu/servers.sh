@@ -51,10 +51,12 @@ launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" li
     [ -z "$name" ] && continue
     cp -r "$HOME/jitcache" "$HOME/jit-$name"
     envv="SRV_ENV_$name"
-    TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env ${!envv:-} python3 -m sglang.launch_server $common --port "$port" \
-      --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
+    trace=""  # STEPTRACE=1: every scheduler iteration recorded under $W/steps-NAME (benchmark/step_trace.py)
+    [ "${STEPTRACE:-0}" = 1 ] && trace="FASTVERIFY_STEP_TRACE=$W/steps-$name PYTHONPATH=$PWD/scripts/gpu/steptrace:$PYTHONPATH"
+    TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env $trace ${!envv:-} python3 -m sglang.launch_server $common \
+      --port "$port" --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
     PID[$name]=$!; PORT[$name]=$port
-    echo "$name: ${!envv:-} python3 -m sglang.launch_server $common --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
+    echo "$name: $trace ${!envv:-} python3 -m sglang.launch_server $common --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
   done
   log "launched ${!PID[*]}"
 }

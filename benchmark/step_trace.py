@@ -1,0 +1,254 @@
+"""Per-step statistics of SGLang's scheduler loop, from the traces of ``FASTVERIFY_STEP_TRACE``.
+
+``python/fastverify/steptrace.py`` records every iteration of a server's scheduler (the host launching a
+step, the host processing the last step's result and how long it waited there for the GPU, garbage
+collections). This turns a server's records into per-step numbers, the distribution and not only the mean:
+
+  period   one ``run_batch`` start to the next (the step time: with the overlap scheduler the host
+           launches step N+1 while the GPU runs step N, so this is the GPU's step unless the host is late)
+  wait     time the host waited for the step in flight (CUDA event synchronize in process_batch_result)
+  busy     period - wait: the host's own work per step
+  late     share of steps with wait < 0.2 ms: the host was the bottleneck for those
+  gc       garbage collections: per 1000 steps, mean ms per step, longest pause
+
+over the steady decode steps (a decode step followed by another of the same batch size; gaps longer than
+0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify mode
+(``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from, ``spec``: drafts verified),
+and for the steps right after each prefill (the time to first token and the next tokens).
+
+  python benchmark/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
+
+DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process; the scheduler of the lowest
+process id with steps, TP rank 0 in a plain start, is read) or one of its files. The first server is the
+baseline the others are compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+SCRIPT = "benchmark/step_trace.py"
+PAUSE_S = 0.5  # a longer period between two launches is a pause between requests, not a step
+LATE_S = 0.0002  # a step whose host waited less than this for the GPU had the host as its bottleneck
+DECODE_MODES = ("DECODE", "TARGET_VERIFY", "IDLE")
+PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
+AFTER_PREFILL = 4  # the prefill's own iteration and the next three
+
+
+def trace_files(path) -> list:
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise OSError(f"{path}: no such file or folder")
+    files = sorted(p.glob("steps-*.jsonl"), key=lambda f: int(f.stem.split("-")[1]))
+    if not files:
+        raise ValueError(f"{path}: no steps-<pid>.jsonl files (was FASTVERIFY_STEP_TRACE set for this server?)")
+    return files
+
+
+def load_records(path) -> list:
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON record ({e.msg})") from None
+            if not isinstance(rec, list) or not rec or rec[0] not in ("R", "P", "G"):
+                raise ValueError(f"{path}:{n}: not a step-trace record: {line[:80]}")
+            records.append(rec)
+    return records
+
+
+def load_server(path) -> tuple:
+    """(file, records) of the first process of a server's folder that ran steps."""
+    for f in trace_files(path):
+        records = load_records(f)
+        if any(r[0] == "R" for r in records):
+            return f, records
+    raise ValueError(f"{path}: no scheduler steps recorded")
+
+
+def steps(records, pause_s: float = PAUSE_S) -> list:
+    """One row per launch that has a next launch within pause_s: its period and what happened in it."""
+    runs = sorted((r for r in records if r[0] == "R"), key=lambda r: r[1])
+    procs = sorted((r for r in records if r[0] == "P"), key=lambda r: r[1])
+    gcs = sorted((r for r in records if r[0] == "G"), key=lambda r: r[2])
+    rows, pi, gi = [], 0, 0
+    for i in range(len(runs) - 1):
+        cur, nxt = runs[i], runs[i + 1]
+        start, end = cur[1], nxt[1]
+        wait = proc = gc_s = 0.0
+        n_gc = 0
+        while pi < len(procs) and procs[pi][1] < end:
+            if procs[pi][1] >= start:
+                wait += procs[pi][3]
+                proc += procs[pi][2] - procs[pi][1] - procs[pi][3]
+            pi += 1
+        while gi < len(gcs) and gcs[gi][2] < end:
+            if gcs[gi][2] >= start:
+                gc_s += gcs[gi][3]
+                n_gc += 1
+            gi += 1
+        period = end - start
+        if period > pause_s:
+            continue
+        kind, width, probe = (cur[5:8] + [None, None, None])[:3]
+        rows.append({"period": period, "launch": cur[2] - cur[1], "wait": wait, "busy": period - wait,
+                     "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
+                     "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i})
+    return rows
+
+
+def _pct(values, q: float) -> float:
+    vals = sorted(values)
+    if not vals:
+        return float("nan")
+    pos = q * (len(vals) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+def summarize(rows) -> dict:
+    """Statistics of a group of steps, times in ms."""
+    if not rows:
+        return {"steps": 0}
+    ms = lambda key: [1000.0 * r[key] for r in rows]  # noqa: E731
+    period, busy, wait = ms("period"), ms("busy"), ms("wait")
+    gc_ms = ms("gc")
+    n = len(rows)
+    return {
+        "steps": n,
+        "period_median": statistics.median(period), "period_mean": statistics.fmean(period),
+        "period_p90": _pct(period, 0.9), "period_p99": _pct(period, 0.99), "period_max": max(period),
+        "busy_median": statistics.median(busy), "busy_mean": statistics.fmean(busy),
+        "busy_p90": _pct(busy, 0.9), "busy_p99": _pct(busy, 0.99),
+        "wait_median": statistics.median(wait), "wait_mean": statistics.fmean(wait),
+        "launch_median": 1000.0 * statistics.median(r["launch"] for r in rows),
+        "proc_median": 1000.0 * statistics.median(r["proc"] for r in rows),
+        "late_share": sum(1 for r in rows if r["wait"] < LATE_S) / n,
+        "gc_per_1000": 1000.0 * sum(r["n_gc"] for r in rows) / n,
+        "gc_ms_per_step": statistics.fmean(gc_ms), "gc_max_ms": max(gc_ms),
+    }
+
+
+def _kind_label(row) -> str:
+    if row["kind"] is None:
+        return "plain"
+    if row["kind"] == "lean":
+        return "lean probe" if row["probe"] else "lean"
+    return f"spec w{row['width']}"
+
+
+def analyze(records, pause_s: float = PAUSE_S) -> dict:
+    rows = steps(records, pause_s)
+    steady = [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
+              and r["bs"] == r["next_bs"]]
+    kinds = {}
+    for r in steady:
+        kinds.setdefault(_kind_label(r), []).append(r)
+    by_index = {r["index"]: r for r in rows}
+    after = [[] for _ in range(AFTER_PREFILL)]
+    for r in rows:
+        if r["mode"] in PREFILL_MODES:
+            for k in range(AFTER_PREFILL):
+                nxt = by_index.get(r["index"] + k)
+                if nxt is None or (k and nxt["mode"] in PREFILL_MODES):
+                    break
+                after[k].append(1000.0 * nxt["period"])
+    return {
+        "decode": summarize(steady),
+        "by_kind": {k: summarize(v) for k, v in sorted(kinds.items())} if len(kinds) > 1 else {},
+        "after_prefill_ms": [statistics.median(a) if a else None for a in after],
+        "prefills": len(after[0]),
+        "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
+        "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
+    }
+
+
+ROWS = [("period_median", "period median"), ("period_mean", "period mean"), ("period_p90", "period p90"),
+        ("period_p99", "period p99"), ("period_max", "period max"), ("busy_median", "busy median"),
+        ("busy_mean", "busy mean"), ("busy_p99", "busy p99"), ("wait_median", "wait median"),
+        ("launch_median", "launch median"), ("proc_median", "process median"), ("late_share", "late (share)"),
+        ("gc_per_1000", "gc per 1000 steps"), ("gc_ms_per_step", "gc ms per step"), ("gc_max_ms", "gc longest")]
+
+
+def _cell(value, base, fmt: str = "{:.3f}") -> str:
+    if value is None or value != value:
+        return "-"
+    text = fmt.format(value)
+    if base is not None and base == base:
+        text += f" ({value - base:+.3f})"
+    return text
+
+
+def render(results: dict) -> str:
+    labels = list(results)
+    base = labels[0]
+    width = 26
+    out = ["decode steps (ms; steady: same batch size before and after)".ljust(34)
+           + "".join(lab.rjust(width) for lab in labels)]
+    out.append("steps".ljust(34) + "".join(str(results[lab]["decode"].get("steps", 0)).rjust(width)
+                                         for lab in labels))
+    for key, name in ROWS:
+        b = results[base]["decode"].get(key)
+        out.append(name.ljust(34) + "".join(
+            _cell(results[lab]["decode"].get(key), None if lab == base else b).rjust(width) for lab in labels))
+    for k in range(AFTER_PREFILL):
+        b = results[base]["after_prefill_ms"][k]
+        name = "prefill step (median period)" if k == 0 else f"prefill + {k} (median period)"
+        out.append(name.ljust(34) + "".join(
+            _cell(results[lab]["after_prefill_ms"][k], None if lab == base else b).rjust(width) for lab in labels))
+    out.append("prefills".ljust(34) + "".join(str(results[lab]["prefills"]).rjust(width) for lab in labels))
+    for lab in labels:
+        kinds = results[lab]["by_kind"]
+        if not kinds:
+            continue
+        out.append("")
+        out.append(f"{lab}: decode steps by kind".ljust(34) + "".join(k.rjust(16) for k in kinds))
+        for key, name in [("steps", "steps")] + ROWS[:9] + [ROWS[11], ROWS[13]]:
+            vals = [kinds[k].get(key) for k in kinds]
+            out.append(name.ljust(34) + "".join(
+                ("-" if v is None else (str(v) if isinstance(v, int) else f"{v:.3f}")).rjust(16) for v in vals))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("servers", nargs="+", help="LABEL=DIR (a server's FASTVERIFY_STEP_TRACE folder) or "
+                    "LABEL=FILE; the first is the baseline")
+    ap.add_argument("--pause-s", type=float, default=PAUSE_S, help="longer gaps between launches are pauses "
+                    "(default %(default)s)")
+    ap.add_argument("--json", help="write the statistics here")
+    args = ap.parse_args(argv)
+    results, sources = {}, {}
+    for spec in args.servers:
+        label, _, path = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
+        try:
+            f, records = load_server(path)
+        except (OSError, ValueError) as e:
+            print(f"step_trace: {e}", file=sys.stderr)
+            return 2
+        results[label], sources[label] = analyze(records, args.pause_s), str(f)
+    print(render(results))
+    if args.json:
+        common.write_json(args.json, {"files": sources, "results": results},
+                          common.repro_command(sys.argv[1:] if argv is None else list(argv), SCRIPT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

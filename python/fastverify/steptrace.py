@@ -1,0 +1,209 @@
+"""A per-iteration trace of SGLang's scheduler loop, for finding where a server's decode step loses time.
+
+A profiler answers "where does the host spend its time on average"; a step that is slow only now and then (a
+garbage collection, a step with extra host work that no longer fits under the GPU's step) disappears in an
+average. This records every iteration instead, cheaply enough to leave the step timing intact (a few clock
+reads per iteration, no device synchronisation of its own):
+
+- ``R``: one ``Scheduler.run_batch`` call (the host preparing and launching a step): start, end, forward
+  mode, batch size, and for an n-gram worker in auto verify mode the kind of step the controller ran
+  (``lean``/``spec``), its width, and whether drafts were looked up only to learn from (``probe``).
+- ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it waiting on
+  CUDA events (the host waiting for the step in flight).
+- ``G``: one garbage collection: generation, start, duration.
+
+Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended in blocks
+(a server killed at the end of a run loses at most the last block). ``benchmark/step_trace.py`` turns the
+files into per-step statistics.
+
+Turned on by ``FASTVERIFY_STEP_TRACE=DIR`` in a process that imports SGLang's scheduler after
+``install_import_hook()`` ran (``scripts/gpu/steptrace/sitecustomize.py`` does it at interpreter start, when
+its folder is on ``PYTHONPATH``). Nothing in the patch series depends on it.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import time
+from typing import Callable, List, Optional
+
+ENV = "FASTVERIFY_STEP_TRACE"
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+
+
+class StepTrace:
+    """Collects the records of one process and appends them to ``path`` every ``flush_every`` records."""
+
+    def __init__(self, path: str, flush_every: int = 512, clock: Callable[[], float] = time.perf_counter):
+        self.path = path
+        self.flush_every = max(int(flush_every), 1)
+        self.clock = clock
+        self.records: List[list] = []
+        self.waited = 0.0  # seconds waited on CUDA events since the last reset
+        self._gc_start: Optional[float] = None
+
+    def add(self, record: list) -> None:
+        self.records.append(record)
+        if len(self.records) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.records:
+            return
+        with open(self.path, "a", encoding="utf-8") as fh:
+            for rec in self.records:
+                fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self.records = []
+
+    # ---- garbage collections ------------------------------------------------------------------------------
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = self.clock()
+        elif phase == "stop" and self._gc_start is not None:
+            start, self._gc_start = self._gc_start, None
+            self.add(["G", int(info.get("generation", -1)), start, self.clock() - start])
+
+    # ---- wrappers -----------------------------------------------------------------------------------------
+    def wrap_wait(self, fn):
+        """A CUDA wait (``Event.synchronize``, ``Stream.synchronize``) that adds its duration to ``waited``."""
+        trace = self
+
+        def waiting(*args, **kwargs):
+            t0 = trace.clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                trace.waited += trace.clock() - t0
+
+        waiting.__wrapped__ = fn
+        return waiting
+
+    def wrap_run_batch(self, fn):
+        trace = self
+
+        def run_batch(scheduler, batch, *args, **kwargs):
+            mode, bs = mode_name(batch), batch_size(batch)  # before the step: a verify step changes the mode
+            t0 = trace.clock()
+            result = fn(scheduler, batch, *args, **kwargs)
+            t1 = trace.clock()
+            trace.add(["R", t0, t1, mode, bs, *auto_step(scheduler)])
+            return result
+
+        run_batch.__wrapped__ = fn
+        return run_batch
+
+    def wrap_process(self, fn):
+        trace = self
+
+        def process_batch_result(scheduler, batch, result, *args, **kwargs):
+            trace.waited = 0.0
+            t0 = trace.clock()
+            try:
+                return fn(scheduler, batch, result, *args, **kwargs)
+            finally:
+                trace.add(["P", t0, trace.clock(), trace.waited])
+
+        process_batch_result.__wrapped__ = fn
+        return process_batch_result
+
+    def wrap_idle(self, fn):
+        """The scheduler's idle hook: a good moment to write what was collected (no step in flight)."""
+        trace = self
+
+        def on_idle(scheduler, *args, **kwargs):
+            trace.flush()
+            return fn(scheduler, *args, **kwargs)
+
+        on_idle.__wrapped__ = fn
+        return on_idle
+
+
+def mode_name(batch) -> str:
+    mode = getattr(batch, "forward_mode", None)
+    return getattr(mode, "name", str(mode))
+
+
+def batch_size(batch) -> int:
+    reqs = getattr(batch, "reqs", None)
+    return len(reqs) if reqs is not None else 0
+
+
+def auto_step(scheduler) -> list:
+    """[kind, width, probe] of the step an auto-mode n-gram worker just ran; [None, None, None] otherwise."""
+    state = getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None)
+    if state is None:
+        return [None, None, None]
+    step = state.last_step
+    if step is None:
+        return [None, None, None]
+    planned = getattr(state.controller, "planned", None)
+    return [step[0], int(step[2]), planned == "probe"]
+
+
+def instrument(scheduler_cls, event_cls, trace: StepTrace, stream_cls=None) -> StepTrace:
+    """Wrap the scheduler's run_batch, process_batch_result and on_idle, the CUDA waits and the collector."""
+    scheduler_cls.run_batch = trace.wrap_run_batch(scheduler_cls.run_batch)
+    scheduler_cls.process_batch_result = trace.wrap_process(scheduler_cls.process_batch_result)
+    if hasattr(scheduler_cls, "on_idle"):
+        scheduler_cls.on_idle = trace.wrap_idle(scheduler_cls.on_idle)
+    event_cls.synchronize = trace.wrap_wait(event_cls.synchronize)
+    if stream_cls is not None:
+        stream_cls.synchronize = trace.wrap_wait(stream_cls.synchronize)
+    gc.callbacks.append(trace.on_gc)
+    return trace
+
+
+def trace_path(directory: str) -> str:
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, f"steps-{os.getpid()}.jsonl")
+
+
+def _instrument_module(module) -> None:
+    import torch
+
+    instrument(module.Scheduler, torch.cuda.Event, StepTrace(trace_path(os.environ[ENV])), torch.cuda.Stream)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``action(module)`` right after ``name`` has been executed, once."""
+
+    def __init__(self, name: str, action):
+        self.name, self.action = name, action
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the real finders below find the module
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, action = spec.loader, self.action
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                action(module)
+
+        spec.loader = _Loader()
+        sys.meta_path.remove(self)
+        return spec
+
+
+def install_import_hook(env=None) -> bool:
+    """With FASTVERIFY_STEP_TRACE set: instrument SGLang's scheduler when it is imported. True if installed."""
+    env = os.environ if env is None else env
+    if not env.get(ENV):
+        return False
+    sys.meta_path.insert(0, _AfterImport(SCHEDULER_MODULE, _instrument_module))
+    return True

@@ -1,0 +1,230 @@
+"""The scheduler step trace: the recorder (python/fastverify/steptrace.py) on a stand-in scheduler driven by a
+fake clock, its import hook on a throwaway module, and benchmark/step_trace.py on records whose statistics
+are known by construction."""
+
+import gc
+import importlib
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from fastverify import steptrace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+import step_trace  # noqa: E402
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, s):
+        self.t += s
+
+
+def make_classes(clock):
+    """A scheduler whose launch takes 1 ms and whose result processing waits 3 ms on an event, then 0.5 ms."""
+
+    class Event:
+        def synchronize(self):
+            clock.advance(0.003)
+
+    class Scheduler:
+        idles = 0
+
+        def __init__(self):
+            self.draft_worker = None
+
+        def run_batch(self, batch):
+            clock.advance(0.001)
+            return "result"
+
+        def process_batch_result(self, batch, result):
+            Event().synchronize()
+            clock.advance(0.0005)
+
+        def on_idle(self):
+            Scheduler.idles += 1
+
+    return Scheduler, Event
+
+
+def batch(mode="DECODE", bs=2):
+    return types.SimpleNamespace(forward_mode=types.SimpleNamespace(name=mode), reqs=[object()] * bs)
+
+
+def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
+    clock = Clock()
+    Scheduler, Event = make_classes(clock)
+    path = tmp_path / "steps-1.jsonl"
+    trace = steptrace.StepTrace(str(path), flush_every=4, clock=clock)
+    steptrace.instrument(Scheduler, Event, trace)
+    try:
+        s = Scheduler()
+        assert s.run_batch(batch("EXTEND", 1)) == "result"
+        s.process_batch_result(batch(), "result")
+        s.run_batch(batch())
+        s.process_batch_result(batch(), "result")  # 4 records: flushed
+        assert path.exists() and trace.records == []
+        s.run_batch(batch())
+        s.on_idle()  # idle: the rest is written too
+        assert Scheduler.idles == 1
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r[0] for r in recs] == ["R", "P", "R", "P", "R"]
+    assert recs[0][3:] == ["EXTEND", 1, None, None, None]
+    assert recs[0][2] - recs[0][1] == pytest.approx(0.001)
+    p = recs[1]
+    assert p[2] - p[1] == pytest.approx(0.0035) and p[3] == pytest.approx(0.003)
+
+
+def test_recorder_reads_auto_step_kind():
+    state = types.SimpleNamespace(last_step=("lean", 4, 1), controller=types.SimpleNamespace(planned="probe"))
+    sched = types.SimpleNamespace(draft_worker=types.SimpleNamespace(_fv_auto=state))
+    assert steptrace.auto_step(sched) == ["lean", 1, True]
+    state.last_step, state.controller.planned = ("spec", 4, 8), "wanted"
+    assert steptrace.auto_step(sched) == ["spec", 8, False]
+    state.last_step = None
+    assert steptrace.auto_step(sched) == [None, None, None]
+    assert steptrace.auto_step(types.SimpleNamespace()) == [None, None, None]
+
+
+def test_recorder_times_garbage_collections(tmp_path):
+    clock = Clock()
+    trace = steptrace.StepTrace(str(tmp_path / "t.jsonl"), clock=clock)
+    trace.on_gc("start", {"generation": 2})
+    clock.advance(0.012)
+    trace.on_gc("stop", {"generation": 2})
+    trace.on_gc("stop", {"generation": 0})  # a stop without its start is ignored
+    assert trace.records == [["G", 2, 100.0, pytest.approx(0.012)]]
+
+
+def test_import_hook_instruments_module_when_imported(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakesched_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scheduler.py").write_text("class Scheduler:\n    def run_batch(self, b):\n        return 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = steptrace._AfterImport("fakesched_pkg.scheduler", lambda m: seen.append(m.Scheduler))
+    sys.meta_path.insert(0, hook)
+    try:
+        mod = importlib.import_module("fakesched_pkg.scheduler")
+    finally:
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        sys.modules.pop("fakesched_pkg.scheduler", None)
+        sys.modules.pop("fakesched_pkg", None)
+    assert seen == [mod.Scheduler] and mod.Scheduler().run_batch(None) == 7
+    assert hook not in sys.meta_path  # once: removed after it fired
+
+
+def test_install_import_hook_needs_the_variable():
+    before = list(sys.meta_path)
+    assert steptrace.install_import_hook({}) is False
+    assert sys.meta_path == before
+
+
+# ---- the analysis -----------------------------------------------------------------------------------------
+
+def server_records(n_steps=200, period=0.005, busy=0.003, late_every=0, late_extra=0.0, gc_every=0,
+                   kinds=None):
+    """Decode steps of a fixed period: the host works `busy` s, then waits period - busy on the GPU; every
+    `late_every`-th step the host is late by `late_extra` s (no wait); a prefill first."""
+    recs, t = [], 0.0
+    recs.append(["R", t, t + 0.002, "EXTEND", 1, None, None, None])
+    t += 0.04
+    for i in range(n_steps):
+        kind = kinds(i) if kinds else [None, None, None]
+        recs.append(["R", t, t + 0.001, "DECODE", 1, *kind])
+        late = late_every and i % late_every == late_every - 1
+        wait = 0.0 if late else period - busy
+        recs.append(["P", t + 0.001, t + 0.0015 + wait, wait])
+        if gc_every and i % gc_every == 0:
+            recs.append(["G", 0, t + 0.0016, 0.0004])
+        t += (busy + late_extra) if late else period
+    recs.append(["R", t, t + 0.001, "DECODE", 1, None, None, None])
+    return recs
+
+
+def test_steady_steps_statistics():
+    res = step_trace.analyze(server_records(n_steps=200, late_every=10, late_extra=0.002, gc_every=50))
+    d = res["decode"]
+    assert d["steps"] == 200
+    assert d["period_median"] == pytest.approx(5.0)
+    # 20 late steps of 3 + 2 = 5 ms busy with no wait; the others 5 ms with a 2 ms wait
+    assert d["late_share"] == pytest.approx(0.1)
+    assert d["wait_median"] == pytest.approx(2.0)
+    assert d["busy_mean"] == pytest.approx(0.9 * 3.0 + 0.1 * 5.0)
+    assert d["gc_per_1000"] == pytest.approx(20.0)
+    assert d["gc_max_ms"] == pytest.approx(0.4)
+    assert res["prefills"] == 1
+    assert res["after_prefill_ms"][0] == pytest.approx(40.0)
+    assert res["after_prefill_ms"][1] == pytest.approx(5.0)
+    assert res["gc_total"] == {"0": 4, "1": 0, "2": 0}
+
+
+def test_pauses_and_batch_size_changes_are_not_steady_steps():
+    recs = server_records(n_steps=20)
+    last_t = recs[-1][1]
+    recs.append(["R", last_t + 2.0, last_t + 2.001, "DECODE", 1, None, None, None])  # after a 2 s pause
+    recs.append(["R", last_t + 2.005, last_t + 2.006, "DECODE", 3, None, None, None])  # batch grew
+    recs.append(["R", last_t + 2.010, last_t + 2.011, "DECODE", 3, None, None, None])
+    d = step_trace.analyze(recs)["decode"]
+    # 20 steps + the step ending at the pause is dropped, the bs 1 -> 3 step is not steady, bs 3 -> 3 is
+    assert d["steps"] == 21
+
+
+def test_steps_by_auto_kind():
+    def kinds(i):
+        if i % 4 == 0:
+            return ["spec", 8, False]
+        return ["lean", 1, i % 4 == 1]
+
+    res = step_trace.analyze(server_records(n_steps=80, kinds=kinds))
+    assert set(res["by_kind"]) == {"spec w8", "lean", "lean probe"}
+    assert res["by_kind"]["spec w8"]["steps"] == 20
+    assert res["by_kind"]["lean probe"]["steps"] == 20
+    assert res["by_kind"]["lean"]["steps"] == 40
+
+
+def test_cli_compares_servers_and_writes_json(tmp_path, capsys):
+    for name, extra in (("plain", 0.0), ("auto", 0.004)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "steps-7.jsonl").write_text("")  # the launcher process: no steps
+        recs = server_records(late_every=5, late_extra=extra)
+        (d / "steps-9.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    out = tmp_path / "st.json"
+    rc = step_trace.main([f"plain={tmp_path / 'plain'}", f"auto={tmp_path / 'auto'}", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "period mean" in text and "(+" in text
+    data = json.loads(out.read_text())
+    assert data["files"]["auto"].endswith("steps-9.jsonl")
+    assert data["repro_command"].startswith("python benchmark/step_trace.py")
+    # every fifth step is late: 3 ms of host work (plain: shorter than the 5 ms step) against 3 + 4 ms
+    # (auto): the auto server's mean period is 0.2 * 4 = 0.8 ms longer
+    delta = data["results"]["auto"]["decode"]["period_mean"] - data["results"]["plain"]["decode"]["period_mean"]
+    assert delta == pytest.approx(0.8, abs=1e-6)
+
+
+def test_cli_errors_on_missing_or_bad_traces(tmp_path, capsys):
+    assert step_trace.main([f"x={tmp_path / 'nope'}"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert step_trace.main([f"x={tmp_path / 'empty'}"]) == 2
+    assert "FASTVERIFY_STEP_TRACE" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('["R", 1.0, 1.1, "DECODE", 1]\n{"x": 1}\n')
+    assert step_trace.main([f"x={bad}"]) == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
