@@ -10,6 +10,8 @@ collections). This turns a server's records into per-step numbers, the distribut
   busy     period - wait: the host's own work per step
   late     share of steps with wait < 0.2 ms: the host was the bottleneck for those
   gc       garbage collections: per 1000 steps, mean ms per step, longest pause
+  in X     mean ms per step spent in each function the recorder times (steptrace.SPANS: the forward,
+           sampling, the n-gram worker, the auto glue's pieces, batch selection)
 
 over the steady decode steps (a decode step followed by another of the same batch size; gaps longer than
 0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify mode
@@ -105,7 +107,8 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
         if period > pause_s:
             continue
         kind, width, probe = (cur[5:8] + [None, None, None])[:3]
-        rows.append({"period": period, "launch": cur[2] - cur[1], "wait": wait, "busy": period - wait,
+        spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
+        rows.append({"spans": spans, "period": period, "launch": cur[2] - cur[1], "wait": wait, "busy": period - wait,
                      "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
                      "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i})
     return rows
@@ -141,6 +144,8 @@ def summarize(rows) -> dict:
         "late_share": sum(1 for r in rows if r["wait"] < LATE_S) / n,
         "gc_per_1000": 1000.0 * sum(r["n_gc"] for r in rows) / n,
         "gc_ms_per_step": statistics.fmean(gc_ms), "gc_max_ms": max(gc_ms),
+        "spans_mean_ms": {label: 1000.0 * sum(r["spans"].get(label, 0.0) for r in rows) / n
+                          for label in sorted({k for r in rows for k in r["spans"]})},
     }
 
 
@@ -212,6 +217,10 @@ def render(results: dict) -> str:
         out.append(name.ljust(34) + "".join(
             _cell(results[lab]["after_prefill_ms"][k], None if lab == base else b).rjust(width) for lab in labels))
     out.append("prefills".ljust(34) + "".join(str(results[lab]["prefills"]).rjust(width) for lab in labels))
+    span_labels = sorted({k for lab in labels for k in results[lab]["decode"].get("spans_mean_ms", {})})
+    for label in span_labels:
+        vals = [results[lab]["decode"].get("spans_mean_ms", {}).get(label) for lab in labels]
+        out.append(f"in {label} (mean ms)".ljust(34) + "".join(_cell(v, None).rjust(width) for v in vals))
     for lab in labels:
         kinds = results[lab]["by_kind"]
         if not kinds:
@@ -222,6 +231,9 @@ def render(results: dict) -> str:
             vals = [kinds[k].get(key) for k in kinds]
             out.append(name.ljust(34) + "".join(
                 ("-" if v is None else (str(v) if isinstance(v, int) else f"{v:.3f}")).rjust(16) for v in vals))
+        for label in sorted({k for v in kinds.values() for k in v.get("spans_mean_ms", {})}):
+            vals = [kinds[k].get("spans_mean_ms", {}).get(label, 0.0) for k in kinds]
+            out.append(f"in {label} (mean ms)".ljust(34) + "".join(f"{v:.3f}".rjust(16) for v in vals))
     return "\n".join(out)
 
 

@@ -81,10 +81,47 @@ def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
         gc.callbacks.remove(trace.on_gc)
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r[0] for r in recs] == ["R", "P", "R", "P", "R"]
-    assert recs[0][3:] == ["EXTEND", 1, None, None, None]
+    assert recs[0][3:] == ["EXTEND", 1, None, None, None, {}]
     assert recs[0][2] - recs[0][1] == pytest.approx(0.001)
     p = recs[1]
     assert p[2] - p[1] == pytest.approx(0.0035) and p[3] == pytest.approx(0.003)
+
+
+def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
+    clock = Clock()
+    Scheduler, Event = make_classes(clock)
+    helpers = types.ModuleType("fv_span_helpers")
+
+    def glue(n):
+        clock.advance(0.0002 * n)
+        return n
+
+    class Worker:
+        def step(self):
+            clock.advance(0.0004)
+            return helpers.glue(2)
+
+    helpers.glue, helpers.Worker = glue, Worker
+    monkeypatch.setitem(sys.modules, "fv_span_helpers", helpers)
+    trace = steptrace.StepTrace(str(tmp_path / "s.jsonl"), clock=clock)
+    trace.span_targets = (("fv_span_helpers", "glue", "glue"), ("fv_span_helpers", "Worker.step", "worker"),
+                          ("fv_not_imported", "f", "missing"), ("fv_span_helpers", "Worker.nope", "nope"))
+    worker = Worker()
+    orig_run = Scheduler.run_batch
+    Scheduler.run_batch = lambda self, b: (worker.step(), orig_run(self, b))[1]
+    steptrace.instrument(Scheduler, Event, trace)
+    try:
+        s = Scheduler()
+        s.run_batch(batch())
+        s.run_batch(batch())
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    assert trace._spans_installed
+    first, second = trace.records
+    # the worker step (0.4 ms) includes the glue (2 x 0.2 ms); both wrapped once, not again at the 2nd step
+    assert first[8] == {"glue": pytest.approx(0.0004), "worker": pytest.approx(0.0008)}
+    assert second[8] == first[8]
+    assert trace.install_spans() == []  # already wrapped: nothing twice
 
 
 def test_recorder_reads_auto_step_kind():
@@ -145,7 +182,8 @@ def server_records(n_steps=200, period=0.005, busy=0.003, late_every=0, late_ext
     t += 0.04
     for i in range(n_steps):
         kind = kinds(i) if kinds else [None, None, None]
-        recs.append(["R", t, t + 0.001, "DECODE", 1, *kind])
+        spans = {"glue": 0.001, **({"lookup": 0.002} if kind[0] == "spec" else {})}
+        recs.append(["R", t, t + 0.001, "DECODE", 1, *kind, spans])
         late = late_every and i % late_every == late_every - 1
         wait = 0.0 if late else period - busy
         recs.append(["P", t + 0.001, t + 0.0015 + wait, wait])
@@ -192,6 +230,10 @@ def test_steps_by_auto_kind():
 
     res = step_trace.analyze(server_records(n_steps=80, kinds=kinds))
     assert set(res["by_kind"]) == {"spec w8", "lean", "lean probe"}
+    # every launch record carries 1 ms in "glue", the spec steps 2 ms more in "lookup"
+    assert res["by_kind"]["lean"]["spans_mean_ms"] == {"glue": pytest.approx(1.0)}
+    assert res["by_kind"]["spec w8"]["spans_mean_ms"] == {"glue": pytest.approx(1.0), "lookup": pytest.approx(2.0)}
+    assert res["decode"]["spans_mean_ms"]["lookup"] == pytest.approx(0.5)
     assert res["by_kind"]["spec w8"]["steps"] == 20
     assert res["by_kind"]["lean probe"]["steps"] == 20
     assert res["by_kind"]["lean"]["steps"] == 40

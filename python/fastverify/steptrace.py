@@ -6,8 +6,10 @@ average. This records every iteration instead, cheaply enough to leave the step 
 reads per iteration, no device synchronisation of its own):
 
 - ``R``: one ``Scheduler.run_batch`` call (the host preparing and launching a step): start, end, forward
-  mode, batch size, and for an n-gram worker in auto verify mode the kind of step the controller ran
-  (``lean``/``spec``), its width, and whether drafts were looked up only to learn from (``probe``).
+  mode, batch size, for an n-gram worker in auto verify mode the kind of step the controller ran
+  (``lean``/``spec``), its width, and whether drafts were looked up only to learn from (``probe``); last, the
+  seconds spent since the previous launch record in each function of ``SPANS`` (batch selection, the
+  forward, sampling, the glue's pieces).
 - ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it waiting on
   CUDA events (the host waiting for the step in flight).
 - ``G``: one garbage collection: generation, start, duration.
@@ -34,6 +36,23 @@ from typing import Callable, List, Optional
 
 ENV = "FASTVERIFY_STEP_TRACE"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+# Functions timed inside each iteration (module, attribute path, label): SGLang's forward and sampling, the
+# n-gram worker's step and corpus update, the auto glue's pieces, the scheduler's batch selection. Those whose
+# module is not imported (a server without speculation) are left out.
+SPANS = (
+    ("sglang.srt.managers.scheduler", "Scheduler.get_next_batch_to_run", "schedule"),
+    ("sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation", "target_step"),
+    ("sglang.srt.model_executor.model_runner", "ModelRunner.forward", "model_forward"),
+    ("sglang.srt.model_executor.model_runner", "ModelRunner.sample", "sample"),
+    ("sglang.srt.speculative.ngram_worker", "NGRAMWorker.forward_batch_generation", "ngram_step"),
+    ("sglang.srt.speculative.ngram_worker", "NGRAMWorker._update_ngram_corpus", "corpus_put"),
+    ("fastverify.glue.auto", "plain_step", "plain_step"),
+    ("fastverify.glue.auto", "run_plain_decode", "plain_decode"),
+    ("fastverify.glue.auto", "root_tokens", "roots"),
+    ("fastverify.glue.auto", "probe_behind", "probe_behind"),
+    ("fastverify.glue.auto", "_sync_requests", "sync_requests"),
+    ("fastverify.glue.auto", "step_drafts", "step_drafts"),
+)
 
 
 class StepTrace:
@@ -45,6 +64,9 @@ class StepTrace:
         self.clock = clock
         self.records: List[list] = []
         self.waited = 0.0  # seconds waited on CUDA events since the last reset
+        self.spans: dict = {}  # label -> seconds spent in that function since the last launch record
+        self.span_targets = SPANS
+        self._spans_installed = False
         self._gc_start: Optional[float] = None
 
     def add(self, record: list) -> None:
@@ -83,15 +105,49 @@ class StepTrace:
         waiting.__wrapped__ = fn
         return waiting
 
+    def wrap_span(self, fn, label: str):
+        """``fn`` adding its duration to ``spans[label]`` (reported with the next launch record)."""
+        trace = self
+
+        def span(*args, **kwargs):
+            t0 = trace.clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                trace.spans[label] = trace.spans.get(label, 0.0) + trace.clock() - t0
+
+        span.__wrapped__ = fn
+        return span
+
+    def install_spans(self) -> list:
+        """Wrap each function of ``span_targets`` ((module, "Class.method" or "function", label)) whose
+        module is imported; returns the labels wrapped. Done at the first step, when the workers exist."""
+        self._spans_installed = True
+        done = []
+        for module_name, qualname, label in self.span_targets:
+            owner = sys.modules.get(module_name)
+            *path, attr = qualname.split(".")
+            for part in path:
+                owner = getattr(owner, part, None)
+            fn = getattr(owner, attr, None) if owner is not None else None
+            if fn is None or hasattr(fn, "__wrapped__"):
+                continue
+            setattr(owner, attr, self.wrap_span(fn, label))
+            done.append(label)
+        return done
+
     def wrap_run_batch(self, fn):
         trace = self
 
         def run_batch(scheduler, batch, *args, **kwargs):
+            if not trace._spans_installed:
+                trace.install_spans()
             mode, bs = mode_name(batch), batch_size(batch)  # before the step: a verify step changes the mode
             t0 = trace.clock()
             result = fn(scheduler, batch, *args, **kwargs)
             t1 = trace.clock()
-            trace.add(["R", t0, t1, mode, bs, *auto_step(scheduler)])
+            spans, trace.spans = trace.spans, {}
+            trace.add(["R", t0, t1, mode, bs, *auto_step(scheduler), spans])
             return result
 
         run_batch.__wrapped__ = fn
