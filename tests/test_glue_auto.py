@@ -330,3 +330,58 @@ def test_plain_decode_puts_the_batch_and_runner_back_when_the_forward_fails():
     assert (mr.attn_backend, mr.decode_cuda_graph_runner, mr.spec_algorithm) == ("verify", "g8", Algo.NGRAM)
     assert batch.spec_info is info and batch.seq_lens is seq and batch.spec_algorithm is Algo.NGRAM
     assert batch.input_ids is None and batch.out_cache_loc is None
+
+
+def test_tick_remembers_whether_the_last_decode_step_was_plain(tmp_path):
+    state = auto.setup(_worker(), _spec(tmp_path, DEAR), plain=PLAIN)
+    for last, expect in ((("lean", 2, 1), True), (("spec", 2, 4), False), (None, False), (("lean", 1, 1), True)):
+        state.last_step = last
+        auto._tick(state)
+        assert state.lean_before is expect and state.last_step is None
+
+
+@pytest.mark.parametrize("roots_first", [False, True])
+def test_plain_decode_roots_after_a_plain_step_match_the_gathered_ones(roots_first):
+    """After a plain step every accept length is 1: the first accept token of each request is its root, the
+    same token root_tokens gathers; after a verify step (lengths > 1) only the gather is right."""
+    import enum
+
+    import torch
+
+    class Algo(enum.Enum):
+        NONE = 0
+        NGRAM = 1
+
+    seen = []
+
+    class Target:
+        def forward_batch_generation(self, batch, **kw):
+            seen.append(batch.input_ids.clone())
+            return SimpleNamespace(next_token_ids=torch.tensor([7, 8], dtype=torch.int32))
+
+    worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend="verify", decode_cuda_graph_runner="g8",
+                                                          spec_algorithm=Algo.NGRAM), target_worker=Target(),
+                             _update_ngram_corpus=lambda b: None, _prev_decode_rids=set(), prev_token_ids=[],
+                             prev_accept_lens=[], ngram_corpus=SimpleNamespace(erase_match_state=lambda r: None))
+
+    def batch_with(accept_lens):
+        info = SimpleNamespace(accept_tokens=torch.tensor([5, 9, 9, 6, 9, 9], dtype=torch.int32),
+                               accept_lens=torch.tensor(accept_lens, dtype=torch.int32))
+        return SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")], spec_info=info,
+                               seq_lens=torch.tensor([3, 4]), seq_lens_cpu=None, seq_lens_sum=None,
+                               orig_seq_lens=None, input_ids=None, out_cache_loc=None, spec_algorithm=Algo.NGRAM,
+                               req_pool_indices=torch.tensor([0, 1]),
+                               req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(20).view(2, 10)))
+
+    info_type = type("Info", (), {"__init__": lambda self, **kw: self.__dict__.update(kw)})
+    b = batch_with([1, 1])
+    b.spec_info = info_type(**vars(b.spec_info))
+    res = auto.run_plain_decode(worker, b, VerifyRuntime(1, "plain", "g1", {}), 3, roots_first=roots_first)
+    assert seen[-1].tolist() == [5, 6] and seen[-1].dtype == torch.int64
+    assert res.accept_lens.tolist() == [1, 1] and res.next_draft_input.accept_tokens.tolist() == [7, 0, 0, 8, 0, 0]
+    # lengths 2 and 3 (a verify step before): the gather finds the last accepted tokens; roots_first reads
+    # the first ones (the caller's promise that every length is 1 is what makes that right)
+    b = batch_with([2, 3])
+    b.spec_info = info_type(**vars(b.spec_info))
+    auto.run_plain_decode(worker, b, VerifyRuntime(1, "plain", "g1", {}), 3, roots_first=roots_first)
+    assert seen[-1].tolist() == ([5, 6] if roots_first else [9, 9])

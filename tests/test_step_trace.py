@@ -124,6 +124,25 @@ def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
     assert trace.install_spans() == []  # already wrapped: nothing twice
 
 
+def test_spans_wrap_functions_that_other_decorators_wrapped(tmp_path, monkeypatch):
+    import functools
+
+    def plain(x):
+        return x + 1
+
+    @functools.wraps(plain)
+    def decorated(x):  # like SGLang's nvtx decorator: __wrapped__ set, not ours
+        return plain(x)
+
+    mod = types.ModuleType("fv_span_decorated")
+    mod.decorated = decorated
+    monkeypatch.setitem(sys.modules, "fv_span_decorated", mod)
+    trace = steptrace.StepTrace(str(tmp_path / "d.jsonl"), clock=Clock())
+    trace.span_targets = (("fv_span_decorated", "decorated", "dec"),)
+    assert trace.install_spans() == ["dec"]
+    assert mod.decorated(1) == 2 and "dec" in trace.spans
+
+
 def test_recorder_reads_auto_step_kind():
     state = types.SimpleNamespace(last_step=("lean", 4, 1), controller=types.SimpleNamespace(planned="probe"))
     sched = types.SimpleNamespace(draft_worker=types.SimpleNamespace(_fv_auto=state))

@@ -35,6 +35,7 @@ import time
 from typing import Callable, List, Optional
 
 ENV = "FASTVERIFY_STEP_TRACE"
+MARK = "_fastverify_span"  # set on the functions this module wrapped
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 # Functions timed inside each iteration (module, attribute path, label): SGLang's forward and sampling, the
 # n-gram worker's step and corpus update, the auto glue's pieces, the scheduler's batch selection. Those whose
@@ -117,6 +118,7 @@ class StepTrace:
                 trace.spans[label] = trace.spans.get(label, 0.0) + trace.clock() - t0
 
         span.__wrapped__ = fn
+        setattr(span, MARK, True)
         return span
 
     def install_spans(self) -> list:
@@ -130,7 +132,7 @@ class StepTrace:
             for part in path:
                 owner = getattr(owner, part, None)
             fn = getattr(owner, attr, None) if owner is not None else None
-            if fn is None or hasattr(fn, "__wrapped__"):
+            if fn is None or getattr(fn, MARK, False):  # (SGLang's own decorators set __wrapped__ too)
                 continue
             setattr(owner, attr, self.wrap_span(fn, label))
             done.append(label)

@@ -141,6 +141,7 @@ class AutoState:
     features: dict = field(default_factory=dict)  # rid -> DraftFeatures of its last draft
     last_start: float = None  # host clock at the start of the previous decode step
     last_step: tuple = None  # (kind, bs, width) of the previous decode step
+    lean_before: bool = False  # the previous decode step was a plain one (every accept length in the batch is 1)
     synced: bool = False  # this step's requests were already advanced by plain_step
     steps: int = 0
     sync_costs: object = None  # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
@@ -191,6 +192,7 @@ def root_tokens(spec_info, bs: int):
 def _tick(state: AutoState) -> None:
     """Start of a decode step: the previous step's period goes to the cost model; rank 0's model is shared."""
     now = state.clock()
+    state.lean_before = state.last_step is not None and state.last_step[0] == LEAN
     if state.last_start is not None and state.last_step is not None:
         kind, bs, width = state.last_step
         state.costs.record(kind, bs, width, 1000.0 * (now - state.last_start))
@@ -241,7 +243,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             return None  # speculation is expected to pay: look drafts up and verify
         probe = True  # drafts only to learn from: looked up behind, scored later, the step stays plain
         views = probe_behind(worker, state, batch)
-    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish)
+    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=state.lean_before)
     d = state.controller.note_probe(views) if probe else state.controller.note_lean(bs)
     state.last_step = (LEAN, bs, 1)
     state.synced = False
@@ -304,7 +306,7 @@ def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
             and not getattr(batch, "has_grammar", False))
 
 
-def run_plain_decode(worker, batch, runtime, k: int, on_publish=None):
+def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_first: bool = False):
     """One decode step of SGLang's plain path inside the n-gram worker: each request's last accepted token (the
     root its draft would have had) is decoded with the DECODE graphs and the plain sampler, then the result is
     put in the shape the worker's verify step returns, as a step that accepted no draft (accept length 1).
@@ -312,7 +314,12 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None):
     The batch is changed for the pass and put back afterwards: seq_lens count the new token (a DECODE pass
     attends to it; a verify pass counts it among its draft tokens), the token's KV slot is the first of those
     the scheduler reserved for this step's drafts, no spec_info, and the model runner reads as not speculative
-    (verify_runtime.plain_algorithm) with the plain runtime's attention backend and graph runner in place."""
+    (verify_runtime.plain_algorithm) with the plain runtime's attention backend and graph runner in place.
+
+    ``roots_first``: every accept length in the batch is known to be 1 (the last decode step was a plain one;
+    a request that joined since comes from a prefill, which accepts one token too), so each root is the first
+    accept token and the gather by accept length (root_tokens) is skipped: one strided copy instead of four
+    small kernels on the host's critical path."""
     import torch
 
     from fastverify.glue.verify_runtime import plain_algorithm
@@ -321,7 +328,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None):
     mr = worker.model_runner
     info = batch.spec_info
     seq_lens = batch.seq_lens
-    roots = root_tokens(info, bs)
+    roots = info.accept_tokens.reshape(bs, -1)[:, 0] if roots_first else root_tokens(info, bs)
     saved = {name: getattr(batch, name, None) for name in
              ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "orig_seq_lens", "spec_info")}
     saved_rt = (mr.attn_backend, mr.decode_cuda_graph_runner)
