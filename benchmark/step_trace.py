@@ -20,14 +20,16 @@ and for the steps right after each prefill (the time to first token and the next
 
   python benchmark/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
 
-DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process; the scheduler of the lowest
-process id with steps, TP rank 0 in a plain start, is read) or one of its files. The first server is the
+DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process, steps-<pid>.jsonl, optionally
+gzipped; the scheduler of the lowest process id with steps, TP rank 0 in a plain start, is read) or one of
+its files. The first server is the
 baseline the others are compared with.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -50,7 +52,7 @@ def trace_files(path) -> list:
         return [p]
     if not p.is_dir():
         raise OSError(f"{path}: no such file or folder")
-    files = sorted(p.glob("steps-*.jsonl"), key=lambda f: int(f.stem.split("-")[1]))
+    files = sorted(p.glob("steps-*.jsonl*"), key=lambda f: int(f.name.split("-")[1].split(".")[0]))
     if not files:
         raise ValueError(f"{path}: no steps-<pid>.jsonl files (was FASTVERIFY_STEP_TRACE set for this server?)")
     return files
@@ -58,7 +60,8 @@ def trace_files(path) -> list:
 
 def load_records(path) -> list:
     records = []
-    with open(path, encoding="utf-8") as fh:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             line = line.strip()
             if not line:

@@ -3,6 +3,7 @@ fake clock, its import hook on a throwaway module, and benchmark/step_trace.py o
 are known by construction."""
 
 import gc
+import gzip
 import importlib
 import json
 import sys
@@ -264,14 +265,19 @@ def test_cli_compares_servers_and_writes_json(tmp_path, capsys):
         d.mkdir()
         (d / "steps-7.jsonl").write_text("")  # the launcher process: no steps
         recs = server_records(late_every=5, late_extra=extra)
-        (d / "steps-9.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+        text = "\n".join(json.dumps(r) for r in recs) + "\n"
+        if name == "auto":  # a gzipped trace reads the same
+            with gzip.open(d / "steps-9.jsonl.gz", "wt") as fh:
+                fh.write(text)
+        else:
+            (d / "steps-9.jsonl").write_text(text)
     out = tmp_path / "st.json"
     rc = step_trace.main([f"plain={tmp_path / 'plain'}", f"auto={tmp_path / 'auto'}", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "period mean" in text and "(+" in text
     data = json.loads(out.read_text())
-    assert data["files"]["auto"].endswith("steps-9.jsonl")
+    assert data["files"]["auto"].endswith("steps-9.jsonl.gz")
     assert data["repro_command"].startswith("python benchmark/step_trace.py")
     # every fifth step is late: 3 ms of host work (plain: shorter than the 5 ms step) against 3 + 4 ms
     # (auto): the auto server's mean period is 0.2 * 4 = 0.8 ms longer
