@@ -652,6 +652,28 @@ class Controller:
             return True  # not measured yet: take lean steps to measure them
         return step_ms(LEAN, bs, 1) * (1.0 + margin) < step_ms(SPEC, bs, 1)
 
+    def first_lookup_behind(self, req_ids: Sequence) -> bool:
+        """A batch with requests not looked up yet: may their first lookup be a probe (made behind, the step
+        a plain one) instead of a lookup step that waits for the step in flight? Only when (a) a lookup step
+        at this batch size has been measured (`min_samples` SPEC periods of width 1: until then these first
+        lookups are what measures it) and measured dearer than a plain step (`lean_pays`), and (b) not even
+        drafts that matched in full would be worth verifying for any of the requests (the gain model: a
+        request without history gets the recent acceptance of all requests, none once it has been forgotten).
+        A load whose drafts have been paying keeps its first lookups real. Sets `planned` to PLAN_PROBE when
+        True (then `note_probe` with the probe's features)."""
+        self.planned = None
+        bs = len(req_ids)
+        samples = getattr(self.costs, "samples", None)
+        if not bs or samples is None or samples(SPEC, bs, 1) < self.costs.min_samples:
+            return False
+        if not self.lean_pays(bs):
+            return False
+        full = DraftFeatures(self.cfg.max_chain, 1)
+        if self._wanted([RequestView(r, full) for r in req_ids]):
+            return False
+        self.planned = PLAN_PROBE
+        return True
+
     def _back_off(self, speculating: bool) -> None:
         """Lookups back off while they buy nothing: after a lookup (or probe) the gap goes back to 1 if it
         chose (or would choose) to speculate, and doubles otherwise."""

@@ -211,8 +211,8 @@ class FixedPolicy:
 
 
 class AutoPolicy:
-    """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once;
-    otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup
+    """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once
+    (as a probe where `Controller.first_lookup_behind` allows); otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup
     step (`decide` on this step's drafts), a plain step without drafts (`note_lean`), and a probe: a plain
     step whose drafts are looked up only to be scored (`note_probe`; in the server they are looked up on the
     host's tokens, one step behind, which the simulator does not model: it uses this step's features). Only
@@ -247,6 +247,8 @@ class AutoPolicy:
         self.paid_lookup = True
         if fresh:
             self.c.reset_probe()
+            if self.c.first_lookup_behind([v.req_id for v in views]):
+                fresh = []  # looked up behind as a probe (planned is PLAN_PROBE)
         elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max):
             self.looked_up = False
             self.paid_lookup = False

@@ -230,21 +230,28 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     _tick(state)
     _sync_requests(state, batch)
     state.synced = True
-    if any(req.rid not in state.features for req in batch.reqs):
-        state.controller.reset_probe()
-        return None  # a request not looked up yet is looked up once (its match is unknown)
-    if not _plain_capable(state, batch, pp_proxy_tensors):
-        return None
+    ctl = state.controller
     bs = len(batch.reqs)
-    views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
-    probe = False
-    if state.controller.plan_lookup(views, PROBE_MAX):
-        if state.controller.planned != PLAN_PROBE:
-            return None  # speculation is expected to pay: look drafts up and verify
-        probe = True  # drafts only to learn from: looked up behind, scored later, the step stays plain
+    if any(req.rid not in state.features for req in batch.reqs):
+        # a request not looked up yet is looked up once (its match is unknown): for real, unless a lookup
+        # step is measured not to pay and even a full match would not be verified (then behind, as a probe)
+        ctl.reset_probe()
+        if not (_plain_capable(state, batch, pp_proxy_tensors)
+                and ctl.first_lookup_behind([req.rid for req in batch.reqs])):
+            return None
+        probe = True
+    else:
+        if not _plain_capable(state, batch, pp_proxy_tensors):
+            return None
+        probe = False
+        if ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX):
+            if ctl.planned != PLAN_PROBE:
+                return None  # speculation is expected to pay: look drafts up and verify
+            probe = True  # drafts only to learn from: looked up behind, scored later, the step stays plain
+    if probe:
         views = probe_behind(worker, state, batch)
     result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=state.lean_before)
-    d = state.controller.note_probe(views) if probe else state.controller.note_lean(bs)
+    d = ctl.note_probe(views) if probe else ctl.note_lean(bs)
     state.last_step = (LEAN, bs, 1)
     state.synced = False
     _export(state, d)
