@@ -440,3 +440,32 @@ def test_probes_that_could_not_pay_are_marked_for_looking_up_behind():
     # and a request whose last draft found nothing, but whose matching drafts are accepted, is looked up for real
     ctl.reset_probe()
     assert ctl.plan_lookup(none_yet, probe_max=8) and ctl.planned == PLAN_WANTED
+
+
+def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():
+    """A new request's first lookup may be a probe only where a lookup step at that batch size has been
+    measured (SPEC periods of width 1), measured dearer than a plain step, and not even a full match would be
+    verified; afterwards the probe gap runs from that probe, as after plan_lookup's own."""
+    from fastverify.controller import LEAN, PLAN_PROBE, SPEC, StepCosts
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    assert Controller(cfg, FLAT).first_lookup_behind(["a"]) is False  # a plain table: never
+    unmeasured = StepCosts(CostTable(((1, 10.0), (2, 10.0)), ((1, 10.0), (8, 10.5)), "t"))
+    for _ in range(3):
+        unmeasured.record(LEAN, 1, 1, 3.7)
+        unmeasured.record(SPEC, 1, 8, 6.7)  # lookup steps measured, but not at width 1
+    ctl = Controller(cfg, unmeasured)
+    assert ctl.first_lookup_behind(["a"]) is False and ctl.planned is None
+    ctl = Controller(cfg, _lean_cheaper())
+    assert ctl.first_lookup_behind([]) is False
+    assert ctl.first_lookup_behind(["a", "b"]) is False  # bs 2: nothing measured at that size
+    ctl._since_lookup = 10  # long since the last lookup of the batch before this request joined
+    assert ctl.first_lookup_behind(["a"]) is True and ctl.planned == PLAN_PROBE  # the prior: nothing accepted
+    ctl.note_probe([RequestView("a", DraftFeatures(0, 0))])
+    views = [RequestView("a", DraftFeatures(0, 0))]
+    assert [ctl.plan_lookup(views, probe_max=8) for _ in range(3)] == [False, True, False]  # gap 2 from it
+    assert Controller(cfg, _lean_cheaper(6.45, 6.5)).first_lookup_behind(["a"]) is False  # lean does not pay
+    ctl = Controller(cfg, _lean_cheaper())
+    for _ in range(6):
+        ctl.observe("old", DraftFeatures(7, 1), 7)  # recent requests' full matches were accepted
+    assert ctl.first_lookup_behind(["new"]) is False  # then a new request is looked up for real

@@ -672,6 +672,7 @@ class Controller:
         if self._wanted([RequestView(r, full) for r in req_ids]):
             return False
         self.planned = PLAN_PROBE
+        self._since_lookup = 0  # a probe like plan_lookup's: the next one after the backed-off gap
         return True
 
     def _back_off(self, speculating: bool) -> None:
