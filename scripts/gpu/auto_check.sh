@@ -45,12 +45,14 @@ trap 'stop_all; pack' EXIT
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
 if has 1; then
 MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers (or m_auto_sync):
-M_CASES="m_plain|33010|$TMA
-m_tree|33020|$TMA $NG
-m_chain|33030|$TMA $NG --speculative-ngram-verify-mode chain
-m_chain_w|33040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
-m_auto|33050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
-m_auto_sync|33060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
+# (ports below 32768, out of the kernel's ephemeral range: an ephemeral port another server took once made the
+# fixed --nccl-port of the next server fail with EADDRINUSE)
+M_CASES="m_plain|23010|$TMA
+m_tree|23020|$TMA $NG
+m_chain|23030|$TMA $NG --speculative-ngram-verify-mode chain
+m_chain_w|23040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
+m_auto|23050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
+m_auto_sync|23060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
 SRV_ENV_m_auto_sync="FASTVERIFY_NGRAM_HOST_SEQ_LENS=1"  # auto with the host copy of the lengths kept (patch 0009 off)
 CASES=$(echo "$M_CASES" | grep -E "^($(echo $MODES | tr ' ' '|'))\|")
 # LAUNCH_SERIAL=1: each server up before the next starts (large models: no start-up races over GPU memory;
@@ -138,10 +140,10 @@ fi
 if has 2; then
 sleep 3
 launch_servers "$COMMON" <<EOC
-t_off|33110|$DMA
-t_off2|33140|$DMA
-t_on|33120|$DMA --enable-verify-timing --verify-timing-log-interval 5
-t_chain|33130|$DMA $NG --speculative-ngram-verify-mode chain --enable-verify-timing --verify-timing-interval 5 --verify-timing-log-interval 5
+t_off|23110|$DMA
+t_off2|23140|$DMA
+t_on|23120|$DMA --enable-verify-timing --verify-timing-log-interval 5
+t_chain|23130|$DMA $NG --speculative-ngram-verify-mode chain --enable-verify-timing --verify-timing-interval 5 --verify-timing-log-interval 5
 EOC
 wait_healthy 60
 OH="--vocab-size 32000 --kinds code,chat,story --per-kind 2 --concurrency 1,8 --max-new-tokens 300 --warmup 1"
