@@ -146,6 +146,15 @@ def _is_num(v: Any) -> bool:
     return v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def split_label(spec: str, default: Callable[[str], str]) -> tuple:
+    """``LABEL=PATH`` -> (LABEL, PATH); a bare PATH -> (default(PATH), PATH). The label ends at the first
+    ``=`` (a path may hold one)."""
+    if "=" in spec:
+        label, _, path = spec.partition("=")
+        return label, path
+    return default(spec), spec
+
+
 def repro_command(argv: Sequence[str], script: str) -> str:
     """The command line that reproduces a run, relative to the repository root."""
     return " ".join(["python", script] + [shlex.quote(a) for a in argv])

@@ -250,7 +250,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     results = {}
     for spec in args.traces:
-        label, _, path = spec.rpartition("=") if "=" in spec else (Path(spec).name.split(".")[0], "", spec)
+        label, path = common.split_label(spec, lambda p: Path(p).name.split(".")[0])
         try:
             results[label] = analyze(load_events(path))
         except (OSError, ValueError) as e:

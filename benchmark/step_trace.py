@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     results, sources = {}, {}
     for spec in args.servers:
-        label, _, path = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
+        label, path = common.split_label(spec, lambda p: Path(p).name)
         try:
             f, records = load_server(path)
         except (OSError, ValueError) as e:

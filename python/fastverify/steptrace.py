@@ -92,32 +92,33 @@ class StepTrace:
             self.add(["G", int(info.get("generation", -1)), start, self.clock() - start])
 
     # ---- wrappers -----------------------------------------------------------------------------------------
-    def wrap_wait(self, fn):
-        """A CUDA wait (``Event.synchronize``, ``Stream.synchronize``) that adds its duration to ``waited``."""
-        trace = self
+    def _timed(self, fn, add):
+        """``fn`` calling ``add(seconds)`` with its duration after each call (also when it raises)."""
+        clock = self.clock
 
-        def waiting(*args, **kwargs):
-            t0 = trace.clock()
+        def timed(*args, **kwargs):
+            t0 = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                trace.waited += trace.clock() - t0
+                add(clock() - t0)
 
-        waiting.__wrapped__ = fn
-        return waiting
+        timed.__wrapped__ = fn
+        return timed
+
+    def _add_wait(self, seconds: float) -> None:
+        self.waited += seconds
+
+    def wrap_wait(self, fn):
+        """A CUDA wait (``Event.synchronize``, ``Stream.synchronize``) that adds its duration to ``waited``."""
+        return self._timed(fn, self._add_wait)
 
     def wrap_span(self, fn, label: str):
         """``fn`` adding its duration to ``spans[label]`` (reported with the next launch record)."""
-        trace = self
+        def add(seconds: float) -> None:
+            self.spans[label] = self.spans.get(label, 0.0) + seconds  # (spans is replaced at each launch)
 
-        def span(*args, **kwargs):
-            t0 = trace.clock()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                trace.spans[label] = trace.spans.get(label, 0.0) + trace.clock() - t0
-
-        span.__wrapped__ = fn
+        span = self._timed(fn, add)
         setattr(span, MARK, True)
         return span
 
