@@ -20,6 +20,9 @@ and for the steps right after each prefill (the time to first token and the next
 
   python benchmark/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
 
+`--segments` lists each trace's busy stretches (one per load a client ran), `--segment [LABEL:]I` keeps one of
+them, so that two servers are compared on the same load.
+
 DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process, steps-<pid>.jsonl, optionally
 gzipped; the scheduler of the lowest process id with steps, TP rank 0 in a plain start, is read) or one of
 its files. The first server is the
@@ -44,6 +47,7 @@ LATE_S = 0.0002  # a step whose host waited less than this for the GPU had the h
 DECODE_MODES = ("DECODE", "TARGET_VERIFY", "IDLE")
 PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
 AFTER_PREFILL = 4  # the prefill's own iteration and the next three
+SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
 
 
 def trace_files(path) -> list:
@@ -115,6 +119,29 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
                      "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
                      "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i})
     return rows
+
+
+def segments(records, split_s: float = SPLIT_S) -> list:
+    """The busy stretches of a trace: (first launch, last launch, launches), split wherever two launches are
+    more than split_s apart (a client starting its next load, a pause between requests)."""
+    starts = sorted(r[1] for r in records if r[0] == "R")
+    out = []
+    for t in starts:
+        if out and t - out[-1][1] <= split_s:
+            out[-1][1] = t
+            out[-1][2] += 1
+        else:
+            out.append([t, t, 1])
+    return [tuple(x) for x in out]
+
+
+def in_window(records, first: float, last: float) -> list:
+    """The records of the launches first..last (inclusive) and what happened up to the launch after last."""
+    runs = sorted(r[1] for r in records if r[0] == "R")
+    after = next((t for t in runs if t > last), float("inf"))
+    when = {"R": 1, "P": 1, "G": 2}
+    return [r for r in records if first <= r[when[r[0]]] < after and (r[0] != "R" or r[1] <= last)
+            or (r[0] == "R" and r[1] == after)]
 
 
 def _pct(values, q: float) -> float:
@@ -247,8 +274,22 @@ def main(argv=None) -> int:
                     "LABEL=FILE; the first is the baseline")
     ap.add_argument("--pause-s", type=float, default=PAUSE_S, help="longer gaps between launches are pauses "
                     "(default %(default)s)")
+    ap.add_argument("--segments", action="store_true", help="list each server's busy stretches (split at "
+                    "gaps longer than --split-s: each load a client ran) instead of the statistics")
+    ap.add_argument("--split-s", type=float, default=SPLIT_S, help="gap that separates two stretches "
+                    "(default %(default)s)")
+    ap.add_argument("--segment", action="append", default=[], metavar="[LABEL:]I",
+                    help="only stretch I (0-based, as --segments lists them) of LABEL's trace, or of every "
+                    "trace without a label; repeatable")
     ap.add_argument("--json", help="write the statistics here")
     args = ap.parse_args(argv)
+    chosen = {}
+    for spec in args.segment:
+        label, _, idx = spec.rpartition(":")
+        try:
+            chosen[label] = int(idx)
+        except ValueError:
+            ap.error(f"--segment {spec!r}: expected [LABEL:]INDEX")
     results, sources = {}, {}
     for spec in args.servers:
         label, path = common.split_label(spec, lambda p: Path(p).name)
@@ -257,7 +298,25 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             print(f"step_trace: {e}", file=sys.stderr)
             return 2
-        results[label], sources[label] = analyze(records, args.pause_s), str(f)
+        segs = segments(records, args.split_s)
+        if args.segments:
+            t0 = segs[0][0]
+            print(f"{label}: {len(segs)} stretches ({f})")
+            for i, (a, b, n) in enumerate(segs):
+                print(f"  {i:3d}  at {a - t0:8.2f} s  {n:6d} launches  {b - a:7.2f} s")
+            continue
+        idx = chosen.get(label, chosen.get(""))
+        if idx is not None:
+            if not -len(segs) <= idx < len(segs):
+                print(f"step_trace: {label}: no stretch {idx} (it has {len(segs)})", file=sys.stderr)
+                return 2
+            records = in_window(records, segs[idx][0], segs[idx][1])
+            sources[label] = f"{f} stretch {idx}"
+        else:
+            sources[label] = str(f)
+        results[label] = analyze(records, args.pause_s)
+    if args.segments:
+        return 0
     print(render(results))
     if args.json:
         common.write_json(args.json, {"files": sources, "results": results},

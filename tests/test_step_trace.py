@@ -295,3 +295,36 @@ def test_cli_errors_on_missing_or_bad_traces(tmp_path, capsys):
     bad.write_text('["R", 1.0, 1.1, "DECODE", 1]\n{"x": 1}\n')
     assert step_trace.main([f"x={bad}"]) == 2
     assert "bad.jsonl:2" in capsys.readouterr().err
+
+
+def test_segments_split_loads_and_one_is_analyzed_alone(tmp_path, capsys):
+    """Two loads a client ran one after the other (a 0.3 s gap between them): --segments lists them, and
+    --segment keeps one, so two servers are compared on the same load."""
+    fast = server_records(n_steps=50, period=0.004, busy=0.002)
+    slow = server_records(n_steps=60, period=0.006, busy=0.002)
+    shift = fast[-1][1] + 0.3 - slow[0][1]
+    for r in slow:  # launch and result records only (no collections here): start and end times move
+        r[1] += shift
+        r[2] += shift
+    recs = fast + slow
+    segs = step_trace.segments(recs)
+    assert [n for _, _, n in segs] == [52, 62]  # prefill + 50 steps + the closing launch; then 62
+    second = step_trace.in_window(recs, segs[1][0], segs[1][1])
+    d = step_trace.analyze(second)["decode"]
+    assert d["steps"] == 60 and d["period_median"] == pytest.approx(6.0)
+    path = tmp_path / "steps-3.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert step_trace.main([f"a={path}", "--segments"]) == 0
+    listed = capsys.readouterr().out
+    assert "2 stretches" in listed and "62 launches" in listed
+    out = tmp_path / "one.json"
+    assert step_trace.main([f"a={path}", f"b={path}", "--segment", "a:1", "--segment", "0", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["results"]["a"]["decode"]["period_median"] == pytest.approx(6.0)
+    assert data["results"]["b"]["decode"]["period_median"] == pytest.approx(4.0)  # the unlabelled index: 0
+    assert data["files"]["a"].endswith("stretch 1")
+    capsys.readouterr()
+    assert step_trace.main([f"a={path}", "--segment", "5"]) == 2
+    assert "no stretch 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        step_trace.main([f"a={path}", "--segment", "a:x"])

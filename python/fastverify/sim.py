@@ -212,11 +212,12 @@ class FixedPolicy:
 
 class AutoPolicy:
     """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once
-    (as a probe where `Controller.first_lookup_behind` allows); otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup
-    step (`decide` on this step's drafts), a plain step without drafts (`note_lean`), and a probe: a plain
-    step whose drafts are looked up only to be scored (`note_probe`; in the server they are looked up on the
-    host's tokens, one step behind, which the simulator does not model: it uses this step's features). Only
-    drafts that were looked up are scored later (`looked_up`); a probe pays no lookup cost (`paid_lookup`).
+    (as a probe where `Controller.first_lookup_behind` allows); otherwise `Controller.plan_lookup` on each
+    request's last looked-up features decides between a lookup step (`decide` on this step's drafts), a plain
+    step without drafts (`note_lean`), and a probe: a plain step whose drafts are looked up only to be scored
+    (`note_probe`; in the server they are looked up on the host's tokens, one step behind, which the simulator
+    does not model: it uses this step's features). Only drafts that were looked up are scored later
+    (`looked_up`); a probe pays no lookup cost (`paid_lookup`).
 
     `step_costs`: the controller decides on whole-step costs measured as the loop runs, as in the server
     (`StepCosts`: every step's simulated time recorded by kind; the controller reads a copy taken every
