@@ -618,8 +618,7 @@ class Controller:
             # a probe that may find drafts worth verifying at once is a real lookup; one whose drafts would not
             # pay even if they matched in full (the requests' own acceptance of matching drafts is low) is for
             # learning only, and cheaper (PLAN_PROBE: looked up behind, scored, the step stays plain)
-            full = DraftFeatures(self.cfg.max_chain, 1)
-            promising = self._wanted([RequestView(r.req_id, full) for r in requests])
+            promising = self._full_match_wanted([r.req_id for r in requests])
             self.planned = PLAN_WANTED if promising else PLAN_PROBE
             return True
         self._since_lookup += 1
@@ -630,6 +629,12 @@ class Controller:
         _, evals = self._evaluate(requests, self.step + 1)
         best = choose(evals, self.current if self.current is not None else evals[0].option, self.cfg.hysteresis)
         return best.option.kind != NONE and any(best.speculate)
+
+    def _full_match_wanted(self, req_ids: Sequence) -> bool:
+        """Would drafts that matched in full (the longest chain) be worth verifying for these requests, with
+        what the gain model knows of each (a request without history: all requests' recent acceptance)?"""
+        full = DraftFeatures(self.cfg.max_chain, 1)
+        return self._wanted([RequestView(r, full) for r in req_ids])
 
     def note_probe(self, requests: Sequence[RequestView]) -> Decision:
         """A probe step (`plan_lookup` gave PLAN_PROBE) whose drafts were looked up only to be scored, and which
@@ -668,8 +673,7 @@ class Controller:
             return False
         if not self.lean_pays(bs):
             return False
-        full = DraftFeatures(self.cfg.max_chain, 1)
-        if self._wanted([RequestView(r, full) for r in req_ids]):
+        if self._full_match_wanted(req_ids):
             return False
         self.planned = PLAN_PROBE
         self._since_lookup = 0  # a probe like plan_lookup's: the next one after the backed-off gap

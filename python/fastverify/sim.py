@@ -248,8 +248,7 @@ class AutoPolicy:
         self.paid_lookup = True
         if fresh:
             self.c.reset_probe()
-            if self.c.first_lookup_behind([v.req_id for v in views]):
-                fresh = []  # looked up behind as a probe (planned is PLAN_PROBE)
+            self.c.first_lookup_behind([v.req_id for v in views])  # sets planned: PLAN_PROBE or None
         elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max):
             self.looked_up = False
             self.paid_lookup = False
@@ -258,7 +257,7 @@ class AutoPolicy:
         self.looked_up = True
         for v in views:
             self.last[v.req_id] = v.features
-        if not fresh and self.c.planned == PLAN_PROBE:
+        if self.c.planned == PLAN_PROBE:  # looked up behind (plan_lookup's probe, or a first lookup)
             self.paid_lookup = False
             d = self.c.note_probe(views)
         else:

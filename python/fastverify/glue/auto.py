@@ -232,22 +232,23 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     state.synced = True
     ctl = state.controller
     bs = len(batch.reqs)
-    if any(req.rid not in state.features for req in batch.reqs):
+    fresh = any(req.rid not in state.features for req in batch.reqs)
+    if fresh:
+        ctl.reset_probe()
+    if not _plain_capable(state, batch, pp_proxy_tensors):
+        return None
+    if fresh:
         # a request not looked up yet is looked up once (its match is unknown): for real, unless a lookup
         # step is measured not to pay and even a full match would not be verified (then behind, as a probe)
-        ctl.reset_probe()
-        if not (_plain_capable(state, batch, pp_proxy_tensors)
-                and ctl.first_lookup_behind([req.rid for req in batch.reqs])):
+        if not ctl.first_lookup_behind([req.rid for req in batch.reqs]):
             return None
         probe = True
+    elif ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX):
+        if ctl.planned != PLAN_PROBE:
+            return None  # speculation is expected to pay: look drafts up and verify
+        probe = True  # drafts only to learn from: looked up behind, scored later, the step stays plain
     else:
-        if not _plain_capable(state, batch, pp_proxy_tensors):
-            return None
         probe = False
-        if ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX):
-            if ctl.planned != PLAN_PROBE:
-                return None  # speculation is expected to pay: look drafts up and verify
-            probe = True  # drafts only to learn from: looked up behind, scored later, the step stays plain
     if probe:
         views = probe_behind(worker, state, batch)
     result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=state.lean_before)
