@@ -8,7 +8,8 @@ decode steps, 0008's runtime switch, 0007's controller glue) against a stand-in 
 after token x is (x // 10 + 1) * 10. The model runner, the forward and the sampling kernel are stand-ins (no
 GPU here); verify sampling is the torch reference of greedy chain verification, a plain decode pass returns
 the target's next token. The host clock of the controller's step timing is a fake: a plain decode step takes
-2 ms, one with a lookup 5 ms.
+2 ms, one with a lookup 5 ms. Runs without overlap (each step's result processed before the next step) and
+with it (one step late, as SGLang's overlap scheduler does: the host lacks the tokens of the step in flight).
 """
 import json
 import os
@@ -46,7 +47,7 @@ class Runner:
 ngram_stand_ins.install(nw)  # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch
 
 
-def run(table, steps, corpus_text, host_lens=True):
+def run(table, steps, corpus_text, host_lens=True, overlap=False):
     sa = prepare_server_args(base + ["--speculative-ngram-auto-cost-table", os.path.join(costs_dir, table)])
     if hasattr(sa, "resolve_once"):  # 0.5.23: resolved settings live in the published config
         sa.resolve_once()
@@ -81,8 +82,9 @@ def run(table, steps, corpus_text, host_lens=True):
                          match_type="BFS", capacity=100000)
     corpus.batch_put(corpus_text)
     corpus.synchronize()
-    # results are processed before the next step (output_ids complete): no overlap
-    w = ngram_stand_ins.bare_worker(nw, sa, mr, Target(), corpus, D, overlap=False)
+    # without overlap, results are processed before the next step (output_ids complete); with it, one step late
+    # (a step's tokens reach output_ids after the next step was launched, as in SGLang's overlap scheduler)
+    w = ngram_stand_ins.bare_worker(nw, sa, mr, Target(), corpus, D, overlap=overlap)
     w.init_cuda_graphs()  # patched: runtimes per width (0008), then the auto controller (0007)
     state = w._fv_auto
     now = [0.0]
@@ -102,8 +104,13 @@ def run(table, steps, corpus_text, host_lens=True):
     info = types.SimpleNamespace(accept_tokens=torch.tensor([10] + [0] * (D - 1) + [13] + [0] * (D - 1)),
                                  accept_lens=torch.tensor([1, 1]))
     log = []
+    in_flight = [[] for _ in reqs]  # overlap: the last step's tokens, not in output_ids yet
+    if overlap:  # each request's first token (its prefill's) is still in flight at its first decode step
+        in_flight = [r.output_ids for r in reqs]
+        for r in reqs:
+            r.output_ids = []
     for _ in range(steps):
-        seq = [len(r.origin_input_ids) + len(r.output_ids) for r in reqs]
+        seq = [len(r.origin_input_ids) + len(r.output_ids) + len(t) for r, t in zip(reqs, in_flight)]
         # KV slot of request i at position j: 1000 * i + j
         slots = 1000 * torch.arange(len(reqs)).view(-1, 1) + torch.arange(64).view(1, -1)
         batch = types.SimpleNamespace(
@@ -120,7 +127,10 @@ def run(table, steps, corpus_text, host_lens=True):
         stride = res.next_draft_input.draft_token_num
         acc = res.next_draft_input.accept_tokens.view(len(reqs), stride)
         for i, r in enumerate(reqs):
-            r.output_ids = r.output_ids + acc[i, :lens[i]].tolist()
+            if overlap:
+                r.output_ids, in_flight[i] = r.output_ids + in_flight[i], acc[i, :lens[i]].tolist()
+            else:
+                r.output_ids = r.output_ids + acc[i, :lens[i]].tolist()
         f = forwards[-1]
         log.append({"kind": kind, "width": f["width"], "input": f["input"], "forward": f,
                     "accept_lens": lens, "prev_token_ids": list(getattr(w, "prev_token_ids", [])),
@@ -132,7 +142,7 @@ def run(table, steps, corpus_text, host_lens=True):
                                  "input_ids": batch.input_ids, "out_cache_loc": batch.out_cache_loc}})
         info = res.next_draft_input
         now[0] += 0.002 if kind == "lean" else 0.005
-    return {"steps": log, "outputs": {r.rid: r.output_ids for r in reqs},
+    return {"steps": log, "outputs": {r.rid: r.output_ids + t for r, t in zip(reqs, in_flight)},
             "metrics": state.controller.metrics(), "costs": state.costs.to_json()}
 
 
@@ -141,4 +151,7 @@ out["dear"] = run("dear.json", 12, [[9, 9, 9]])
 out["cheap"] = run("cheap.json", 16, [stream])
 # patch 0009: chain-shaped verify keeps no host copy of the lengths (the scheduler hands seq_lens_cpu = None)
 out["dear_no_host_lens"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False)
+# overlap mode (as served): lookups after a plain step are made behind the token in flight and shifted past it
+out["dear_overlap"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False, overlap=True)
+out["cheap_overlap"] = run("cheap.json", 16, [stream], host_lens=False, overlap=True)
 print("PROBE " + json.dumps(out, default=str))

@@ -186,22 +186,19 @@ def _plain_greedy(first, n):
 def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless(step_probe):
     run = step_probe["dear"]  # verify ~200x a decode: no speculation; lookups only as backed-off probes
     steps = run["steps"]
-    # fresh requests are looked up at once (and, choosing no speculation, verify at width 1)
-    assert [i for i, s in enumerate(steps) if s["kind"] == "spec"] == [0]
-    first = steps[0]["forward"]
-    assert first["verify"] and first["mode"] == "TARGET_VERIFY" and steps[0]["width"] == 1
-    assert first["mr_algorithm"] == "NGRAM" and first["runner_algorithm"] == "NGRAM"
-    # then probes after gaps of 2 and 4 steps (steps 3 and 7 of 12): drafts that would not pay even if they
-    # matched in full, so they are looked up behind (the host's tokens, no wait) and the step stays plain
+    # every request's last step gave it one token (here: all are new), so drafts are looked up on the host's
+    # tokens without waiting for a step in flight: at once for the new requests, then after gaps of 2 and 4
+    # steps (steps 3 and 7 of 12); none pays, so every step is a plain one
+    assert [s["kind"] for s in steps] == ["lean"] * 12
     assert [i for i, s in enumerate(steps) if s["gets"]] == [0, 2, 6]
-    assert run["metrics"]["auto_probe_lookups_total"] == 2
-    for i in (2, 6):
+    assert run["metrics"]["auto_behind_lookups_total"] == 3 and run["metrics"]["auto_probe_lookups_total"] == 0
+    for i in (0, 2, 6):
         (ids, contexts, totals), = steps[i]["gets"]
         assert ids == ["a", "b"]
-        out_a = [10] + _plain_greedy(20, i)  # request a's output before step i: 10, 20, ...
+        out_a = [10] + _plain_greedy(20, i)[:i]  # request a's output before step i: 10, 20, ...
         assert contexts[0] == ([7, 1, 2] + out_a)[-12:] and totals[0] == 3 + len(out_a)
     lean = [s for s in steps if s["kind"] == "lean"]
-    assert len(lean) == 11 and run["metrics"]["auto_lean_steps_total"] == 11
+    assert len(lean) == 12 and run["metrics"]["auto_lean_steps_total"] == 9  # 3 of them decided on drafts
     for s in lean:
         f, seq = s["forward"], s["seq_lens_before"]
         # SGLang's plain decode pass: DECODE mode, no spec_info, the DECODE graphs (built while the runner read
@@ -236,7 +233,7 @@ def test_patched_plain_steps_without_a_host_copy_of_the_lengths(step_probe):
     None): the plain step leaves them None (SGLang's device-only path) and decodes the same tokens."""
     run, ref = step_probe["dear_no_host_lens"], step_probe["dear"]
     lean = [s for s in run["steps"] if s["kind"] == "lean"]
-    assert len(lean) == 11
+    assert len(lean) == 12
     for s in lean:
         f = s["forward"]
         assert f["mode"] == "DECODE" and f["seq_lens_cpu"] is None and f["seq_lens_sum"] is None
@@ -250,9 +247,10 @@ def test_patched_auto_learns_during_plain_steps_and_speculates(step_probe):
     run = step_probe["cheap"]  # the corpus holds the stream up to 390; verify costs about a decode
     steps = run["steps"]
     kinds = [(s["kind"], s["width"]) for s in steps]
-    # looked up once, lean until that draft resolved (7 of 7 right), then full chains while the corpus knows
-    # the continuation, and back to lean steps once it does not (past 390 the lookup finds no match)
-    assert kinds[0] == ("spec", 1) and kinds[1] == ("lean", 1)
+    # looked up once (on the host's tokens: the step stays plain), lean until that draft resolved (7 of 7
+    # right), then full chains while the corpus knows the continuation, and back to lean steps once it does
+    # not (past 390 the lookup finds no match)
+    assert kinds[0] == kinds[1] == ("lean", 1) and steps[0]["gets"]
     full = [s for s in steps if s["width"] == 8]
     assert len(full) >= 3 and all(s["accept_lens"] == [8, 8] for s in full), kinds
     assert steps[-1]["kind"] == "lean" and max(s["input"][0] for s in full) < 400
@@ -260,6 +258,42 @@ def test_patched_auto_learns_during_plain_steps_and_speculates(step_probe):
     assert run["outputs"]["a"] == _plain_greedy(10, n_out)
     assert run["outputs"]["b"] == [13] + _plain_greedy(20, len(run["outputs"]["b"]) - 1)
     assert n_out > len(steps) + 1  # speculation emitted more than one token per step
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_overlap_lookups_behind_the_token_in_flight_stay_lossless(step_probe):
+    """Overlap mode, as served: the host lacks the tokens of the step in flight. After a step that gave every
+    request one token, drafts are looked up on the host's tokens (no wait), shifted past the token in flight,
+    and verified from it (its root written on the device)."""
+    dear, cheap = step_probe["dear_overlap"], step_probe["cheap_overlap"]
+    assert [s["kind"] for s in dear["steps"]] == ["lean"] * 12
+    (ids, contexts, totals), = dear["steps"][2]["gets"]
+    # before step 3 the host has two tokens of request a (10, 20); 30 is in flight
+    assert contexts[0] == [7, 1, 2, 10, 20] and totals[0] == 5
+    assert dear["outputs"] == step_probe["dear"]["outputs"]
+    steps = cheap["steps"]
+    first = next(i for i, s in enumerate(steps) if s["kind"] == "spec")
+    assert steps[first - 1]["kind"] == "lean" and steps[first]["width"] == 8
+    (ids, contexts, totals), = steps[first]["gets"]
+    host_a = contexts[0][3:]  # request a's tokens on the host; the next one is in flight
+    root = host_a[-1] + 10
+    # each row: the token in flight (written on the device), then the corpus' chain past it
+    assert steps[first]["input"][:8] == [root + 10 * j for j in range(7)] + [0]
+    assert steps[first]["accept_lens"] == [7, 7]  # the root's token + all 6 drafts: the shift is right
+    assert cheap["metrics"]["auto_behind_lookups_total"] >= 2
+    n_out = len(cheap["outputs"]["a"])
+    assert n_out > len(steps) + 1
+    assert cheap["outputs"]["a"] == _plain_greedy(10, n_out)
+    assert cheap["outputs"]["b"] == [13] + _plain_greedy(20, len(cheap["outputs"]["b"]) - 1)
+
+
+def test_shift_chains_moves_the_drafts_past_the_token_in_flight():
+    from fastverify.glue.auto import shift_chains
+
+    tokens = np.array([5, 6, 7, 8, 0, 9, 10, 0, 0, 0])  # k = 5: [root, chain...] per request, 0-padded
+    assert shift_chains(tokens, 5).tolist() == [5, 7, 8, 0, 0, 9, 0, 0, 0, 0]
+    assert shift_chains(np.array([3, 4]), 2).tolist() == [3, 0]
 
 
 def test_metrics_are_exported_as_gauges(tmp_path):

@@ -548,7 +548,7 @@ class Controller:
         self._last_log = -math.inf
         self._suppressed = 0
         self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0, "lean_steps": 0,
-                         "probe_lookups": 0}
+                         "probe_lookups": 0, "behind_lookups": 0}
         self.planned: Optional[str] = None  # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
         self._since_lookup = 0
         self._probe_gap = 1  # steps between lookups while none is expected to pay (doubles up to probe_max)
@@ -569,9 +569,11 @@ class Controller:
             evals.append(evaluate(o, self.costs, g, self.cfg.shape))
         return per_req, evals
 
-    def decide(self, requests: Sequence[RequestView]) -> Decision:
-        """A step whose drafts were looked up: the option and who takes part."""
+    def decide(self, requests: Sequence[RequestView], behind: bool = False) -> Decision:
+        """A step whose drafts were looked up: the option and who takes part. ``behind``: the drafts were looked
+        up without waiting for the step in flight (counted apart)."""
         self.step += 1
+        self.counters["behind_lookups"] += int(behind)
         self._since_lookup = 0
         per_req, evals = self._evaluate(requests, self.step)
         chosen = choose(evals, self.current, self.cfg.hysteresis)
@@ -591,7 +593,7 @@ class Controller:
         self._maybe_log(d, requests, per_req)
         return d
 
-    def plan_lookup(self, requests: Sequence[RequestView], probe_max: int = 0) -> bool:
+    def plan_lookup(self, requests: Sequence[RequestView], probe_max: int = 0, behind: bool = False) -> bool:
         """Before a step's drafts exist: is the draft lookup worth making? `requests` carry each request's
         last known features (the glue looks a request it has not seen up without asking). True when an
         option that speculates is expected to beat no speculation by more than the hysteresis, or when the
@@ -602,11 +604,14 @@ class Controller:
         False: the step runs without speculation and without a lookup (`note_lean`). Always True unless
         skipping the lookup is measured to pay (`lean_pays`). `planned` says how to look up: PLAN_WANTED (for
         real: the drafts may be verified this step) or PLAN_PROBE (the gap passed and even drafts that matched
-        in full are not expected to pay: drafts only to learn from, see `note_probe`)."""
+        in full are not expected to pay: drafts only to learn from, see `note_probe`).
+        ``behind``: the lookup would not wait for the step in flight (its drafts are looked up on the host's
+        tokens and verified at once if `decide` says so): it costs host time only, so it is made when wanted or
+        when the probe gap passed, and never just because a lookup step was not measured dearer."""
         self.planned = None
         if not requests:
             return False
-        if not self.lean_pays(len(requests)):
+        if not behind and not self.lean_pays(len(requests)):
             self.planned = PLAN_WANTED
             return True
         if self._wanted(requests):
@@ -739,6 +744,7 @@ class Controller:
             "auto_requests_total": float(self.counters["requests"]),
             "auto_lean_steps_total": float(self.counters["lean_steps"]),
             "auto_probe_lookups_total": float(self.counters["probe_lookups"]),
+            "auto_behind_lookups_total": float(self.counters["behind_lookups"]),
         }
         for lbl, n in self.steps_by_mode.items():
             out[f"auto_steps_{lbl}_total"] = float(n)

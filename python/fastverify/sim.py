@@ -211,13 +211,15 @@ class FixedPolicy:
 
 
 class AutoPolicy:
-    """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once
-    (as a probe where `Controller.first_lookup_behind` allows); otherwise `Controller.plan_lookup` on each
-    request's last looked-up features decides between a lookup step (`decide` on this step's drafts), a plain
-    step without drafts (`note_lean`), and a probe: a plain step whose drafts are looked up only to be scored
-    (`note_probe`; in the server they are looked up on the host's tokens, one step behind, which the simulator
-    does not model: it uses this step's features). Only drafts that were looked up are scored later
-    (`looked_up`); a probe pays no lookup cost (`paid_lookup`).
+    """The server's flow (fastverify.glue.auto): a request seen for the first time is looked up at once;
+    otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup step
+    (`decide` on this step's drafts) and a plain step without drafts (`note_lean`). After a step that gave
+    every request one token (no speculation, or all requests new) the server looks drafts up behind the step in
+    flight, without waiting for it, so such a lookup costs no `lookup_ms` (`paid_lookup` False); after a step
+    that speculated, a lookup waits (paid), except a probe (`plan_lookup` gave PLAN_PROBE, or a first lookup
+    `Controller.first_lookup_behind` allows), whose drafts are only scored (`note_probe`). The server's lookups
+    behind see the tokens one step late, which the simulator does not model: it uses this step's features.
+    Only drafts that were looked up are scored later (`looked_up`).
 
     `step_costs`: the controller decides on whole-step costs measured as the loop runs, as in the server
     (`StepCosts`: every step's simulated time recorded by kind; the controller reads a copy taken every
@@ -232,36 +234,46 @@ class AutoPolicy:
         self.looked_up = True
         self.step_costs = step_costs
         self._steps = 0
-        self.paid_lookup = True  # this step waited for and ran a lookup (a probe does not)
+        self.paid_lookup = True  # this step waited for and ran a lookup (a lookup behind does not)
+        self.plain_before = True  # the last step gave every request one token
 
     def record(self, bs: int, width: int, ms: float) -> None:
         """The step just simulated took `ms` (width: its verify width, 1 without speculation)."""
         if self.step_costs is None:
             return
-        self.step_costs.record(SPEC if self.paid_lookup else LEAN, bs, width, ms)
+        self.step_costs.record(SPEC if width > 1 or self.paid_lookup else LEAN, bs, width, ms)  # as the server
         self._steps += 1
         if self._steps % COST_SYNC_STEPS == 0:
             self.c.costs = copy.deepcopy(self.step_costs)
 
     def decide(self, views):
         fresh = [v for v in views if v.req_id not in self.last]
+        ones = self.plain_before or len(fresh) == len(views)
         self.paid_lookup = True
+        self.c.planned = None
         if fresh:
             self.c.reset_probe()
-            self.c.first_lookup_behind([v.req_id for v in views])  # sets planned: PLAN_PROBE or None
-        elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max):
+            if not ones:
+                self.c.first_lookup_behind([v.req_id for v in views])  # sets planned: PLAN_PROBE or None
+        elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max,
+                                    behind=ones):
             self.looked_up = False
             self.paid_lookup = False
+            self.plain_before = True
             d = self.c.note_lean(len(views))
             return d.option, d.speculate
         self.looked_up = True
         for v in views:
             self.last[v.req_id] = v.features
-        if self.c.planned == PLAN_PROBE:  # looked up behind (plan_lookup's probe, or a first lookup)
+        if ones:  # looked up behind the step in flight, verified if chosen
+            self.paid_lookup = False
+            d = self.c.decide(views, behind=True)
+        elif self.c.planned == PLAN_PROBE:  # a probe behind a step that speculated: scored only
             self.paid_lookup = False
             d = self.c.note_probe(views)
         else:
             d = self.c.decide(views)
+        self.plain_before = d.option.kind == NONE or not any(d.speculate)
         return d.option, d.speculate
 
     def observe(self, rid, features, chain, tree):
@@ -282,6 +294,10 @@ class SimResult:
     probes: int = 0  # steps that looked drafts up only to score them, at no cost (auto's probes)
     options: list = field(default_factory=list)  # chosen option label per step
     batch: list = field(default_factory=list)  # running requests per step
+    step_ms: list = field(default_factory=list)  # simulated time per step
+    step_tokens: list = field(default_factory=list)  # tokens produced per step
+    step_lookups: list = field(default_factory=list)  # per step: it paid for a lookup
+    finished: dict = field(default_factory=dict)  # rid -> index of the step in which it finished
 
     @property
     def tokens_per_s(self) -> float:
@@ -315,11 +331,13 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
             width = option.width
             tokens = len(rids) * width if shape == "uniform" else n_spec * width + (len(rids) - n_spec)
             res.time_ms += costs.verify_ms(tokens)
-        if policy.looked_up and getattr(policy, "paid_lookup", True):
+        paid = bool(policy.looked_up and getattr(policy, "paid_lookup", True))
+        if paid:
             res.time_ms += lookup_ms
             res.lookups += 1
         elif policy.looked_up:
             res.probes += 1
+        tokens_before = res.tokens
         if hasattr(policy, "record"):
             policy.record(len(rids), option.width if n_spec else 1, res.time_ms - t0)
         res.options.append(option.label if n_spec else NONE)
@@ -348,7 +366,11 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
             st[2] = keep
             if st[1] >= req.length:
                 policy.finish(rid)
+                res.finished[rid] = res.steps - 1
                 del active[rid]
+        res.step_ms.append(res.time_ms - t0)
+        res.step_tokens.append(res.tokens - tokens_before)
+        res.step_lookups.append(paid)
     return res
 
 
@@ -444,6 +466,47 @@ def switching_run(costs: CostTable, bs: int, cfg: AutoConfig, period: int = 200,
     return res, follow
 
 
+def after_load_requests(n: int, length: int, max_chain: int = 7, match_rate: float = 0.05, seed: int = 1,
+                        prefix: str = "b") -> list:
+    """A second load on the prompts of a repetitive one, now sampled: at its first position each request's
+    lookup matches in full (the corpus holds the first load's continuation of the same prompt) and later only
+    now and then, with short matches; nothing is ever accepted (the sampled output diverges at once)."""
+    rng = random.Random(seed)
+    reqs = []
+    for r in range(n):
+        feats = [DraftFeatures(max_chain, 1)]
+        for _ in range(length - 1):
+            feats.append(DraftFeatures(rng.randint(1, 3), 1) if rng.random() < match_rate else DraftFeatures(0, 0))
+        reqs.append(SimRequest(f"{prefix}{r}", [(feats, [0] * length, [0] * length)]))
+    return reqs
+
+
+def window_rate(res: SimResult, start: int) -> float:
+    """Tokens per second over the steps from `start` on."""
+    ms = sum(res.step_ms[start:])
+    return sum(res.step_tokens[start:]) / ms * 1000.0 if ms else 0.0
+
+
+def load_switch_run(costs: CostTable, bs: int, cfg: AutoConfig, n_per_load: int = 8, length: int = 200,
+                    p_high: float = 0.85, seed: int = 0, lookup_ms: float = 0.0,
+                    probe_max: Optional[int] = None) -> tuple:
+    """A repetitive load (acceptance `p_high`), then a non-repetitive one of new requests whose first lookups
+    still match in full (`after_load_requests`), on one controller. Returns (results, a summary of the second
+    load alone: auto's and no speculation's tokens/s from the step after the last request of the first load
+    finished, and the lookups auto paid for there)."""
+    first = synthetic_requests(n_per_load, length, (p_high,), cfg.max_chain, cfg.tree_width, seed=seed)
+    second = after_load_requests(n_per_load, length, cfg.max_chain, seed=seed + 1)
+    res = run_all(first + second, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max)
+
+    def start(r: SimResult) -> int:
+        return max(r.finished[q.rid] for q in first) + 1
+    auto, none = res["auto"], res[NONE]
+    a0 = start(auto)
+    after = {"auto_vs_none": round(window_rate(auto, a0) / window_rate(none, start(none)), 4),
+             "auto_lookups": sum(auto.step_lookups[a0:]), "steps": len(auto.step_ms) - a0}
+    return res, after
+
+
 # -------------------------------------------------------------------------------------------- scenarios
 SCENARIOS = {"zero": (0.0,), "low": (0.3,), "high": (0.85,)}
 
@@ -465,6 +528,10 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
                                         probe_max=probe_max)
             rows.append({"table": table, "bs": bs, "trace": f"switch-0/0.85-every-{switch_period}",
                          "follow_steps": follow, "follow_bound": follow_bound_steps(cfg), **summarize(res)})
+            res, after = load_switch_run(costs, bs, cfg, max(n_requests // 2, bs), length, seed=seed,
+                                         lookup_ms=lookup_ms, probe_max=probe_max)
+            rows.append({"table": table, "bs": bs, "trace": "load-0.85-then-sampled", "after_switch": after,
+                         **summarize(res)})
             if replayed is not None:
                 rows.append({"table": table, "bs": bs, "trace": "replay-default", **summarize(
                     run_all(replayed, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max))})
@@ -482,6 +549,9 @@ def format_rows(rows) -> str:
         best = f"{r['best_fixed']} {tps[r['best_fixed']]:.1f}"
         mix = ", ".join(f"{k}:{v}" for k, v in list(r["auto_option_steps"].items())[:3])
         extra = f"  follow {r['follow_steps']} (bound {r['follow_bound']})" if "follow_steps" in r else ""
+        if "after_switch" in r:
+            a = r["after_switch"]
+            extra += f"  second load: {a['auto_vs_none']:.3f}x none, {a['auto_lookups']} lookups in {a['steps']} steps"
         lines.append(f"{r['table']:<16} {r['bs']:>3} {r['trace']:<26} {tps['none']:>8.1f} {best:>18} "
                      f"{tps['auto']:>8.1f} {r['auto_vs_none']:>9.3f} {r['auto_vs_best_fixed']:>9.3f}  {mix}{extra}")
     return "\n".join(lines)

@@ -21,6 +21,7 @@
 #    sampled workload (PROFILE=1, the default; PROFILE=torch: GPU timelines of PROFILE_SERVERS instead,
 #    benchmark/gpu_timeline.py; both: the two; 0: none). Phase 1 and phase 2 servers do not run at the same time.
 #    STEPTRACE=1: every scheduler iteration of every server traced (benchmark/step_trace.py -> step_trace.txt).
+#    WARMUP=1: a round of both loads on every server before the recorded rounds (kept as *_w1, not judged).
 set -u
 set +m
 . "$(dirname "$0")/servers.sh"
@@ -66,13 +67,16 @@ else
 fi
 GREEDY="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concurrency 1,4 --max-new-tokens 200 --warmup 1"
 SAMPLED="$GREEDY --temperature 1.0"
-for round in $(seq 1 "$ROUNDS"); do
-  order=$MODES; [ $round = 2 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
+# WARMUP=1: one unrecorded round of both loads on every server first (tags *_w1, which the verdict does not
+# read): the first use of each verify width and batch size, compiled or loaded once per server, lands there
+ROUND_TAGS=$(seq -f "r%g" 1 "$ROUNDS" | tr '\n' ' '); [ "${WARMUP:-0}" = 1 ] && ROUND_TAGS="w1 $ROUND_TAGS"
+for tag in $ROUND_TAGS; do
+  order=$MODES; [ $tag = r2 ] && order=$(echo $MODES | tr ' ' '\n' | tac | tr '\n' ' ')
   for n in $order; do
     up "$n" || continue
-    [ "$(left)" -lt 40 ] && { log "skip $n round $round: time"; continue; }
-    client "$n" "${n}_greedy_r$round" $GREEDY
-    client "$n" "${n}_sampled_r$round" $SAMPLED
+    [ "$(left)" -lt 40 ] && { log "skip $n round $tag: time"; continue; }
+    client "$n" "${n}_greedy_$tag" $GREEDY
+    client "$n" "${n}_sampled_$tag" $SAMPLED
   done
   pack
 done

@@ -54,7 +54,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from fastverify.controller import (LEAN, PLAN_PROBE, SPEC, AutoConfig, Controller, CostTable, CostTableError,
+from fastverify.controller import (LEAN, NONE, PLAN_PROBE, SPEC, AutoConfig, Controller, CostTable, CostTableError,
                                    DraftFeatures, RequestView, ShadowTracker, StepCosts, calibrate, load_cost_table)
 
 logger = logging.getLogger("fastverify.auto")
@@ -147,6 +147,7 @@ class AutoState:
     sync_costs: object = None  # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
     clock: object = time.perf_counter
     plain: object = None  # the plain decode runtime (verify_runtime.build_plain_runtime)
+    behind: tuple = None  # (tokens, mask, Decision) of drafts looked up behind the step in flight, to verify
 
 
 def setup(worker, spec=None, observability=None, plain=None):
@@ -221,55 +222,64 @@ def _sync_requests(state: AutoState, batch) -> None:
 
 def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     """At the start of the n-gram worker's step. None: the step speculates (or is not a decode step): the worker
-    goes on with its lookup, then step_drafts. Otherwise the step was chosen to verify nothing and has run as a
-    plain decode step; returns its result (what the worker's own step returns, one token per request). Always
-    None unless the mode is auto."""
+    goes on with its lookup (or takes the drafts already looked up behind: `drafts_behind`), then step_drafts.
+    Otherwise the step was chosen to verify nothing and has run as a plain decode step; returns its result (what
+    the worker's own step returns, one token per request). Always None unless the mode is auto."""
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None or not batch.forward_mode.is_decode():
         return None
     _tick(state)
     _sync_requests(state, batch)
     state.synced = True
+    state.behind = None
     ctl = state.controller
     bs = len(batch.reqs)
-    fresh = any(req.rid not in state.features for req in batch.reqs)
-    if fresh:
+    fresh = [req.rid not in state.features for req in batch.reqs]
+    if any(fresh):
         ctl.reset_probe()
     if not _plain_capable(state, batch, pp_proxy_tensors):
         return None
-    if fresh:
-        # a request not looked up yet is looked up once (its match is unknown): for real, unless a lookup
-        # step is measured not to pay and even a full match would not be verified (then behind, as a probe)
-        if not ctl.first_lookup_behind([req.rid for req in batch.reqs]):
+    # every request's last step gave it one token (a plain step, or the prefill of a request that joined): the
+    # host lacks exactly that token, so drafts can be looked up behind it and verified from it (no waiting)
+    ones = state.lean_before or all(fresh)
+    if any(fresh):
+        # a request not looked up yet is looked up once (its match is unknown); behind when every request has
+        # one token in flight, else for real unless a lookup step is measured not to pay and even a full match
+        # would not be verified (then behind, as a probe)
+        if not ones and not ctl.first_lookup_behind([req.rid for req in batch.reqs]):
             return None
-        probe = True
-    elif ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX):
-        if ctl.planned != PLAN_PROBE:
-            return None  # speculation is expected to pay: look drafts up and verify
-        probe = True  # drafts only to learn from: looked up behind, scored later, the step stays plain
+        look = True
     else:
-        probe = False
-    if probe:
-        views = probe_behind(worker, state, batch)
-    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=state.lean_before)
-    d = ctl.note_probe(views) if probe else ctl.note_lean(bs)
+        look = ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX,
+                               behind=ones)
+        if look and not ones and ctl.planned != PLAN_PROBE:
+            return None  # speculation is expected to pay: look drafts up (waiting for the step in flight), verify
+    d = None
+    if look and ones:
+        tokens, mask, shifted, lens, views = lookup_behind(worker, state, batch)
+        d = ctl.decide(views, behind=True)
+        if d.option.kind != NONE and any(d.speculate):
+            worker._fv.expect(lens)  # the verify accounting of the worker's own lookups
+            state.behind = (tokens, mask, d, shifted)  # the worker verifies them: drafts_behind, step_drafts
+            state.synced = False
+            return None
+    elif look:  # a probe after a step that accepted drafts: looked up behind, scored later, the step stays plain
+        d = ctl.note_probe(probe_behind(worker, state, batch))
+    worker._fv.expect([0] * bs)  # its result reaches the verify accounting as a step without drafts
+    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=ones)
+    d = d if d is not None else ctl.note_lean(bs)
     state.last_step = (LEAN, bs, 1)
     state.synced = False
     _export(state, d)
     return result
 
 
-def probe_behind(worker, state: AutoState, batch) -> list:
-    """A probe's drafts, looked up without waiting for the step in flight: the corpus is asked (SGLang's own
-    query: the last max_trie_depth tokens of prompt + output, and the total length, per request) on the tokens
-    the host has, one step behind in overlap mode, so no device-to-host copy has to finish first. The drafts
-    are never verified: each request's chain is recorded for the shadow tracker (it predicts the output from
-    position len(output_ids) on) and its features replace the request's last known ones. Returns the views
-    with the new features. The corpus' per-request match state advances from these contexts as from any
-    lookup (it rebuilds itself when a context does not extend the last one)."""
-    from fastverify.chain import reduce_to_chain
-
-    k, depth = state.k, int(worker.max_trie_depth)
+def _corpus_behind(worker, batch):
+    """The corpus asked on the tokens the host has (SGLang's own query: the last max_trie_depth tokens of prompt
+    + output, and the total length, per request), one step behind in overlap mode, so no device-to-host copy has
+    to finish first. Returns the corpus' raw (tokens, mask). The corpus' per-request match state advances from
+    these contexts as from any lookup (it rebuilds itself when a context does not extend the last one)."""
+    depth = int(worker.max_trie_depth)
     req_ids, contexts, totals = [], [], []
     for req in batch.reqs:
         prompt = getattr(req, "origin_input_ids_unpadded", None)
@@ -278,9 +288,81 @@ def probe_behind(worker, state: AutoState, batch) -> list:
         req_ids.append(req.rid)
         totals.append(len(prompt) + len(req.output_ids))
     worker.ngram_corpus.synchronize()
-    tokens, mask = worker.ngram_corpus.batch_get(req_ids, contexts, totals)
-    tokens, _mask, _lens = reduce_to_chain(tokens, mask, k, worker._fv.config.match_type)
+    return worker.ngram_corpus.batch_get(req_ids, contexts, totals)
+
+
+def probe_behind(worker, state: AutoState, batch) -> list:
+    """A probe's drafts, looked up behind the step in flight (`_corpus_behind`) and never verified: each request's
+    chain is recorded for the shadow tracker (it predicts the output from position len(output_ids) on) and its
+    features replace the request's last known ones. Returns the views with the new features."""
+    from fastverify.chain import reduce_to_chain
+
+    tokens, mask = _corpus_behind(worker, batch)
+    tokens, _mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
     return _record_drafts(state, batch, tokens, [0] * len(batch.reqs))[1]
+
+
+def shift_chains(tokens, k: int):
+    """Chain-format drafts [bs*k] looked up one token behind -> drafts for the position after that token: each
+    row [root, c1, c2, ..., c_{k-1}] becomes [root, c2, ..., c_{k-1}, 0]. The chain past c1 continues the text
+    only where c1 is the token in flight; where it is not, the drafts are merely wrong guesses, which the verify
+    pass rejects (output is unchanged either way). The root is a placeholder until `fill_roots` writes the
+    token in flight on the device."""
+    import numpy as np
+
+    t = np.asarray(tokens).reshape(-1, k)
+    out = np.zeros_like(t)
+    out[:, 0] = t[:, 0]
+    out[:, 1:k - 1] = t[:, 2:]
+    return out.reshape(-1)
+
+
+def lookup_behind(worker, state: AutoState, batch) -> tuple:
+    """Drafts to verify this step, looked up without waiting for the step in flight: every request's last step
+    gave it exactly one token (`plain_step`: ``ones``). The corpus is asked on the host's tokens
+    (`_corpus_behind`) and reduced to chains as in the worker's chain hook. In overlap mode the host lacks that one token: the chains are shifted past it
+    (`shift_chains`, the roots written on the device by `fill_roots`) and recorded at output position
+    len(output_ids) + 1; otherwise they are the worker's own lookup. The corpus learns nothing of the token in
+    flight this step (as after a plain step). Returns (tokens [bs*k], mask, shifted, real chain lengths [bs],
+    views)."""
+    from fastverify.chain import reduce_to_chain
+
+    bs = len(batch.reqs)
+    tokens, mask = _corpus_behind(worker, batch)
+    tokens, mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
+    behind = _host_behind(worker, batch)
+    if behind:
+        tokens = shift_chains(tokens, state.k)
+    worker.prev_token_ids = []
+    worker.prev_accept_lens = [0] * bs
+    lens, views = _record_drafts(state, batch, tokens, [int(behind)] * bs)
+    return tokens, mask, behind, lens, views
+
+
+def _host_behind(worker, batch) -> bool:
+    """Does the host lack the step in flight's tokens (overlap mode: results are processed one step late; as
+    in the worker's own lookup, a batch with grammars is processed at once)?"""
+    return bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
+
+
+def drafts_behind(worker, batch):
+    """In the worker's draft preparation: the (tokens, mask) plain_step looked up behind the step in flight and
+    chose to verify, or None (the worker looks its drafts up itself). Always None unless the mode is auto."""
+    state: AutoState = getattr(worker, "_fv_auto", None)
+    if state is None or state.behind is None:
+        return None
+    return state.behind[0], state.behind[1]
+
+
+def fill_roots(worker, batch, draft_tokens) -> None:
+    """After the worker copied this step's drafts to the device ([bs * width]): with drafts looked up behind and
+    shifted, each row's root becomes the request's token in flight (the first accept token of the last step,
+    which gave one token per request). A no-op otherwise."""
+    state: AutoState = getattr(worker, "_fv_auto", None)
+    if state is None or state.behind is None or not state.behind[3]:
+        return
+    bs = len(batch.reqs)
+    draft_tokens.view(bs, -1)[:, 0] = batch.spec_info.accept_tokens.view(bs, -1)[:, 0]
 
 
 def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
@@ -390,17 +472,21 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     if state is None:
         return tokens, mask
     from fastverify.glue.verify_runtime import select_runtime
-    from fastverify.widths import truncate_drafts
+    from fastverify.widths import chain_draft_lengths, truncate_drafts
 
     k = state.k
-    use_prev = bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
-    prev_lens = list(getattr(worker, "prev_accept_lens", None) or [0] * bs)
-    if not state.synced:
-        _sync_requests(state, batch)
-    state.synced = False
-    # the draft proposes output positions len(output_ids) + tokens carried from the last step (overlap)
-    lens, views = _record_drafts(state, batch, tokens, [int(p) if use_prev else 0 for p in prev_lens])
-    d = state.controller.decide(views)
+    if state.behind is not None:  # looked up behind, recorded and decided in plain_step
+        d = state.behind[2]
+        lens = chain_draft_lengths(tokens, k)
+    else:
+        use_prev = bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
+        prev_lens = list(getattr(worker, "prev_accept_lens", None) or [0] * bs)
+        if not state.synced:
+            _sync_requests(state, batch)
+        state.synced = False
+        # the draft proposes output positions len(output_ids) + tokens carried from the last step (overlap)
+        lens, views = _record_drafts(state, batch, tokens, [int(p) if use_prev else 0 for p in prev_lens])
+        d = state.controller.decide(views)
     width = 1 if d.option.kind == "none" else d.option.width
     keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
     tokens, mask = truncate_drafts(tokens, mask, k, width, keep)

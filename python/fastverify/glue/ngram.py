@@ -117,8 +117,13 @@ class NgramVerifyHook:
             tokens, mask, lens = reduce_to_chain(tokens, mask, self.k, self.config.match_type)
         else:
             lens = real_draft_lengths(tokens, mask, self.k)
-        self._plans.append(plan_verify(lens, self.k, self.config.buckets))
+        self.expect(lens)
         return tokens, mask
+
+    def expect(self, draft_lens) -> None:
+        """A step whose result will reach `on_verify_complete` (in step order), with these real draft lengths per
+        request (all 0: a step without drafts, such as auto's plain steps)."""
+        self._plans.append(plan_verify(draft_lens, self.k, self.config.buckets))
 
     def on_verify_complete(self, num_correct_drafts_per_req) -> None:
         """Verify results on the host (the scheduler already copied them): record accept lengths and log."""
