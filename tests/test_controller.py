@@ -381,6 +381,53 @@ def test_plan_lookup_pessimistic_start_learning_and_probes():
     assert ctl.plan_lookup([]) is False
 
 
+def test_plan_lookup_behind_keeps_the_probe_schedule_where_lookups_were_not_measured_dearer():
+    """A lookup behind the step in flight costs host time only: it is made when wanted or on the probe schedule,
+    not on every step just because a lookup step was never measured dearer than a plain one."""
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    views = [RequestView("r", DraftFeatures(7, 1))]
+    assert Controller(cfg, FLAT).plan_lookup(views, probe_max=8) is True  # a plain table: every step
+    ctl = Controller(cfg, FLAT)
+    at = []
+    for i in range(1, 17):
+        if ctl.plan_lookup(views, probe_max=8, behind=True):
+            ctl.decide(views, behind=True)
+            at.append(i)
+        else:
+            ctl.note_lean(1)
+    assert at == [1, 3, 7, 15] and ctl.counters["behind_lookups"] == 4
+
+
+def test_wanted_is_asked_again_only_when_its_inputs_change():
+    """`plan_lookup` asks the same question on most steps without speculation: the answer is kept until the gain
+    model observes something, the costs change, or WANTED_REFRESH_STEPS steps pass, and it is the answer a
+    fresh evaluation gives."""
+    from fastverify.controller import WANTED_REFRESH_STEPS
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    ctl = Controller(cfg, _lean_cheaper())
+    calls = []
+    real = ctl._evaluate
+    ctl._evaluate = lambda reqs, step: (calls.append(step), real(reqs, step))[1]
+    views = [RequestView("r", DraftFeatures(7, 1))]
+    assert ctl._wanted(views) is False and ctl._wanted(views) is False and len(calls) == 1
+    assert ctl._wanted([RequestView("r", DraftFeatures(3, 1))]) is False and len(calls) == 2  # other features
+    for _ in range(6):
+        ctl.observe("r", DraftFeatures(7, 1), 7)
+    assert ctl._wanted(views) is True and len(calls) == 3  # observed: asked again, and the answer changed
+    for _ in range(WANTED_REFRESH_STEPS):
+        ctl.note_lean(1)
+    assert ctl._wanted(views) is True and len(calls) == 4  # aged: asked again
+    ctl.costs = FLAT
+    assert ctl._wanted(views) is True and len(calls) == 5  # new costs: asked again
+    fresh = Controller(cfg, FLAT)
+    for _ in range(6):
+        fresh.observe("r", DraftFeatures(7, 1), 7)
+    fresh.step = ctl.step
+    fresh.current = ctl.current
+    assert fresh._wanted(views) == ctl._wanted(views)
+
+
 def test_probe_lookups_back_off_and_reset():
     """Nothing worth a lookup: look up anyway after 1, 2, 4, 8, 8, ... steps (cap 8 here); a new request or a
     lookup that chose to speculate brings the gap back to 1."""

@@ -275,12 +275,14 @@ def test_patched_overlap_lookups_behind_the_token_in_flight_stay_lossless(step_p
     steps = cheap["steps"]
     first = next(i for i, s in enumerate(steps) if s["kind"] == "spec")
     assert steps[first - 1]["kind"] == "lean" and steps[first]["width"] == 8
-    (ids, contexts, totals), = steps[first]["gets"]
+    (ids, contexts, totals), (_, again, totals2) = steps[first]["gets"]
     host_a = contexts[0][3:]  # request a's tokens on the host; the next one is in flight
     root = host_a[-1] + 10
-    # each row: the token in flight (written on the device), then the corpus' chain past it
-    assert steps[first]["input"][:8] == [root + 10 * j for j in range(7)] + [0]
-    assert steps[first]["accept_lens"] == [7, 7]  # the root's token + all 6 drafts: the shift is right
+    # asked again on the host's tokens and the corpus' guess of the token in flight
+    assert again[0] == (contexts[0] + [root])[-12:] and totals2[0] == totals[0] + 1
+    # each row: the token in flight (written on the device), then the corpus' chain past it, full length
+    assert steps[first]["input"][:8] == [root + 10 * j for j in range(8)]
+    assert steps[first]["accept_lens"] == [8, 8]  # every draft accepted: they continue the token in flight
     assert cheap["metrics"]["auto_behind_lookups_total"] >= 2
     n_out = len(cheap["outputs"]["a"])
     assert n_out > len(steps) + 1
@@ -288,12 +290,44 @@ def test_patched_overlap_lookups_behind_the_token_in_flight_stay_lossless(step_p
     assert cheap["outputs"]["b"] == [13] + _plain_greedy(20, len(cheap["outputs"]["b"]) - 1)
 
 
-def test_shift_chains_moves_the_drafts_past_the_token_in_flight():
-    from fastverify.glue.auto import shift_chains
+def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
+    """The host's context ends one token before the token in flight: the corpus' first chain guesses that
+    token, and the chain for the next position is the corpus' answer on the context extended by the guess."""
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 
-    tokens = np.array([5, 6, 7, 8, 0, 9, 10, 0, 0, 0])  # k = 5: [root, chain...] per request, 0-padded
-    assert shift_chains(tokens, 5).tolist() == [5, 7, 8, 0, 0, 9, 0, 0, 0, 0]
-    assert shift_chains(np.array([3, 4]), 2).tolist() == [3, 0]
+    class Corpus:
+        calls = []
+
+        def synchronize(self):
+            pass
+
+        def batch_get(self, ids, contexts, totals):
+            Corpus.calls.append((list(contexts), list(totals)))
+            k = 4
+            tokens, mask = [], []
+            for ctx in contexts:
+                last = ctx[-1]
+                # a chain: root, then the text after the root's first occurrence (no match: nothing)
+                after = text[text.index(last) + 1:text.index(last) + k] if last in text else []
+                row = [last] + after + [0] * (k - 1 - len(after))
+                tokens += row
+                m = np.tril(np.ones((k, k), dtype=np.int32))
+                for j in range(1 + len(after), k):
+                    m[j, :] = 0
+                    m[j, j] = 1
+                mask += m.reshape(-1).tolist()
+            return np.array(tokens), np.array(mask)
+
+    w = SimpleNamespace(max_trie_depth=12, ngram_corpus=Corpus(), _fv=SimpleNamespace(
+        config=SimpleNamespace(match_type="BFS")),
+        _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
+    reqs = [SimpleNamespace(rid="a", origin_input_ids=[1, 2], origin_input_ids_unpadded=[1, 2], output_ids=[3, 4]),
+            SimpleNamespace(rid="b", origin_input_ids=[99], origin_input_ids_unpadded=[99], output_ids=[])]
+    tokens, _mask = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4)
+    # a: host 1 2 3 4, the corpus guesses 5 in flight; asked on ... 4 5: root 5, chain 6 7 8
+    # b: no match, so no guess and no draft (its root a placeholder)
+    assert tokens.tolist() == [5, 6, 7, 8, 99, 0, 0, 0]
+    assert Corpus.calls[1] == ([[1, 2, 3, 4, 5], [99]], [5, 1])
 
 
 def test_metrics_are_exported_as_gauges(tmp_path):

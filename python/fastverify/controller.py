@@ -207,6 +207,7 @@ def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], 
 
 # ------------------------------------------------------------------------------------ whole-step costs
 PLAN_PROBE, PLAN_WANTED = "probe", "wanted"  # why Controller.plan_lookup looked drafts up
+WANTED_REFRESH_STEPS = 4  # Controller._wanted: an unchanged question is answered again after this many steps
 LEAN, SPEC = "lean", "spec"  # a step that skipped the draft lookup (no speculation) / one that looked drafts up
 
 
@@ -362,6 +363,7 @@ class GainModel:
                 h.w[0] = prior_mass
                 h.mass = prior_mass
         self._local: dict = {}  # (req_id, matched) -> (chain _Hist, tree _Hist)
+        self.version = 0  # counts observations and drops: what the model says changes only with it (and age)
         self._bucket: dict = {}  # bucket -> (chain _Hist, tree _Hist)
 
     def _pair(self, table: dict, key) -> tuple:
@@ -373,6 +375,7 @@ class GainModel:
                 tree_accept: Optional[int] = None) -> None:
         """A resolved draft: it would have had `chain_accept` tokens accepted as a K-chain (capped at K) and
         `tree_accept` as the full tree (None when no tree was drafted)."""
+        self.version += 1
         m = features.match_len > 0
         for pair in (self._global[m], self._pair(self._local, (req_id, m)),
                      self._pair(self._bucket, feature_bucket(features))):
@@ -381,6 +384,7 @@ class GainModel:
                 pair[1].add(tree_accept, step, self.decay)
 
     def drop(self, req_id) -> None:
+        self.version += 1
         self._local.pop((req_id, False), None)
         self._local.pop((req_id, True), None)
 
@@ -538,7 +542,9 @@ class Controller:
     def __init__(self, cfg: AutoConfig, costs: CostTable, log: Optional[Callable[[dict], None]] = None,
                  clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
+        self._costs_version = 0
         self.costs = costs
+        self._wanted_epoch, self._wanted_cache = None, {}
         self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
         self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps, cfg.prior_strength)
         self.current: Optional[Option] = None
@@ -554,6 +560,15 @@ class Controller:
         self._probe_gap = 1  # steps between lookups while none is expected to pay (doubles up to probe_max)
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
+
+    @property
+    def costs(self):
+        return self._costs
+
+    @costs.setter
+    def costs(self, value) -> None:  # a new table (the server shares rank 0's measurements every few steps)
+        self._costs = value
+        self._costs_version += 1
 
     def _evaluate(self, requests: Sequence[RequestView], step: int) -> tuple:
         """(per-request (chain, tree) expectations, an Evaluation per option in `self.options` order)."""
@@ -630,10 +645,24 @@ class Controller:
         return False
 
     def _wanted(self, requests: Sequence[RequestView]) -> bool:
-        """Is an option that speculates expected to beat no speculation (by the hysteresis) for `requests`?"""
+        """Is an option that speculates expected to beat no speculation (by the hysteresis) for `requests`?
+
+        Asked on most steps without speculation with the same requests and features, so the answer is kept
+        until the gain model observes something, the costs or the current option change, or WANTED_REFRESH_STEPS
+        steps pass (the model's forgetting moves its estimates a little every step)."""
+        epoch = (self.gain.version, self._costs_version, self.current, (self.step + 1) // WANTED_REFRESH_STEPS)
+        if epoch != self._wanted_epoch:
+            self._wanted_epoch, self._wanted_cache = epoch, {}
+        key = tuple((r.req_id, r.features) for r in requests)
+        hit = self._wanted_cache.get(key)
+        if hit is not None:
+            return hit
         _, evals = self._evaluate(requests, self.step + 1)
         best = choose(evals, self.current if self.current is not None else evals[0].option, self.cfg.hysteresis)
-        return best.option.kind != NONE and any(best.speculate)
+        wanted = best.option.kind != NONE and any(best.speculate)
+        if len(self._wanted_cache) < 64:
+            self._wanted_cache[key] = wanted
+        return wanted
 
     def _full_match_wanted(self, req_ids: Sequence) -> bool:
         """Would drafts that matched in full (the longest chain) be worth verifying for these requests, with

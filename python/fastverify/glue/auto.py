@@ -256,11 +256,11 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             return None  # speculation is expected to pay: look drafts up (waiting for the step in flight), verify
     d = None
     if look and ones:
-        tokens, mask, shifted, lens, views = lookup_behind(worker, state, batch)
+        tokens, mask, in_flight, lens, views = lookup_behind(worker, state, batch)
         d = ctl.decide(views, behind=True)
         if d.option.kind != NONE and any(d.speculate):
             worker._fv.expect(lens)  # the verify accounting of the worker's own lookups
-            state.behind = (tokens, mask, d, shifted)  # the worker verifies them: drafts_behind, step_drafts
+            state.behind = (tokens, mask, d, in_flight)  # the worker verifies them: drafts_behind, step_drafts
             state.synced = False
             return None
     elif look:  # a probe after a step that accepted drafts: looked up behind, scored later, the step stays plain
@@ -274,19 +274,22 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     return result
 
 
-def _corpus_behind(worker, batch):
+def _corpus_behind(worker, batch, guesses=None):
     """The corpus asked on the tokens the host has (SGLang's own query: the last max_trie_depth tokens of prompt
     + output, and the total length, per request), one step behind in overlap mode, so no device-to-host copy has
-    to finish first. Returns the corpus' raw (tokens, mask). The corpus' per-request match state advances from
-    these contexts as from any lookup (it rebuilds itself when a context does not extend the last one)."""
+    to finish first; ``guesses`` (per request a token or None) extends a request's context by that token.
+    Returns the corpus' raw (tokens, mask). The corpus' per-request match state advances from these contexts as
+    from any lookup (it rebuilds itself when a context does not extend the last one)."""
     depth = int(worker.max_trie_depth)
     req_ids, contexts, totals = [], [], []
-    for req in batch.reqs:
+    for i, req in enumerate(batch.reqs):
         prompt = getattr(req, "origin_input_ids_unpadded", None)
         prompt = req.origin_input_ids if prompt is None else prompt
-        contexts.append(worker._efficient_concat_last_n(list(prompt[-depth:]), list(req.output_ids[-depth:]), depth))
+        out = list(req.output_ids[-depth:])
+        extra = [] if guesses is None or guesses[i] is None else [guesses[i]]
+        contexts.append(worker._efficient_concat_last_n(list(prompt[-depth:]), out + extra, depth))
         req_ids.append(req.rid)
-        totals.append(len(prompt) + len(req.output_ids))
+        totals.append(len(prompt) + len(req.output_ids) + len(extra))
     worker.ngram_corpus.synchronize()
     return worker.ngram_corpus.batch_get(req_ids, contexts, totals)
 
@@ -302,37 +305,52 @@ def probe_behind(worker, state: AutoState, batch) -> list:
     return _record_drafts(state, batch, tokens, [0] * len(batch.reqs))[1]
 
 
-def shift_chains(tokens, k: int):
-    """Chain-format drafts [bs*k] looked up one token behind -> drafts for the position after that token: each
-    row [root, c1, c2, ..., c_{k-1}] becomes [root, c2, ..., c_{k-1}, 0]. The chain past c1 continues the text
-    only where c1 is the token in flight; where it is not, the drafts are merely wrong guesses, which the verify
-    pass rejects (output is unchanged either way). The root is a placeholder until `fill_roots` writes the
-    token in flight on the device."""
+def chains_past_the_token_in_flight(worker, batch, k: int):
+    """Chain drafts for the position after each request's token in flight, from the host's tokens (one behind):
+    the corpus' chain on the host's context guesses that token (its first draft token g); where there is one,
+    the corpus is asked again on the context extended by g, and that chain (root g, then up to k - 1 tokens)
+    is the request's draft. Where g is not the token in flight, the drafts are merely wrong guesses, which the
+    verify pass rejects (output is unchanged either way); a request without a guess gets no draft. The roots
+    are placeholders until `fill_roots` writes the tokens in flight on the device. Returns chain-format
+    (tokens [bs*k], mask)."""
     import numpy as np
 
-    t = np.asarray(tokens).reshape(-1, k)
-    out = np.zeros_like(t)
-    out[:, 0] = t[:, 0]
-    out[:, 1:k - 1] = t[:, 2:]
-    return out.reshape(-1)
+    from fastverify.chain import reduce_to_chain
+
+    match_type = worker._fv.config.match_type
+    tokens, mask = _corpus_behind(worker, batch)
+    tokens, mask, lens = reduce_to_chain(tokens, mask, k, match_type)
+    rows = np.asarray(tokens).reshape(-1, k)
+    guesses = [int(rows[i, 1]) if lens[i] > 0 else None for i in range(rows.shape[0])]
+    out = rows.copy()
+    out[:, 1:] = 0
+    if any(g is not None for g in guesses):
+        again, mask2 = _corpus_behind(worker, batch, guesses)
+        again, mask, _ = reduce_to_chain(again, mask2, k, match_type)
+        again = np.asarray(again).reshape(-1, k)
+        for i, g in enumerate(guesses):
+            if g is not None:
+                out[i] = again[i]
+    return out.reshape(-1), mask
 
 
 def lookup_behind(worker, state: AutoState, batch) -> tuple:
     """Drafts to verify this step, looked up without waiting for the step in flight: every request's last step
     gave it exactly one token (`plain_step`: ``ones``). The corpus is asked on the host's tokens
-    (`_corpus_behind`) and reduced to chains as in the worker's chain hook. In overlap mode the host lacks that one token: the chains are shifted past it
-    (`shift_chains`, the roots written on the device by `fill_roots`) and recorded at output position
-    len(output_ids) + 1; otherwise they are the worker's own lookup. The corpus learns nothing of the token in
-    flight this step (as after a plain step). Returns (tokens [bs*k], mask, shifted, real chain lengths [bs],
-    views)."""
+    (`_corpus_behind`) and its output reduced to chains as in the worker's chain hook. In overlap mode the host
+    lacks that one token: the chains continue past it (`chains_past_the_token_in_flight`, the roots written on
+    the device by `fill_roots`) and are recorded at output position len(output_ids) + 1; otherwise they are
+    the worker's own lookup. The corpus learns nothing of the token in flight this step (as after a plain
+    step). Returns (tokens [bs*k], mask, behind: the host lacked the token, real chain lengths [bs], views)."""
     from fastverify.chain import reduce_to_chain
 
     bs = len(batch.reqs)
-    tokens, mask = _corpus_behind(worker, batch)
-    tokens, mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
     behind = _host_behind(worker, batch)
     if behind:
-        tokens = shift_chains(tokens, state.k)
+        tokens, mask = chains_past_the_token_in_flight(worker, batch, state.k)
+    else:
+        tokens, mask = _corpus_behind(worker, batch)
+        tokens, mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
     worker.prev_token_ids = []
     worker.prev_accept_lens = [0] * bs
     lens, views = _record_drafts(state, batch, tokens, [int(behind)] * bs)
@@ -355,8 +373,8 @@ def drafts_behind(worker, batch):
 
 
 def fill_roots(worker, batch, draft_tokens) -> None:
-    """After the worker copied this step's drafts to the device ([bs * width]): with drafts looked up behind and
-    shifted, each row's root becomes the request's token in flight (the first accept token of the last step,
+    """After the worker copied this step's drafts to the device ([bs * width]): with drafts looked up behind the
+    token in flight, each row's root becomes the request's token in flight (the first accept token of the last step,
     which gave one token per request). A no-op otherwise."""
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None or state.behind is None or not state.behind[3]:
