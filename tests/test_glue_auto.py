@@ -323,11 +323,69 @@ def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
         _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
     reqs = [SimpleNamespace(rid="a", origin_input_ids=[1, 2], origin_input_ids_unpadded=[1, 2], output_ids=[3, 4]),
             SimpleNamespace(rid="b", origin_input_ids=[99], origin_input_ids_unpadded=[99], output_ids=[])]
-    tokens, _mask = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4)
+    tokens, _mask, unsure = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4)
+    assert unsure.tolist() == [False, False]  # one next token each (or none)
     # a: host 1 2 3 4, the corpus guesses 5 in flight; asked on ... 4 5: root 5, chain 6 7 8
     # b: no match, so no guess and no draft (its root a placeholder)
     assert tokens.tolist() == [5, 6, 7, 8, 99, 0, 0, 0]
     assert Corpus.calls[1] == ([[1, 2, 3, 4, 5], [99]], [5, 1])
+
+
+def _tree_corpus(children):
+    """A stand-in corpus whose tree for any context is the root with the given children (k = 4), each a leaf."""
+    class Corpus:
+        calls = 0
+
+        def synchronize(self):
+            pass
+
+        def batch_get(self, ids, contexts, totals):
+            Corpus.calls += 1
+            k = 4
+            tokens, mask = [], []
+            for ctx in contexts:
+                row = [ctx[-1]] + list(children) + [0] * (k - 1 - len(children))
+                m = np.eye(k, dtype=np.int32)
+                m[:, 0] = 1
+                tokens += row
+                mask += m.reshape(-1).tolist()
+            return np.array(tokens), np.array(mask)
+    return Corpus()
+
+
+def test_root_choices_counts_the_next_tokens_a_tree_offers():
+    from fastverify.chain import root_choices
+
+    k = 4
+    one = np.tril(np.ones((k, k), dtype=np.int32))  # a chain: one next token
+    two = np.eye(k, dtype=np.int32)
+    two[:, 0] = 1  # root with three children
+    tokens = np.array([[9, 5, 6, 7], [9, 5, 6, 0], [9, 0, 0, 0]])
+    masks = np.stack([one, two, two])  # the corpus pads with token-0 leaves under the root
+    assert root_choices(tokens.reshape(-1), masks.reshape(-1), k).tolist() == [1, 2, 0]
+
+
+def test_a_token_in_flight_the_corpus_is_unsure_of_is_looked_up_for_real_where_drafts_pay(tmp_path):
+    """Two continuations after the host's context: the guess of the token in flight may be wrong. Where drafts
+    that match in full pay (a repetitive load), the step looks up for real (lookup_behind gives None and records
+    nothing); where they do not, the guess stands."""
+    state = auto.setup(_worker(), _spec(tmp_path, {"decode_ms": {"1": 10}, "verify_ms": {"1": 10, "64": 10.1}}),
+                       plain=PLAIN)
+    ctl = state.controller
+    reqs = [SimpleNamespace(rid="a", origin_input_ids=[1, 2], origin_input_ids_unpadded=[1, 2], output_ids=[3])]
+    batch = SimpleNamespace(reqs=reqs)
+
+    def worker(children):
+        return SimpleNamespace(max_trie_depth=12, ngram_corpus=_tree_corpus(children), enable_overlap=True,
+                               _fv=SimpleNamespace(config=SimpleNamespace(match_type="BFS")),
+                               _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
+    assert auto.lookup_behind(worker([5, 6]), state, batch) is not None  # nothing accepted yet: the guess stands
+    for _ in range(8):
+        ctl.observe("x", auto.DraftFeatures(7, 1), 7)  # full matches are accepted in full
+    state.features.clear()
+    assert auto.lookup_behind(worker([5, 6]), state, batch) is None and "a" not in state.features
+    found = auto.lookup_behind(worker([5]), state, batch)  # one next token: looked up behind
+    assert found is not None and found[2] and "a" in state.features
 
 
 def test_metrics_are_exported_as_gauges(tmp_path):

@@ -196,6 +196,20 @@ def extract_chains(tokens, mask, match_type: str = "BFS", d: int | None = None):
     return chain_tokens, chain_len
 
 
+def root_choices(tokens, mask, d: int | None = None) -> np.ndarray:
+    """[bs] how many different next tokens each request's tree offers (distinct real children of the root)."""
+    tokens, mask = _as_trees(tokens, mask, d)
+    bs, d = tokens.shape
+    parents = tree_parents(mask)
+    out = np.zeros(bs, dtype=np.int64)
+    for b in range(bs):
+        has_child = np.zeros(d, dtype=bool)
+        has_child[parents[b][parents[b] >= 0]] = True
+        end = _padding_start(tokens[b], parents[b], has_child)
+        out[b] = len({int(tokens[b, j]) for j in range(1, end) if parents[b, j] == 0})
+    return out
+
+
 def chain_mask(bs: int, k: int, dtype=np.int64) -> np.ndarray:
     """Corpus-format mask of ``bs`` chains of ``k`` nodes: lower-triangular, flat [bs*k*k]."""
     return np.broadcast_to(np.tril(np.ones((k, k), dtype=dtype)), (bs, k, k)).reshape(-1).copy()

@@ -256,7 +256,10 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             return None  # speculation is expected to pay: look drafts up (waiting for the step in flight), verify
     d = None
     if look and ones:
-        tokens, mask, in_flight, lens, views = lookup_behind(worker, state, batch)
+        found = lookup_behind(worker, state, batch)
+        if found is None:
+            return None  # looked up for real by the worker (step_drafts decides)
+        tokens, mask, in_flight, lens, views = found
         d = ctl.decide(views, behind=True)
         if d.option.kind != NONE and any(d.speculate):
             worker._fv.expect(lens)  # the verify accounting of the worker's own lookups
@@ -312,14 +315,16 @@ def chains_past_the_token_in_flight(worker, batch, k: int):
     is the request's draft. Where g is not the token in flight, the drafts are merely wrong guesses, which the
     verify pass rejects (output is unchanged either way); a request without a guess gets no draft. The roots
     are placeholders until `fill_roots` writes the tokens in flight on the device. Returns chain-format
-    (tokens [bs*k], mask)."""
+    (tokens [bs*k], mask, unsure [bs]: the corpus offered more than one next token, so the guess may well be
+    wrong)."""
     import numpy as np
 
-    from fastverify.chain import reduce_to_chain
+    from fastverify.chain import reduce_to_chain, root_choices
 
     match_type = worker._fv.config.match_type
-    tokens, mask = _corpus_behind(worker, batch)
-    tokens, mask, lens = reduce_to_chain(tokens, mask, k, match_type)
+    raw, raw_mask = _corpus_behind(worker, batch)
+    tokens, mask, lens = reduce_to_chain(raw, raw_mask, k, match_type)
+    unsure = root_choices(raw, raw_mask, k) > 1
     rows = np.asarray(tokens).reshape(-1, k)
     guesses = [int(rows[i, 1]) if lens[i] > 0 else None for i in range(rows.shape[0])]
     out = rows.copy()
@@ -331,7 +336,7 @@ def chains_past_the_token_in_flight(worker, batch, k: int):
         for i, g in enumerate(guesses):
             if g is not None:
                 out[i] = again[i]
-    return out.reshape(-1), mask
+    return out.reshape(-1), mask, unsure
 
 
 def lookup_behind(worker, state: AutoState, batch) -> tuple:
@@ -341,13 +346,19 @@ def lookup_behind(worker, state: AutoState, batch) -> tuple:
     lacks that one token: the chains continue past it (`chains_past_the_token_in_flight`, the roots written on
     the device by `fill_roots`) and are recorded at output position len(output_ids) + 1; otherwise they are
     the worker's own lookup. The corpus learns nothing of the token in flight this step (as after a plain
-    step). Returns (tokens [bs*k], mask, behind: the host lacked the token, real chain lengths [bs], views)."""
+    step). Returns (tokens [bs*k], mask, behind: the host lacked the token, real chain lengths [bs], views), or
+    None, recording nothing, where the corpus offered more than one token in flight for a request and drafts
+    that match in full are expected to pay (a wrong guess would waste a verify pass that a lookup after the
+    token costs less than): the worker then looks up for real."""
     from fastverify.chain import reduce_to_chain
 
     bs = len(batch.reqs)
     behind = _host_behind(worker, batch)
     if behind:
-        tokens, mask = chains_past_the_token_in_flight(worker, batch, state.k)
+        tokens, mask, unsure = chains_past_the_token_in_flight(worker, batch, state.k)
+        if unsure.any() and state.controller._full_match_wanted([req.rid for req in batch.reqs]):
+            # the corpus is unsure of a token in flight and drafts of this load pay: look up for real (wait)
+            return None
     else:
         tokens, mask = _corpus_behind(worker, batch)
         tokens, mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
