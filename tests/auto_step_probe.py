@@ -47,7 +47,7 @@ class Runner:
 ngram_stand_ins.install(nw)  # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch
 
 
-def run(table, steps, corpus_text, host_lens=True, overlap=False):
+def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, join_apart=False):
     sa = prepare_server_args(base + ["--speculative-ngram-auto-cost-table", os.path.join(costs_dir, table)])
     if hasattr(sa, "resolve_once"):  # 0.5.23: resolved settings live in the published config
         sa.resolve_once()
@@ -109,7 +109,26 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False):
         in_flight = [r.output_ids for r in reqs]
         for r in reqs:
             r.output_ids = []
-    for _ in range(steps):
+    # the worker's step sees every forward the scheduler launches, prefills too (here only their requests)
+    prefill = lambda rs: w.forward_batch_generation.__globals__["fv_auto"].plain_step(
+        w, types.SimpleNamespace(reqs=rs, forward_mode=ForwardMode.EXTEND))
+    prefill(reqs)
+    for step_i in range(steps):
+        if step_i == join_at:
+            # the first requests finished; two new ones join, each prompt ending inside the corpus' stream, each
+            # one's first token (from its prefill) in flight
+            reqs = [types.SimpleNamespace(rid="c", origin_input_ids=[7, 50], origin_input_ids_unpadded=[7, 50],
+                                          output_ids=[], is_retracted=False),
+                    types.SimpleNamespace(rid="d", origin_input_ids=[5, 50], origin_input_ids_unpadded=[5, 50],
+                                          output_ids=[], is_retracted=False)]
+            in_flight = [[60], [60]]
+            prefill(reqs)
+            if join_apart:  # c's prefill ran one forward earlier: its result is processed, its token on the host
+                prefill(reqs[:1])
+                prefill(reqs[1:])
+                reqs[0].output_ids, in_flight[0] = [60], []
+            info = types.SimpleNamespace(accept_tokens=torch.tensor([60] + [0] * (D - 1) + [60] + [0] * (D - 1)),
+                                         accept_lens=torch.tensor([1, 1]))
         seq = [len(r.origin_input_ids) + len(r.output_ids) + len(t) for r, t in zip(reqs, in_flight)]
         # KV slot of request i at position j: 1000 * i + j
         slots = 1000 * torch.arange(len(reqs)).view(-1, 1) + torch.arange(64).view(1, -1)
@@ -154,4 +173,11 @@ out["dear_no_host_lens"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False)
 # overlap mode (as served): lookups after a plain step are made behind the token in flight and shifted past it
 out["dear_overlap"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False, overlap=True)
 out["cheap_overlap"] = run("cheap.json", 16, [stream], host_lens=False, overlap=True)
+# new requests join after speculation paid; the corpus also knows another continuation of "7 50" (61, 62, ...),
+# so its guess of request c's token in flight is unsure
+out["cheap_overlap_join"] = run("cheap.json", 20, [stream, [3, 7, 50, 61, 62, 63, 64, 65, 66, 67, 68]],
+                                host_lens=False, overlap=True, join_at=12)
+# c and d from two prefills in a row (the first's result is processed before the decode step), one continuation
+out["cheap_overlap_join_apart"] = run("cheap.json", 20, [stream], host_lens=False, overlap=True, join_at=12,
+                                      join_apart=True)
 print("PROBE " + json.dumps(out, default=str))

@@ -290,6 +290,39 @@ def test_patched_overlap_lookups_behind_the_token_in_flight_stay_lossless(step_p
     assert cheap["outputs"]["b"] == [13] + _plain_greedy(20, len(cheap["outputs"]["b"]) - 1)
 
 
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_new_requests_after_speculation_paid_verify_the_right_chain(step_probe):
+    """Two requests join (their prefill's token in flight) once speculation pays. The corpus offers two
+    continuations of request c's prompt, so its guess of c's token in flight is unsure and the step looks up
+    for real (after the token); the guesses must not leave the corpus' match state behind either (a later
+    lookup extends it by the tokens its length says were added). Every draft of the step is accepted, and the
+    output is the target's."""
+    run = step_probe["cheap_overlap_join"]
+    steps = run["steps"]
+    first = steps[12]
+    assert first["kind"] == "spec" and first["width"] == 8
+    # three corpus queries: behind (the prompts), on the guesses, then the worker's own after the token in flight
+    assert [g[1] for g in first["gets"]] == [[[7, 50], [5, 50]], [[7, 50, 61], [5, 50, 60]], [[7, 50, 60], [5, 50, 60]]]
+    assert first["input"] == [60 + 10 * j for j in range(8)] * 2 and first["accept_lens"] == [8, 8]
+    assert all(s["accept_lens"] == [8, 8] for s in steps[13:16])
+    assert run["outputs"]["c"] == run["outputs"]["d"] == _plain_greedy(60, len(run["outputs"]["c"]))
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_requests_from_two_prefills_in_a_row_are_looked_up_from_what_the_host_has(step_probe):
+    """c joined one prefill before d: when the decode step is launched the host has c's first token and lacks
+    d's. c's draft is its own lookup (no guess), d's is guessed past its token in flight; both verify in full."""
+    run = step_probe["cheap_overlap_join_apart"]
+    first = run["steps"][12]
+    assert first["kind"] == "spec" and first["width"] == 8
+    # c is asked on its prompt and first token; d's prompt alone, then with the corpus' guess (60, right)
+    assert [g[1] for g in first["gets"]] == [[[7, 50, 60], [5, 50]], [[7, 50, 60], [5, 50, 60]]]
+    assert first["input"] == [60 + 10 * j for j in range(8)] * 2 and first["accept_lens"] == [8, 8]
+    assert run["outputs"]["c"] == run["outputs"]["d"] == _plain_greedy(60, len(run["outputs"]["c"]))
+
+
 def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
     """The host's context ends one token before the token in flight: the corpus' first chain guesses that
     token, and the chain for the next position is the corpus' answer on the context extended by the guess."""
@@ -298,8 +331,13 @@ def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
     class Corpus:
         calls = []
 
+        erased = []
+
         def synchronize(self):
             pass
+
+        def erase_match_state(self, ids):
+            Corpus.erased.append(list(ids))
 
         def batch_get(self, ids, contexts, totals):
             Corpus.calls.append((list(contexts), list(totals)))
@@ -323,12 +361,17 @@ def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
         _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
     reqs = [SimpleNamespace(rid="a", origin_input_ids=[1, 2], origin_input_ids_unpadded=[1, 2], output_ids=[3, 4]),
             SimpleNamespace(rid="b", origin_input_ids=[99], origin_input_ids_unpadded=[99], output_ids=[])]
-    tokens, _mask, unsure = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4)
+    tokens, _mask, unsure = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4, [1, 1])
     assert unsure.tolist() == [False, False]  # one next token each (or none)
     # a: host 1 2 3 4, the corpus guesses 5 in flight; asked on ... 4 5: root 5, chain 6 7 8
     # b: no match, so no guess and no draft (its root a placeholder)
     assert tokens.tolist() == [5, 6, 7, 8, 99, 0, 0, 0]
     assert Corpus.calls[1] == ([[1, 2, 3, 4, 5], [99]], [5, 1])
+    assert Corpus.erased == [["a"]]  # the guessed request's match state is not left to be extended
+    # request a with its last token on the host (it joined in an earlier prefill): its own chain, one query
+    Corpus.calls.clear()
+    tokens, _mask, _unsure = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4, [0, 1])
+    assert tokens.tolist() == [4, 5, 6, 7, 99, 0, 0, 0] and len(Corpus.calls) == 1
 
 
 def _tree_corpus(children):
@@ -337,6 +380,9 @@ def _tree_corpus(children):
         calls = 0
 
         def synchronize(self):
+            pass
+
+        def erase_match_state(self, ids):
             pass
 
         def batch_get(self, ids, contexts, totals):
@@ -379,6 +425,7 @@ def test_a_token_in_flight_the_corpus_is_unsure_of_is_looked_up_for_real_where_d
         return SimpleNamespace(max_trie_depth=12, ngram_corpus=_tree_corpus(children), enable_overlap=True,
                                _fv=SimpleNamespace(config=SimpleNamespace(match_type="BFS")),
                                _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
+    state.in_flight_rids = frozenset({"a"})  # a's last token is in flight
     assert auto.lookup_behind(worker([5, 6]), state, batch) is not None  # nothing accepted yet: the guess stands
     for _ in range(8):
         ctl.observe("x", auto.DraftFeatures(7, 1), 7)  # full matches are accepted in full
@@ -386,6 +433,9 @@ def test_a_token_in_flight_the_corpus_is_unsure_of_is_looked_up_for_real_where_d
     assert auto.lookup_behind(worker([5, 6]), state, batch) is None and "a" not in state.features
     found = auto.lookup_behind(worker([5]), state, batch)  # one next token: looked up behind
     assert found is not None and found[2] and "a" in state.features
+    state.in_flight_rids = frozenset()  # a's last token on the host: nothing to guess, its own lookup
+    found = auto.lookup_behind(worker([5, 6]), state, batch)
+    assert found is not None and not found[2]
 
 
 def test_metrics_are_exported_as_gauges(tmp_path):

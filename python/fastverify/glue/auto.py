@@ -148,6 +148,8 @@ class AutoState:
     clock: object = time.perf_counter
     plain: object = None  # the plain decode runtime (verify_runtime.build_plain_runtime)
     behind: tuple = None  # (tokens, mask, Decision) of drafts looked up behind the step in flight, to verify
+    last_batch_rids: frozenset = frozenset()  # requests of the last forward launched (any mode)
+    in_flight_rids: frozenset = frozenset()  # requests of the forward before this one: its tokens not on the host
 
 
 def setup(worker, spec=None, observability=None, plain=None):
@@ -226,7 +228,11 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     Otherwise the step was chosen to verify nothing and has run as a plain decode step; returns its result (what
     the worker's own step returns, one token per request). Always None unless the mode is auto."""
     state: AutoState = getattr(worker, "_fv_auto", None)
-    if state is None or not batch.forward_mode.is_decode():
+    if state is None:
+        return None
+    # the requests of the forward launched before this one (prefill or decode): its result is not processed yet
+    state.in_flight_rids, state.last_batch_rids = state.last_batch_rids, frozenset(r.rid for r in batch.reqs)
+    if not batch.forward_mode.is_decode():
         return None
     _tick(state)
     _sync_requests(state, batch)
@@ -308,15 +314,16 @@ def probe_behind(worker, state: AutoState, batch) -> list:
     return _record_drafts(state, batch, tokens, [0] * len(batch.reqs))[1]
 
 
-def chains_past_the_token_in_flight(worker, batch, k: int):
-    """Chain drafts for the position after each request's token in flight, from the host's tokens (one behind):
-    the corpus' chain on the host's context guesses that token (its first draft token g); where there is one,
-    the corpus is asked again on the context extended by g, and that chain (root g, then up to k - 1 tokens)
-    is the request's draft. Where g is not the token in flight, the drafts are merely wrong guesses, which the
-    verify pass rejects (output is unchanged either way); a request without a guess gets no draft. The roots
-    are placeholders until `fill_roots` writes the tokens in flight on the device. Returns chain-format
-    (tokens [bs*k], mask, unsure [bs]: the corpus offered more than one next token, so the guess may well be
-    wrong)."""
+def chains_past_the_token_in_flight(worker, batch, k: int, lags):
+    """Chain drafts for the position after each request's last token, from the host's tokens. ``lags[i]`` is 1
+    where the host lacks request i's last token (it was produced by the forward still in flight) and 0 where it
+    has it. With lag 0 the corpus' chain on the host's context is the draft. With lag 1 that chain guesses the
+    token in flight (its first draft token g); where there is one, the corpus is asked again on the context
+    extended by g, and that chain (root g, then up to k - 1 tokens) is the draft. Where g is not the token in
+    flight, the drafts are merely wrong guesses, which the verify pass rejects (output is unchanged either way);
+    a request without a guess gets no draft. The roots are placeholders until `fill_roots` writes each
+    request's last token on the device. Returns chain-format (tokens [bs*k], mask, unsure [bs]: a guess among
+    more than one next token the corpus offered)."""
     import numpy as np
 
     from fastverify.chain import reduce_to_chain, root_choices
@@ -324,18 +331,22 @@ def chains_past_the_token_in_flight(worker, batch, k: int):
     match_type = worker._fv.config.match_type
     raw, raw_mask = _corpus_behind(worker, batch)
     tokens, mask, lens = reduce_to_chain(raw, raw_mask, k, match_type)
-    unsure = root_choices(raw, raw_mask, k) > 1
     rows = np.asarray(tokens).reshape(-1, k)
-    guesses = [int(rows[i, 1]) if lens[i] > 0 else None for i in range(rows.shape[0])]
+    guesses = [int(rows[i, 1]) if lags[i] and lens[i] > 0 else None for i in range(rows.shape[0])]
+    unsure = (root_choices(raw, raw_mask, k) > 1) & np.array([g is not None for g in guesses], dtype=bool)
     out = rows.copy()
-    out[:, 1:] = 0
     if any(g is not None for g in guesses):
         again, mask2 = _corpus_behind(worker, batch, guesses)
+        # the corpus keeps a match state per request that the next query extends by the tokens its total length
+        # says were added; a guess may be wrong, so the state it leaves must not be extended
+        worker.ngram_corpus.erase_match_state([req.rid for req, g in zip(batch.reqs, guesses) if g is not None])
         again, mask, _ = reduce_to_chain(again, mask2, k, match_type)
         again = np.asarray(again).reshape(-1, k)
-        for i, g in enumerate(guesses):
-            if g is not None:
-                out[i] = again[i]
+    for i, g in enumerate(guesses):
+        if g is not None:
+            out[i] = again[i]
+        elif lags[i]:
+            out[i, 1:] = 0  # nothing to guess the token in flight from: no draft
     return out.reshape(-1), mask, unsure
 
 
@@ -343,19 +354,20 @@ def lookup_behind(worker, state: AutoState, batch) -> tuple:
     """Drafts to verify this step, looked up without waiting for the step in flight: every request's last step
     gave it exactly one token (`plain_step`: ``ones``). The corpus is asked on the host's tokens
     (`_corpus_behind`) and its output reduced to chains as in the worker's chain hook. In overlap mode the host
-    lacks that one token: the chains continue past it (`chains_past_the_token_in_flight`, the roots written on
-    the device by `fill_roots`) and are recorded at output position len(output_ids) + 1; otherwise they are
-    the worker's own lookup. The corpus learns nothing of the token in flight this step (as after a plain
-    step). Returns (tokens [bs*k], mask, behind: the host lacked the token, real chain lengths [bs], views), or
+    lacks that token where the forward still in flight produced it (the request took part in the forward
+    launched last, `AutoState.in_flight_rids`; a request that joined in an earlier prefill has it): those
+    chains continue past it (`chains_past_the_token_in_flight`, the roots written on the device by
+    `fill_roots`) and are recorded at output position len(output_ids) + 1; the others are the worker's own
+    lookup. The corpus learns nothing of the token in flight this step (as after a plain step). Returns (tokens [bs*k], mask, behind: the host lacked the token, real chain lengths [bs], views), or
     None, recording nothing, where the corpus offered more than one token in flight for a request and drafts
     that match in full are expected to pay (a wrong guess would waste a verify pass that a lookup after the
     token costs less than): the worker then looks up for real."""
     from fastverify.chain import reduce_to_chain
 
     bs = len(batch.reqs)
-    behind = _host_behind(worker, batch)
-    if behind:
-        tokens, mask, unsure = chains_past_the_token_in_flight(worker, batch, state.k)
+    lags = [int(req.rid in state.in_flight_rids) for req in batch.reqs] if _host_behind(worker, batch) else [0] * bs
+    if any(lags):
+        tokens, mask, unsure = chains_past_the_token_in_flight(worker, batch, state.k, lags)
         if unsure.any() and state.controller._full_match_wanted([req.rid for req in batch.reqs]):
             # the corpus is unsure of a token in flight and drafts of this load pay: look up for real (wait)
             return None
@@ -364,8 +376,8 @@ def lookup_behind(worker, state: AutoState, batch) -> tuple:
         tokens, mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
     worker.prev_token_ids = []
     worker.prev_accept_lens = [0] * bs
-    lens, views = _record_drafts(state, batch, tokens, [int(behind)] * bs)
-    return tokens, mask, behind, lens, views
+    lens, views = _record_drafts(state, batch, tokens, lags)
+    return tokens, mask, any(lags), lens, views
 
 
 def _host_behind(worker, batch) -> bool:
