@@ -21,8 +21,12 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
                                         to pay, runs this step as a plain decode step (a probe's drafts looked up
                                         behind first) and returns its result
     NGRAMWorker._prepare_for_speculative_decoding
-                                        step_drafts(worker, batch, tokens, mask, bs) after the lookup: decide,
-                                        gate, truncate, select the width's runtime (0008's finish_step puts k back)
+                                        drafts_behind(worker, batch) or the worker's own lookup: the drafts
+                                        plain_step looked up behind the token in flight; step_drafts(worker,
+                                        batch, tokens, mask, bs) after the lookup: decide, gate, truncate, select
+                                        the width's runtime (0008's finish_step puts k back); fill_roots(worker,
+                                        batch, draft_tokens) after the drafts' copy: the roots of drafts looked
+                                        up behind
     spec_info.create_dummy_verify_input verify_shape(mode): capture graphs mask-free in auto mode
 
 Every TP rank must pick the same width each step (the pass holds collectives): the gain model sees the same
@@ -41,10 +45,15 @@ by the plain sampler; the result is shaped as a verify step that accepted no dra
 receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of the step in flight).
 Without speculation, drafts are still looked up after 1, 2, 4, ... up to `PROBE_MAX` steps (back to 1 when a
 request joins or speculation is chosen), so the gain model keeps learning from real drafts and output that
-starts to repeat is noticed within a few steps. A probe whose drafts could not pay even if they matched in
-full is looked up behind (`probe_behind`: on the tokens the host has, without waiting for the step in flight)
-and the step stays plain; a probe that could pay is a real lookup, and a lookup step that then verifies
-nothing runs at width 1.
+starts to repeat is noticed within a few steps. After a step that gave every request one token (a plain
+step, or the prefill of requests that all just joined) a lookup does not wait for the step in flight
+(`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked again past the guess
+(`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and a step that
+speculates verifies them with each root written on the device (`fill_roots`); where the corpus is unsure of
+the token in flight and drafts of the load pay, the worker looks up for real instead. After a step that
+speculated, a probe whose drafts could not pay even if they matched in full is looked up behind
+(`probe_behind`) and the step stays plain; a probe that could pay is a real lookup, and a lookup step that
+then verifies nothing runs at width 1.
 """
 from __future__ import annotations
 
@@ -147,7 +156,7 @@ class AutoState:
     sync_costs: object = None  # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
     clock: object = time.perf_counter
     plain: object = None  # the plain decode runtime (verify_runtime.build_plain_runtime)
-    behind: tuple = None  # (tokens, mask, Decision) of drafts looked up behind the step in flight, to verify
+    behind: tuple = None  # (tokens, mask, Decision, a token in flight) of drafts looked up behind, to verify
     last_batch_rids: frozenset = frozenset()  # requests of the last forward launched (any mode)
     in_flight_rids: frozenset = frozenset()  # requests of the forward before this one: its tokens not on the host
 
@@ -246,12 +255,12 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     if not _plain_capable(state, batch, pp_proxy_tensors):
         return None
     # every request's last step gave it one token (a plain step, or the prefill of a request that joined): the
-    # host lacks exactly that token, so drafts can be looked up behind it and verified from it (no waiting)
+    # host lacks at most that token, so drafts can be looked up without waiting for it and verified from it
     ones = state.lean_before or all(fresh)
     if any(fresh):
-        # a request not looked up yet is looked up once (its match is unknown); behind when every request has
-        # one token in flight, else for real unless a lookup step is measured not to pay and even a full match
-        # would not be verified (then behind, as a probe)
+        # a request not looked up yet is looked up once (its match is unknown); without waiting when every
+        # request's last step gave it one token, else for real unless a lookup step is measured not to pay and
+        # even a full match would not be verified (then behind, as a probe)
         if not ones and not ctl.first_lookup_behind([req.rid for req in batch.reqs]):
             return None
         look = True
@@ -358,8 +367,9 @@ def lookup_behind(worker, state: AutoState, batch) -> tuple:
     launched last, `AutoState.in_flight_rids`; a request that joined in an earlier prefill has it): those
     chains continue past it (`chains_past_the_token_in_flight`, the roots written on the device by
     `fill_roots`) and are recorded at output position len(output_ids) + 1; the others are the worker's own
-    lookup. The corpus learns nothing of the token in flight this step (as after a plain step). Returns (tokens [bs*k], mask, behind: the host lacked the token, real chain lengths [bs], views), or
-    None, recording nothing, where the corpus offered more than one token in flight for a request and drafts
+    lookup. The corpus learns nothing of the token in flight this step (as after a plain step). Returns
+    (tokens [bs*k], mask, behind: the host lacked a token, real chain lengths [bs], views), or None, recording
+    nothing, where the corpus offered more than one token in flight for a request and drafts
     that match in full are expected to pay (a wrong guess would waste a verify pass that a lookup after the
     token costs less than): the worker then looks up for real."""
     from fastverify.chain import reduce_to_chain
@@ -396,9 +406,9 @@ def drafts_behind(worker, batch):
 
 
 def fill_roots(worker, batch, draft_tokens) -> None:
-    """After the worker copied this step's drafts to the device ([bs * width]): with drafts looked up behind the
-    token in flight, each row's root becomes the request's token in flight (the first accept token of the last step,
-    which gave one token per request). A no-op otherwise."""
+    """After the worker copied this step's drafts to the device ([bs * width]): with drafts looked up behind a
+    token in flight, each row's root becomes the request's last token (the first accept token of its last step,
+    which gave it one token). A no-op otherwise."""
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None or state.behind is None or not state.behind[3]:
         return
