@@ -21,7 +21,8 @@ and for the steps right after each prefill (the time to first token and the next
   python benchmark/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
 
 `--segments` lists each trace's busy stretches (one per load a client ran), `--segment [LABEL:]I` keeps one of
-them, so that two servers are compared on the same load.
+them, so that two servers are compared on the same load. Decode steps longer than `--long-ms` (50) are listed
+one by one, with where their time went and whether each was the first step of its kind in the trace.
 
 DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process, steps-<pid>.jsonl, optionally
 gzipped; the scheduler of the lowest process id with steps, TP rank 0 in a plain start, is read) or one of
@@ -48,6 +49,7 @@ DECODE_MODES = ("DECODE", "TARGET_VERIFY", "IDLE")
 PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
 AFTER_PREFILL = 4  # the prefill's own iteration and the next three
 SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
+LONG_MS = 50.0  # decode steps longer than this are listed one by one (stalls)
 
 
 def trace_files(path) -> list:
@@ -115,7 +117,7 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
             continue
         kind, width, probe = (cur[5:8] + [None, None, None])[:3]
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
-        rows.append({"spans": spans, "period": period, "launch": cur[2] - cur[1], "wait": wait, "busy": period - wait,
+        rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait, "busy": period - wait,
                      "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
                      "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i})
     return rows
@@ -187,7 +189,31 @@ def _kind_label(row) -> str:
     return f"spec w{row['width']}"
 
 
-def analyze(records, pause_s: float = PAUSE_S) -> dict:
+def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
+    """Decode steps longer than ``min_ms`` (any batch-size change included; periods over the pause threshold
+    are not steps): when, how long, what kind, where the time went (the recorded functions over 1 ms, the wait
+    for the GPU, garbage collection), and whether that kind of step (mode, batch size, auto kind and width)
+    was the first of its kind in the trace, as a step that pays for something done once would be."""
+    if not rows:
+        return {"count": 0, "steps": []}
+    t0 = rows[0]["start"]
+    seen, found = set(), []
+    for r in rows:
+        key = (r["mode"], r["bs"], _kind_label(r))
+        first = key not in seen
+        seen.add(key)
+        if r["mode"] in DECODE_MODES and 1000.0 * r["period"] > min_ms:
+            spans = {k: round(1000.0 * v, 1) for k, v in sorted(r["spans"].items(), key=lambda kv: -kv[1])
+                     if 1000.0 * v > 1.0}
+            found.append({"at_s": round(r["start"] - t0, 3), "ms": round(1000.0 * r["period"], 1),
+                          "mode": r["mode"], "bs": r["bs"], "kind": _kind_label(r), "first_of_kind": first,
+                          "wait_ms": round(1000.0 * r["wait"], 1), "gc_ms": round(1000.0 * r["gc"], 1),
+                          "spans_ms": spans})
+    return {"count": len(found), "first_of_kind": sum(1 for f in found if f["first_of_kind"]),
+            "steps": found[:limit]}
+
+
+def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict:
     rows = steps(records, pause_s)
     steady = [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
               and r["bs"] == r["next_bs"]]
@@ -210,6 +236,7 @@ def analyze(records, pause_s: float = PAUSE_S) -> dict:
         "prefills": len(after[0]),
         "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
         "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
+        "long_steps": long_steps(rows, long_ms),
     }
 
 
@@ -252,6 +279,18 @@ def render(results: dict) -> str:
         vals = [results[lab]["decode"].get("spans_mean_ms", {}).get(label) for lab in labels]
         out.append(f"in {label} (mean ms)".ljust(34) + "".join(_cell(v, None).rjust(width) for v in vals))
     for lab in labels:
+        stalls = results[lab].get("long_steps") or {}
+        if not stalls.get("count"):
+            continue
+        out.append("")
+        out.append(f"{lab}: {stalls['count']} decode steps over the long-step threshold, "
+                   f"{stalls['first_of_kind']} of them the first of their kind (mode, batch size, kind)")
+        for f in stalls["steps"]:
+            where = ", ".join(f"{k} {v}" for k, v in f["spans_ms"].items())
+            out.append(f"  at {f['at_s']:8.2f} s  {f['ms']:7.1f} ms  {f['mode']} bs {f['bs']} {f['kind']}"
+                       f"{'  (first)' if f['first_of_kind'] else ''}  wait {f['wait_ms']} gc {f['gc_ms']}"
+                       f"{'  in: ' + where if where else ''}")
+    for lab in labels:
         kinds = results[lab]["by_kind"]
         if not kinds:
             continue
@@ -281,6 +320,8 @@ def main(argv=None) -> int:
     ap.add_argument("--segment", action="append", default=[], metavar="[LABEL:]I",
                     help="only stretch I (0-based, as --segments lists them) of LABEL's trace, or of every "
                     "trace without a label; repeatable")
+    ap.add_argument("--long-ms", type=float, default=LONG_MS, help="list the decode steps longer than this "
+                    "one by one (default %(default)s)")
     ap.add_argument("--json", help="write the statistics here")
     args = ap.parse_args(argv)
     chosen = {}
@@ -314,7 +355,7 @@ def main(argv=None) -> int:
             sources[label] = f"{f} stretch {idx}"
         else:
             sources[label] = str(f)
-        results[label] = analyze(records, args.pause_s)
+        results[label] = analyze(records, args.pause_s, args.long_ms)
     if args.segments:
         return 0
     print(render(results))

@@ -53,6 +53,9 @@ SPANS = (
     ("fastverify.glue.auto", "probe_behind", "probe_behind"),
     ("fastverify.glue.auto", "_sync_requests", "sync_requests"),
     ("fastverify.glue.auto", "step_drafts", "step_drafts"),
+    ("fastverify.glue.auto", "lookup_behind", "lookup_behind"),
+    # a Triton kernel met with new arguments is compiled (or loaded from the on-disk cache) here
+    ("triton.runtime.jit", "JITFunction._do_compile", "triton_compile"),
 )
 
 
