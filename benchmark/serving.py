@@ -574,14 +574,18 @@ def load(path):
 
 
 def outputs_by_prompt(result, level_name):
-    """{prompt_id: output_ids} of the first request for each prompt in the named level."""
-    out = {}
+    """{prompt_id: output_ids} of every request in the named level, in request order: a prompt's first request
+    under its id, its repeats (a level sends more requests than prompts) as id#2, id#3, ..."""
+    out, seen = {}, {}
     for lv in result["levels"]:
         if lv["name"] != level_name:
             continue
-        for r in lv["requests"]:
-            if r.get("output_ids") is not None and r["prompt_id"] not in out:
-                out[r["prompt_id"]] = r["output_ids"]
+        for r in sorted(lv["requests"], key=lambda r: r.get("index", 0)):
+            if r.get("output_ids") is None:
+                continue
+            pid = r["prompt_id"]
+            seen[pid] = seen.get(pid, 0) + 1
+            out[pid if seen[pid] == 1 else f"{pid}#{seen[pid]}"] = r["output_ids"]
     return out
 
 

@@ -22,7 +22,8 @@ and for the steps right after each prefill (the time to first token and the next
 
 `--segments` lists each trace's busy stretches (one per load a client ran), `--segment [LABEL:]I` keeps one of
 them, so that two servers are compared on the same load. Decode steps longer than `--long-ms` (50) are listed
-one by one, with where their time went and whether each was the first step of its kind in the trace.
+one by one, with where their time went and whether each was the first step of its kind in the trace (those
+after which the scheduler went idle, waiting for requests, are only counted).
 
 DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process, steps-<pid>.jsonl, optionally
 gzipped; the scheduler of the lowest process id with steps, TP rank 0 in a plain start, is read) or one of
@@ -76,7 +77,7 @@ def load_records(path) -> list:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not a JSON record ({e.msg})") from None
-            if not isinstance(rec, list) or not rec or rec[0] not in ("R", "P", "G"):
+            if not isinstance(rec, list) or not rec or rec[0] not in ("R", "P", "G", "I"):
                 raise ValueError(f"{path}:{n}: not a step-trace record: {line[:80]}")
             records.append(rec)
     return records
@@ -96,7 +97,8 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
     runs = sorted((r for r in records if r[0] == "R"), key=lambda r: r[1])
     procs = sorted((r for r in records if r[0] == "P"), key=lambda r: r[1])
     gcs = sorted((r for r in records if r[0] == "G"), key=lambda r: r[2])
-    rows, pi, gi = [], 0, 0
+    idles = sorted(r[1] for r in records if r[0] == "I")
+    rows, pi, gi, ii = [], 0, 0, 0
     for i in range(len(runs) - 1):
         cur, nxt = runs[i], runs[i + 1]
         start, end = cur[1], nxt[1]
@@ -112,6 +114,10 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
                 gc_s += gcs[gi][3]
                 n_gc += 1
             gi += 1
+        idle = False
+        while ii < len(idles) and idles[ii] < end:
+            idle = idle or idles[ii] >= start
+            ii += 1
         period = end - start
         if period > pause_s:
             continue
@@ -119,7 +125,8 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
         rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait, "busy": period - wait,
                      "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
-                     "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i})
+                     "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i,
+                     "idle": idle})
     return rows
 
 
@@ -141,7 +148,7 @@ def in_window(records, first: float, last: float) -> list:
     """The records of the launches first..last (inclusive) and what happened up to the launch after last."""
     runs = sorted(r[1] for r in records if r[0] == "R")
     after = next((t for t in runs if t > last), float("inf"))
-    when = {"R": 1, "P": 1, "G": 2}
+    when = {"R": 1, "P": 1, "G": 2, "I": 1}
     return [r for r in records if first <= r[when[r[0]]] < after and (r[0] != "R" or r[1] <= last)
             or (r[0] == "R" and r[1] == after)]
 
@@ -193,16 +200,19 @@ def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
     """Decode steps longer than ``min_ms`` (any batch-size change included; periods over the pause threshold
     are not steps): when, how long, what kind, where the time went (the recorded functions over 1 ms, the wait
     for the GPU, garbage collection), and whether that kind of step (mode, batch size, auto kind and width)
-    was the first of its kind in the trace, as a step that pays for something done once would be."""
+    was the first of its kind in the trace, as a step that pays for something done once would be. A step after
+    which the scheduler went idle (an ``I`` record: it waited for new requests) is counted apart, not listed."""
     if not rows:
-        return {"count": 0, "steps": []}
+        return {"count": 0, "idle_ended": 0, "steps": []}
     t0 = rows[0]["start"]
-    seen, found = set(), []
+    seen, found, idle_ended = set(), [], 0
     for r in rows:
         key = (r["mode"], r["bs"], _kind_label(r))
         first = key not in seen
         seen.add(key)
-        if r["mode"] in DECODE_MODES and 1000.0 * r["period"] > min_ms:
+        if r["mode"] in DECODE_MODES and 1000.0 * r["period"] > min_ms and r["idle"]:
+            idle_ended += 1
+        elif r["mode"] in DECODE_MODES and 1000.0 * r["period"] > min_ms:
             spans = {k: round(1000.0 * v, 1) for k, v in sorted(r["spans"].items(), key=lambda kv: -kv[1])
                      if 1000.0 * v > 1.0}
             found.append({"at_s": round(r["start"] - t0, 3), "ms": round(1000.0 * r["period"], 1),
@@ -210,7 +220,7 @@ def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
                           "wait_ms": round(1000.0 * r["wait"], 1), "gc_ms": round(1000.0 * r["gc"], 1),
                           "spans_ms": spans})
     return {"count": len(found), "first_of_kind": sum(1 for f in found if f["first_of_kind"]),
-            "steps": found[:limit]}
+            "idle_ended": idle_ended, "steps": found[:limit]}
 
 
 def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict:
@@ -280,11 +290,12 @@ def render(results: dict) -> str:
         out.append(f"in {label} (mean ms)".ljust(34) + "".join(_cell(v, None).rjust(width) for v in vals))
     for lab in labels:
         stalls = results[lab].get("long_steps") or {}
-        if not stalls.get("count"):
+        if not stalls.get("count") and not stalls.get("idle_ended"):
             continue
         out.append("")
         out.append(f"{lab}: {stalls['count']} decode steps over the long-step threshold, "
-                   f"{stalls['first_of_kind']} of them the first of their kind (mode, batch size, kind)")
+                   f"{stalls['first_of_kind']} of them the first of their kind (mode, batch size, kind); "
+                   f"{stalls.get('idle_ended', 0)} more ended in an idle wait for requests")
         for f in stalls["steps"]:
             where = ", ".join(f"{k} {v}" for k, v in f["spans_ms"].items())
             out.append(f"  at {f['at_s']:8.2f} s  {f['ms']:7.1f} ms  {f['mode']} bs {f['bs']} {f['kind']}"

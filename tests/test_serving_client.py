@@ -299,6 +299,19 @@ def test_compare_reports_first_difference(tmp_path):
     assert serving.main(["compare", str(tmp_path / "0.json"), str(tmp_path / "0.json"), "--strict"]) == 0
 
 
+def test_compare_checks_every_repeat_of_a_prompt():
+    """A level with more requests than prompts: every request is compared, in request order."""
+    def result(outputs):
+        return {"levels": [{"name": "c=4", "requests": [
+            {"prompt_id": p, "index": i, "output_ids": ids} for i, (p, ids) in enumerate(outputs)]}]}
+    ref = result([("a", [1, 2]), ("b", [3]), ("a", [1, 2]), ("b", [3])])
+    lines, ok = serving.compare([ref, ref], ["ref", "same"], "c=4")
+    assert ok and lines[0].endswith("4/4 prompts identical")
+    late = result([("a", [1, 2]), ("b", [3]), ("a", [1, 7]), ("b", [3])])  # only the repeat differs
+    lines, ok = serving.compare([ref, late], ["ref", "late"], "c=4")
+    assert not ok and "3/4 prompts identical" in lines[0] and "a#2: first difference at token 1" in lines[1]
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(SystemExit, match="--concurrency"):
         serving.parse_levels("1,x")

@@ -76,12 +76,14 @@ def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
         s.process_batch_result(batch(), "result")  # 4 records: flushed
         assert path.exists() and trace.records == []
         s.run_batch(batch())
-        s.on_idle()  # idle: the rest is written too
-        assert Scheduler.idles == 1
+        s.on_idle()  # idle: noted once after a launch, and the rest is written too
+        s.on_idle()
+        assert Scheduler.idles == 2
     finally:
         gc.callbacks.remove(trace.on_gc)
     recs = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r[0] for r in recs] == ["R", "P", "R", "P", "R"]
+    assert [r[0] for r in recs] == ["R", "P", "R", "P", "R", "I"]
+    assert recs[-1][1] >= recs[-2][2]
     assert recs[0][3:] == ["EXTEND", 1, None, None, None, {}]
     assert recs[0][2] - recs[0][1] == pytest.approx(0.001)
     p = recs[1]
@@ -297,6 +299,10 @@ def test_long_steps_are_listed_with_where_their_time_went():
     text = step_trace.render({"a": step_trace.analyze(recs)})
     assert "a: 2 decode steps over the long-step threshold, 1 of them the first of their kind" in text
     assert "(first)" in text and "in: ngram_step 200.0" in text
+    # the scheduler went idle during the later one (it waited for requests): counted, not listed
+    idle = recs + [["I", 25 * 0.005 + 0.21 + 0.1]]
+    res = step_trace.analyze(idle, long_ms=50.0)["long_steps"]
+    assert res["count"] == 1 and res["idle_ended"] == 1 and res["steps"][0]["bs"] == 3
 
 
 def test_cli_compares_servers_and_writes_json(tmp_path, capsys):

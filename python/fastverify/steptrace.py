@@ -13,6 +13,8 @@ reads per iteration, no device synchronisation of its own):
 - ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it waiting on
   CUDA events (the host waiting for the step in flight).
 - ``G``: one garbage collection: generation, start, duration.
+- ``I``: the scheduler found nothing to run (its idle hook, first call after a launch): time. A step whose
+  next launch comes after one waited for new requests, not for itself.
 
 Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended in blocks
 (a server killed at the end of a run loses at most the last block). ``benchmark/step_trace.py`` turns the
@@ -71,6 +73,7 @@ class StepTrace:
         self.spans: dict = {}  # label -> seconds spent in that function since the last launch record
         self.span_targets = SPANS
         self._spans_installed = False
+        self.idle_noted = False  # an "I" record was written since the last launch
         self._gc_start: Optional[float] = None
 
     def add(self, record: list) -> None:
@@ -149,6 +152,7 @@ class StepTrace:
             if not trace._spans_installed:
                 trace.install_spans()
             mode, bs = mode_name(batch), batch_size(batch)  # before the step: a verify step changes the mode
+            trace.idle_noted = False
             t0 = trace.clock()
             result = fn(scheduler, batch, *args, **kwargs)
             t1 = trace.clock()
@@ -178,6 +182,9 @@ class StepTrace:
         trace = self
 
         def on_idle(scheduler, *args, **kwargs):
+            if not trace.idle_noted:
+                trace.records.append(["I", trace.clock()])
+                trace.idle_noted = True
             trace.flush()
             return fn(scheduler, *args, **kwargs)
 
