@@ -1,0 +1,94 @@
+"""glue/warmup.py: the start-up compilation of the n-gram step's Triton kernels. SGLang's own kernels run under
+Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) in a subprocess; the rest on stand-ins."""
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from fastverify.glue import warmup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_buckets_are_the_powers_of_two_a_batch_size_rounds_up_to():
+    assert warmup.buckets(1) == [1]
+    assert warmup.buckets(5) == [1, 2, 4, 8]
+    assert warmup.buckets(8) == [1, 2, 4, 8]
+    assert warmup.buckets(9) == [1, 2, 4, 8, 16]
+
+
+def _worker(pool_rows=2, pool_len=64, max_bs=4, k=8):
+    import torch
+
+    return types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
+        req_to_token=torch.zeros(pool_rows, pool_len, dtype=torch.int32))), max_batch_size=max_bs, draft_token_num=k)
+
+
+def test_nothing_to_warm_is_a_skip_not_an_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "no req_to_token pool" in warmup.warm_spec_kernels(types.SimpleNamespace())["skipped"]
+    assert "runs no Triton kernels" in warmup.warm_spec_kernels(_worker())["skipped"]  # CPU, no interpreter
+    monkeypatch.setenv(warmup.ENV, "0")
+    assert warmup.warm_spec_kernels(_worker())["skipped"] == f"{warmup.ENV}=0"
+
+
+class _Launch:
+    """Stand-in of a Triton kernel: kernel[grid](*args) calls `body`."""
+
+    def __init__(self, body):
+        self.body, self.grids = body, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.body
+
+
+def test_a_kernel_that_fails_or_misbehaves_is_reported_and_start_up_goes_on(monkeypatch, caplog):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    idle = _Launch(lambda *args: None)  # writes nothing: its outputs are wrong
+
+    def boom(*args):
+        raise RuntimeError("no GPU")
+    failing = _Launch(boom)
+    mods = {"fv_k1": types.SimpleNamespace(assign_extend_cache_locs=idle),
+            "fv_k2": types.SimpleNamespace(assign_req_to_token_pool=failing)}
+    monkeypatch.setattr(warmup.importlib, "import_module", lambda name: mods[name])
+    res = warmup.warm_spec_kernels(_worker(max_bs=3), kernels=(("fv_k1", "assign_extend_cache_locs"),
+                                                                ("fv_k2", "assign_req_to_token_pool"),
+                                                                ("fv_k1", "missing")))
+    assert res["kernels"] == ["assign_extend_cache_locs"] and res["buckets"] == [1, 2, 4]
+    assert res["mismatches"] == [("assign_extend_cache_locs", 1), ("assign_extend_cache_locs", 2),
+                                 ("assign_extend_cache_locs", 4)]
+    assert idle.grids == [(1,), (2,), (4,)] and failing.grids == [(1,)]
+    assert "assign_req_to_token_pool failed (RuntimeError: no GPU)" in caplog.text
+
+
+PROBE = """
+import json, sys, types
+import torch
+from fastverify.glue import warmup
+w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
+    req_to_token=torch.zeros(4, 96, dtype=torch.int32))), max_batch_size=5, draft_token_num=8)
+print("PROBE " + json.dumps(warmup.warm_spec_kernels(w)))
+"""
+
+
+@pytest.mark.sglang
+def test_sglangs_own_kernels_run_with_the_warm_up_arguments():
+    """The pinned SGLang's two kernels, interpreted on the CPU: every bucket runs and gives what it must (a
+    wrong argument order or dtype would fail or mismatch here before it reaches a GPU)."""
+    pytest.importorskip("triton")
+    pytest.importorskip("sglang")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests" / "stubs"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    res = json.loads(line[0][6:])
+    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs"]
+    assert res["buckets"] == [1, 2, 4, 8] and res["mismatches"] == []
