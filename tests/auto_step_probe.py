@@ -180,4 +180,32 @@ out["cheap_overlap_join"] = run("cheap.json", 20, [stream, [3, 7, 50, 61, 62, 63
 # c and d from two prefills in a row (the first's result is processed before the decode step), one continuation
 out["cheap_overlap_join_apart"] = run("cheap.json", 20, [stream], host_lens=False, overlap=True, join_at=12,
                                       join_apart=True)
+
+
+
+def same_put():
+    """A plain step's corpus put (fv_auto.corpus_put_host) against SGLang's own _update_ngram_corpus with nothing
+    carried, for a prompt longer than the corpus depth, a short one, and an empty output."""
+    sa = prepare_server_args(base + ["--speculative-ngram-auto-cost-table", os.path.join(costs_dir, "dear.json")])
+    if hasattr(sa, "resolve_once"):
+        sa.resolve_once()
+        rc.publish(sa, role="test")
+    puts = []
+    corpus = types.SimpleNamespace(batch_put=lambda toks: puts.append([list(t) for t in toks]))
+    w = ngram_stand_ins.bare_worker(nw, sa, None, None, corpus, D, overlap=True)
+    long_prompt = list(range(100, 130))
+    reqs = [types.SimpleNamespace(rid="x", origin_input_ids=long_prompt, origin_input_ids_unpadded=long_prompt,
+                                  output_ids=[1, 2, 3]),
+            types.SimpleNamespace(rid="y", origin_input_ids=[5, 6], origin_input_ids_unpadded=[5, 6],
+                                  output_ids=list(range(40, 60))),
+            types.SimpleNamespace(rid="z", origin_input_ids=[8, 9, 10], origin_input_ids_unpadded=[8, 9, 10],
+                                  output_ids=[])]
+    batch = types.SimpleNamespace(reqs=reqs, has_grammar=False, grammar_needs_sync=lambda: False)
+    w.prev_token_ids, w.prev_accept_lens = [], [0] * len(reqs)
+    w._update_ngram_corpus(batch)
+    nw.fv_auto.corpus_put_host(w, batch)
+    return puts
+
+
+out["same_put"] = same_put()
 print("PROBE " + json.dumps(out, default=str))

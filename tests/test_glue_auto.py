@@ -323,6 +323,16 @@ def test_patched_requests_from_two_prefills_in_a_row_are_looked_up_from_what_the
     assert run["outputs"]["c"] == run["outputs"]["d"] == _plain_greedy(60, len(run["outputs"]["c"]))
 
 
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_plain_step_puts_what_sglangs_own_update_puts(step_probe):
+    """A plain step's corpus put is SGLang's own (nothing carried), built from the prompt's tail only."""
+    sglang_put, ours = step_probe["same_put"]
+    assert ours == sglang_put
+    assert ours[0] == (list(range(100, 130)) + [1, 2, 3])[-12:]
+    assert ours[1] == list(range(48, 60)) and ours[2] == [8, 9, 10]
+
+
 def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
     """The host's context ends one token before the token in flight: the corpus' first chain guesses that
     token, and the chain for the next position is the corpus' answer on the context extended by the guess."""
@@ -537,13 +547,15 @@ def test_plain_decode_roots_after_a_plain_step_match_the_gathered_ones(roots_fir
 
     worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend="verify", decode_cuda_graph_runner="g8",
                                                           spec_algorithm=Algo.NGRAM), target_worker=Target(),
-                             _update_ngram_corpus=lambda b: None, _prev_decode_rids=set(), prev_token_ids=[],
-                             prev_accept_lens=[], ngram_corpus=SimpleNamespace(erase_match_state=lambda r: None))
+                             _prev_decode_rids=set(), prev_token_ids=[], prev_accept_lens=[], max_trie_depth=4,
+                             _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:],
+                             ngram_corpus=SimpleNamespace(erase_match_state=lambda r: None, batch_put=lambda t: None))
 
     def batch_with(accept_lens):
         info = SimpleNamespace(accept_tokens=torch.tensor([5, 9, 9, 6, 9, 9], dtype=torch.int32),
                                accept_lens=torch.tensor(accept_lens, dtype=torch.int32))
-        return SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")], spec_info=info,
+        reqs = [SimpleNamespace(rid=r, origin_input_ids=[1, 2], output_ids=[3]) for r in ("a", "b")]
+        return SimpleNamespace(reqs=reqs, spec_info=info,
                                seq_lens=torch.tensor([3, 4]), seq_lens_cpu=None, seq_lens_sum=None,
                                orig_seq_lens=None, input_ids=None, out_cache_loc=None, spec_algorithm=Algo.NGRAM,
                                req_pool_indices=torch.tensor([0, 1]),

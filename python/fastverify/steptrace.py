@@ -56,6 +56,7 @@ SPANS = (
     ("fastverify.glue.auto", "_sync_requests", "sync_requests"),
     ("fastverify.glue.auto", "step_drafts", "step_drafts"),
     ("fastverify.glue.auto", "lookup_behind", "lookup_behind"),
+    ("fastverify.glue.auto", "corpus_put_host", "corpus_put"),  # a plain step's put (the same work as above)
     # a Triton kernel met with new arguments is compiled (or loaded from the on-disk cache) here
     ("triton.runtime.jit", "JITFunction._do_compile", "triton_compile"),
 )

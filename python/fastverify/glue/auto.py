@@ -292,12 +292,11 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     return result
 
 
-def _corpus_behind(worker, batch, guesses=None):
-    """The corpus asked on the tokens the host has (SGLang's own query: the last max_trie_depth tokens of prompt
-    + output, and the total length, per request), one step behind in overlap mode, so no device-to-host copy has
-    to finish first; ``guesses`` (per request a token or None) extends a request's context by that token.
-    Returns the corpus' raw (tokens, mask). The corpus' per-request match state advances from these contexts as
-    from any lookup (it rebuilds itself when a context does not extend the last one)."""
+def _host_contexts(worker, batch, guesses=None) -> tuple:
+    """(request ids, contexts, total lengths) of SGLang's own corpus query on the tokens the host has: per
+    request the last max_trie_depth tokens of prompt + output and the total length, built from the prompt's
+    tail only (0.5.16's worker copies each whole prompt every step); ``guesses`` (per request a token or None)
+    extends a request's context by that token."""
     depth = int(worker.max_trie_depth)
     req_ids, contexts, totals = [], [], []
     for i, req in enumerate(batch.reqs):
@@ -308,8 +307,23 @@ def _corpus_behind(worker, batch, guesses=None):
         contexts.append(worker._efficient_concat_last_n(list(prompt[-depth:]), out + extra, depth))
         req_ids.append(req.rid)
         totals.append(len(prompt) + len(req.output_ids) + len(extra))
+    return req_ids, contexts, totals
+
+
+def _corpus_behind(worker, batch, guesses=None):
+    """The corpus asked on the tokens the host has (`_host_contexts`), one step behind in overlap mode, so no
+    device-to-host copy has to finish first. Returns the corpus' raw (tokens, mask). The corpus' per-request
+    match state advances from these contexts as from any lookup (it rebuilds itself when a context does not
+    extend the last one)."""
+    req_ids, contexts, totals = _host_contexts(worker, batch, guesses)
     worker.ngram_corpus.synchronize()
     return worker.ngram_corpus.batch_get(req_ids, contexts, totals)
+
+
+def corpus_put_host(worker, batch) -> None:
+    """What SGLang's ``_update_ngram_corpus`` puts after a step without drafts (nothing carried from the step:
+    the host's tokens), without copying whole prompts."""
+    worker.ngram_corpus.batch_put(_host_contexts(worker, batch)[1])
 
 
 def probe_behind(worker, state: AutoState, batch) -> list:
@@ -502,7 +516,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
     # not on the host: nothing was looked up), and the match state of requests that left is erased
     worker.prev_token_ids = []
     worker.prev_accept_lens = [0] * bs
-    worker._update_ngram_corpus(batch)
+    corpus_put_host(worker, batch)
     rids = {req.rid for req in batch.reqs}
     departed = worker._prev_decode_rids - rids
     if departed:
