@@ -65,8 +65,9 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     ``max_batch_size``, its most running requests) on scratch tensors: one ``req_to_token`` row of the
     server's row length and dtype, every request on that row with ``width`` (default: the worker's draft
     tokens) slots of its own. Each run's output is checked against what the kernel must produce (the slots
-    gathered in order, or written in order); a mismatch is logged. Returns what was done: {"kernels", "buckets", "seconds", "mismatches"} or
-    {"skipped": reason}."""
+    gathered in order, or written in order); a mismatch is logged. Every bucket compiles once on a machine
+    whose Triton cache lacks it (up to a second each), so the time is logged. Returns what was done:
+    {"kernels", "buckets", "seconds", "mismatches"}, or {"skipped": reason}."""
     if os.environ.get(ENV, "1") == "0":
         return {"skipped": f"{ENV}=0"}
     import torch
