@@ -123,8 +123,8 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
             continue
         kind, width, probe = (cur[5:8] + [None, None, None])[:3]
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
-        rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait, "busy": period - wait,
-                     "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
+        rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait,
+                     "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
                      "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i,
                      "idle": idle})
     return rows
