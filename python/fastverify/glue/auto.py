@@ -327,14 +327,12 @@ def corpus_put_host(worker, batch) -> None:
 
 
 def probe_behind(worker, state: AutoState, batch) -> list:
-    """A probe's drafts, looked up behind the step in flight (`_corpus_behind`) and never verified: each request's
-    chain is recorded for the shadow tracker (it predicts the output from position len(output_ids) on) and its
-    features replace the request's last known ones. Returns the views with the new features."""
-    from fastverify.chain import reduce_to_chain
-
-    tokens, mask = _corpus_behind(worker, batch)
-    tokens, _mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
-    return _record_drafts(state, batch, tokens, [0] * len(batch.reqs))[1]
+    """A probe's drafts, looked up behind the step in flight (the host's chains) and never verified: each
+    request's chain is recorded for the shadow tracker (it predicts the output from position len(output_ids)
+    on) and its features replace the request's last known ones. Returns the views with the new features."""
+    lags = [0] * len(batch.reqs)  # drafts from the host's tokens as they are
+    tokens, _mask, _unsure = chains_past_the_token_in_flight(worker, batch, state.k, lags)
+    return _record_drafts(state, batch, tokens, lags)[1]
 
 
 def chains_past_the_token_in_flight(worker, batch, k: int, lags):
@@ -356,9 +354,10 @@ def chains_past_the_token_in_flight(worker, batch, k: int, lags):
     tokens, mask, lens = reduce_to_chain(raw, raw_mask, k, match_type)
     rows = np.asarray(tokens).reshape(-1, k)
     guesses = [int(rows[i, 1]) if lags[i] and lens[i] > 0 else None for i in range(rows.shape[0])]
-    unsure = (root_choices(raw, raw_mask, k) > 1) & np.array([g is not None for g in guesses], dtype=bool)
+    guessed = np.array([g is not None for g in guesses], dtype=bool)
+    unsure = (root_choices(raw, raw_mask, k) > 1) & guessed if guessed.any() else guessed
     out = rows.copy()
-    if any(g is not None for g in guesses):
+    if guessed.any():
         again, mask2 = _corpus_behind(worker, batch, guesses)
         # the corpus keeps a match state per request that the next query extends by the tokens its total length
         # says were added; a guess may be wrong, so the state it leaves must not be extended
@@ -386,18 +385,12 @@ def lookup_behind(worker, state: AutoState, batch) -> tuple:
     nothing, where the corpus offered more than one token in flight for a request and drafts
     that match in full are expected to pay (a wrong guess would waste a verify pass that a lookup after the
     token costs less than): the worker then looks up for real."""
-    from fastverify.chain import reduce_to_chain
-
     bs = len(batch.reqs)
     lags = [int(req.rid in state.in_flight_rids) for req in batch.reqs] if _host_behind(worker, batch) else [0] * bs
-    if any(lags):
-        tokens, mask, unsure = chains_past_the_token_in_flight(worker, batch, state.k, lags)
-        if unsure.any() and state.controller._full_match_wanted([req.rid for req in batch.reqs]):
-            # the corpus is unsure of a token in flight and drafts of this load pay: look up for real (wait)
-            return None
-    else:
-        tokens, mask = _corpus_behind(worker, batch)
-        tokens, mask, _lens = reduce_to_chain(tokens, mask, state.k, worker._fv.config.match_type)
+    tokens, mask, unsure = chains_past_the_token_in_flight(worker, batch, state.k, lags)
+    if unsure.any() and state.controller._full_match_wanted([req.rid for req in batch.reqs]):
+        # the corpus is unsure of a token in flight and drafts of this load pay: look up for real (wait)
+        return None
     worker.prev_token_ids = []
     worker.prev_accept_lens = [0] * bs
     lens, views = _record_drafts(state, batch, tokens, lags)
