@@ -428,6 +428,65 @@ def test_wanted_is_asked_again_only_when_its_inputs_change():
     assert fresh._wanted(views) == ctl._wanted(views)
 
 
+def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
+    """After a step that speculated, `plan_lookup` evaluates the options on each request's last features and
+    `decide` on the new drafts'; on a steady load they are the same question, answered once. Any input that
+    changes in between (the drafts' features, an observation, a period recorded into the controller's own costs)
+    makes `decide` evaluate again, and its answer is a fresh controller's."""
+    from fastverify.controller import LEAN, SPEC, StepCosts
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    ctl = Controller(cfg, _lean_cheaper())
+    for _ in range(6):
+        ctl.observe("r", DraftFeatures(7, 1), 7)
+    calls = []
+    real = ctl._evaluate_now
+    ctl._evaluate_now = lambda reqs, step: (calls.append(step), real(reqs, step))[1]
+    views = [RequestView("r", DraftFeatures(7, 1))]
+    assert ctl.plan_lookup(views, 32) is True and ctl.decide(views).option.kind == CHAIN and len(calls) == 1
+    assert ctl.plan_lookup(views, 32) is True and len(calls) == 2  # a new step: asked again
+    ctl.decide([RequestView("r", DraftFeatures(3, 1))])
+    assert len(calls) == 3  # other features
+    ctl.plan_lookup(views, 32)
+    n = len(calls)
+    ctl.observe("r", DraftFeatures(7, 1), 0)
+    ctl.decide(views)
+    assert len(calls) == n + 1  # an observation in between
+    own = StepCosts(FLAT, min_samples=1)
+    ctl.costs = own
+    ctl.plan_lookup(views, 32)
+    before = ctl._evaluate(views, ctl.step + 1)[1]
+    own.record(SPEC, 1, 8, 500.0)  # a period recorded into the table the controller reads
+    own.record(LEAN, 1, 1, 10.0)
+    after = ctl._evaluate(views, ctl.step + 1)[1]
+    assert after[-1].rate < before[-1].rate  # width 8 now measured dear
+    d = ctl.decide(views)
+    assert d.option.kind == NONE
+    fresh = Controller(cfg, own)
+    fresh.gain, fresh.step, fresh.current = ctl.gain, ctl.step - 1, ctl.current
+    assert fresh._evaluate_now(views, ctl.step)[1] == after
+
+
+def test_gain_model_batch_estimates_match_one_request_at_a_time():
+    """The blend of the all-requests and feature-bucket histograms is shared by the requests of a step; each
+    estimate is what a model that answers only that request gives, also after an observation in between."""
+    f = DraftFeatures(5, 1)
+    seen = [(f"r{i % 2}", i, acc) for i, acc in enumerate((5, 1, 7, 0, 3))]
+
+    def fresh():
+        m = GainModel(7, 0)
+        for rid, step, acc in seen:
+            m.observe(rid, f, step, acc)
+        return m
+
+    batch = fresh()
+    answers = [batch.expected(rid, f, 9) for rid in ("r0", "r1", "r2")]
+    assert answers == [fresh().expected(rid, f, 9) for rid in ("r0", "r1", "r2")]
+    seen.append(("r2", 9, 7))
+    batch.observe("r2", f, 9, 7)
+    assert batch.expected("r1", f, 9) == fresh().expected("r1", f, 9) != answers[1]
+
+
 def test_probe_lookups_back_off_and_reset():
     """Nothing worth a lookup: look up anyway after 1, 2, 4, 8, 8, ... steps (cap 8 here); a new request or a
     lookup that chose to speculate brings the gap back to 1."""

@@ -103,6 +103,23 @@ def test_unmatched_request_is_gated_to_no_draft(tmp_path):
     assert list(rows[0, 1:]) == streams[0][200:200 + w - 1] and not rows[1, 1:].any()
 
 
+def test_widest_chain_for_everyone_verifies_the_drafts_as_looked_up(tmp_path):
+    """At width k with every request taking part nothing is cut (the step skips the truncation): the drafts come
+    back as the lookup gave them, which is what truncating them with each request's own length gives."""
+    from fastverify.widths import truncate_drafts
+
+    streams = [list(range(100, 400)), list(range(500, 800))]
+    worker = _worker()
+    _run(worker, _spec(tmp_path, CHEAP), streams, 30, lambda s, n: s[n:n + K - 1])
+    reqs = [SimpleNamespace(rid="r0", output_ids=streams[0][:200]), SimpleNamespace(rid="r1", output_ids=streams[1][:200])]
+    toks, mask = _drafts([streams[0][200:203], streams[1][200:202]])  # the second chain one token short
+    out_t, out_m = auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False), toks, mask, 2)
+    assert worker.draft_token_num == K and worker._fv_auto.controller.last.speculate == (True, True)
+    ref_t, ref_m = truncate_drafts(toks, mask, K, K, [3, 2])
+    assert np.array_equal(out_t, ref_t) and np.array_equal(out_m, ref_m)
+    assert np.array_equal(out_t, toks) and np.array_equal(out_m, mask)
+
+
 def test_flag_checks(tmp_path):
     spec = _spec(tmp_path, CHEAP)
     assert auto.validate_server_args(spec).chain_widths == (2, 4)

@@ -242,6 +242,8 @@ class StepCosts:
         self.min_samples = min_samples
         self._periods: dict = {}  # (kind, bs, width) -> recent ms
         self._host: dict = {LEAN: [], SPEC: []}  # kind -> recent (measured - table) ms
+        self._estimates: dict = {}  # (kind, bs, width) -> step_ms, until the next record
+        self.version = 0  # counts records: the estimates change only with it
 
     def graph_ms(self, kind: str, bs: int, width: int) -> float:
         return self.table.decode_ms(bs) if kind == LEAN or width == 1 else self.table.verify_ms(bs * width)
@@ -258,6 +260,8 @@ class StepCosts:
         h = self._host[kind]
         h.append(float(ms) - self.graph_ms(kind, bs, width))
         del h[:-self.window]
+        self._estimates.clear()
+        self.version += 1
 
     def samples(self, kind: str, bs: int, width: int) -> int:
         return len(self._periods.get((kind, int(bs), 1 if kind == LEAN else int(width)), ()))
@@ -267,11 +271,14 @@ class StepCosts:
         return max(_median(h), 0.0) if h else 0.0
 
     def step_ms(self, kind: str, bs: int, width: int) -> float:
-        width = 1 if kind == LEAN else int(width)
-        q = self._periods.get((kind, int(bs), width))
-        if q is not None and len(q) >= self.min_samples:
-            return _median(q)
-        return self.graph_ms(kind, bs, width) + self.host_ms(kind)
+        key = (kind, int(bs), 1 if kind == LEAN else int(width))
+        ms = self._estimates.get(key)
+        if ms is None:  # a decision asks for a few estimates many times between two records
+            q = self._periods.get(key)
+            ms = (_median(q) if q is not None and len(q) >= self.min_samples
+                  else self.graph_ms(kind, key[1], key[2]) + self.host_ms(kind))
+            self._estimates[key] = ms
+        return ms
 
     # the cost interface of evaluate(): no speculation = a LEAN step, a chain of width w = a SPEC step
     def decode_ms(self, bs: int) -> float:
@@ -364,6 +371,7 @@ class GainModel:
                 h.mass = prior_mass
         self._local: dict = {}  # (req_id, matched) -> (chain _Hist, tree _Hist)
         self.version = 0  # counts observations and drops: what the model says changes only with it (and age)
+        self._shared_at, self._shared = None, {}  # (step, version) -> _shared_dist's answers
         self._bucket: dict = {}  # bucket -> (chain _Hist, tree _Hist)
 
     def _pair(self, table: dict, key) -> tuple:
@@ -395,16 +403,27 @@ class GainModel:
         tot = h.mass + self.prior_strength
         return [(h.w[a] + self.prior_strength * parent[a]) / tot for a in range(len(parent))]
 
+    def _shared_dist(self, m: bool, bucket: tuple, step: int, which: int) -> list:
+        """The all-requests histogram blended with the feature bucket's: the same for every request of a batch
+        with these features, so kept until the model or the step changes."""
+        if self._shared_at != (step, self.version):
+            self._shared_at, self._shared = (step, self.version), {}
+        key = (m, bucket, which)
+        dist = self._shared.get(key)
+        if dist is None:
+            g = self._global[m][which]
+            g._age(step, self.decay)
+            if g.mass > 1e-12:
+                dist = [x / g.mass for x in g.w]
+            else:  # everything forgotten (long idle): back to the pessimistic prior
+                dist = [1.0] + [0.0] * (len(g.w) - 1)
+            b = self._bucket.get(bucket)
+            dist = self._shared[key] = self._blend(None if b is None else b[which], dist, step)
+        return dist
+
     def _dist(self, req_id, features: DraftFeatures, step: int, which: int) -> list:
         m = features.match_len > 0
-        g = self._global[m][which]
-        g._age(step, self.decay)
-        if g.mass > 1e-12:
-            dist = [x / g.mass for x in g.w]
-        else:  # everything forgotten (long idle): back to the pessimistic prior
-            dist = [1.0] + [0.0] * (len(g.w) - 1)
-        b = self._bucket.get(feature_bucket(features))
-        dist = self._blend(None if b is None else b[which], dist, step)
+        dist = self._shared_dist(m, feature_bucket(features), step, which)
         loc = self._local.get((req_id, m))
         return self._blend(None if loc is None else loc[which], dist, step)
 
@@ -545,6 +564,7 @@ class Controller:
         self._costs_version = 0
         self.costs = costs
         self._wanted_epoch, self._wanted_cache = None, {}
+        self._evaluated = (None, None)  # (question, answer) of the last _evaluate
         self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
         self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps, cfg.prior_strength)
         self.current: Optional[Option] = None
@@ -570,8 +590,23 @@ class Controller:
         self._costs = value
         self._costs_version += 1
 
+    def _costs_key(self) -> tuple:
+        """Changes whenever the costs the controller reads may have: a new table, or a record into its own."""
+        return self._costs_version, getattr(self._costs, "version", 0)
+
     def _evaluate(self, requests: Sequence[RequestView], step: int) -> tuple:
-        """(per-request (chain, tree) expectations, an Evaluation per option in `self.options` order)."""
+        """(per-request (chain, tree) expectations, an Evaluation per option in `self.options` order).
+
+        The last answer is kept: a step that speculated asks the same question twice (`plan_lookup` with each
+        request's last features, then `decide` with the new drafts', the same on a steady load)."""
+        key = (step, self.gain.version, self._costs_key(), tuple((r.req_id, r.features) for r in requests))
+        if key == self._evaluated[0]:
+            return self._evaluated[1]
+        out = self._evaluate_now(requests, step)
+        self._evaluated = (key, out)
+        return out
+
+    def _evaluate_now(self, requests: Sequence[RequestView], step: int) -> tuple:
         per_req = [self.gain.expected(r.req_id, r.features, step) for r in requests]
         evals = []
         for o in self.options:
@@ -650,7 +685,7 @@ class Controller:
         Asked on most steps without speculation with the same requests and features, so the answer is kept
         until the gain model observes something, the costs or the current option change, or WANTED_REFRESH_STEPS
         steps pass (the model's forgetting moves its estimates a little every step)."""
-        epoch = (self.gain.version, self._costs_version, self.current, (self.step + 1) // WANTED_REFRESH_STEPS)
+        epoch = (self.gain.version, self._costs_key(), self.current, (self.step + 1) // WANTED_REFRESH_STEPS)
         if epoch != self._wanted_epoch:
             self._wanted_epoch, self._wanted_cache = epoch, {}
         key = tuple((r.req_id, r.features) for r in requests)

@@ -429,15 +429,17 @@ def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
     in flight, not in output_ids yet). Returns (real chain lengths [bs], views with the new features)."""
     from fastverify.widths import chain_draft_lengths
 
+    import numpy as np
+
     k = state.k
     lens = chain_draft_lengths(tokens, k)  # [bs] real chain tokens per request
-    flat = [int(t) for t in tokens]
+    rows = np.asarray(tokens).reshape(-1, k).tolist()
     views = []
     for i, req in enumerate(batch.reqs):
         n = int(lens[i])
         f = DraftFeatures(n, 1 if n else 0)
         state.features[req.rid] = f
-        state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, flat[i * k + 1:i * k + 1 + n])
+        state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, rows[i][1:1 + n])
         views.append(RequestView(req.rid, f))
     return lens, views
 
@@ -546,8 +548,10 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
         lens, views = _record_drafts(state, batch, tokens, [int(p) if use_prev else 0 for p in prev_lens])
         d = state.controller.decide(views)
     width = 1 if d.option.kind == "none" else d.option.width
-    keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
-    tokens, mask = truncate_drafts(tokens, mask, k, width, keep)
+    if width < k or not all(d.speculate):
+        # (at width k with every request taking part the drafts are verified as looked up: nothing to cut)
+        keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
+        tokens, mask = truncate_drafts(tokens, mask, k, width, keep)
     select_runtime(worker, width)
     state.last_step = (SPEC, bs, width)
     _export(state, d)
