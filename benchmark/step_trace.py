@@ -22,8 +22,9 @@ and for the steps right after each prefill (the time to first token and the next
 
 `--segments` lists each trace's busy stretches (one per load a client ran), `--segment [LABEL:]I` keeps one of
 them, so that two servers are compared on the same load. Decode steps longer than `--long-ms` (50) are listed
-one by one, with where their time went and whether each was the first step of its kind in the trace (those
-after which the scheduler went idle, waiting for requests, are only counted).
+one by one, with where their time went, the Triton kernels compiled in them, and whether each was the first
+step of its kind in the trace (those after which the scheduler went idle, waiting for requests, are only
+counted); every kernel compiled while serving is listed by name with its time.
 
 DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process, steps-<pid>.jsonl, optionally
 gzipped; the scheduler of the lowest process id with steps, TP rank 0 in a plain start, is read) or one of
@@ -77,7 +78,7 @@ def load_records(path) -> list:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not a JSON record ({e.msg})") from None
-            if not isinstance(rec, list) or not rec or rec[0] not in ("R", "P", "G", "I"):
+            if not isinstance(rec, list) or not rec or rec[0] not in ("R", "P", "G", "I", "C"):
                 raise ValueError(f"{path}:{n}: not a step-trace record: {line[:80]}")
             records.append(rec)
     return records
@@ -98,7 +99,8 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
     procs = sorted((r for r in records if r[0] == "P"), key=lambda r: r[1])
     gcs = sorted((r for r in records if r[0] == "G"), key=lambda r: r[2])
     idles = sorted(r[1] for r in records if r[0] == "I")
-    rows, pi, gi, ii = [], 0, 0, 0
+    compiles = sorted((r for r in records if r[0] == "C"), key=lambda r: r[1])
+    rows, pi, gi, ii, ci = [], 0, 0, 0, 0
     for i in range(len(runs) - 1):
         cur, nxt = runs[i], runs[i + 1]
         start, end = cur[1], nxt[1]
@@ -118,6 +120,11 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
         while ii < len(idles) and idles[ii] < end:
             idle = idle or idles[ii] >= start
             ii += 1
+        compiled = []  # (kernel, ms) compiled within this step's period
+        while ci < len(compiles) and compiles[ci][1] < end:
+            if compiles[ci][1] >= start:
+                compiled.append((str(compiles[ci][3]), 1000.0 * compiles[ci][2]))
+            ci += 1
         period = end - start
         if period > pause_s:
             continue
@@ -126,7 +133,7 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
         rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait,
                      "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
                      "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i,
-                     "idle": idle})
+                     "idle": idle, "compiled": compiled})
     return rows
 
 
@@ -218,7 +225,7 @@ def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
             found.append({"at_s": round(r["start"] - t0, 3), "ms": round(1000.0 * r["period"], 1),
                           "mode": r["mode"], "bs": r["bs"], "kind": _kind_label(r), "first_of_kind": first,
                           "wait_ms": round(1000.0 * r["wait"], 1), "gc_ms": round(1000.0 * r["gc"], 1),
-                          "spans_ms": spans})
+                          "spans_ms": spans, "compiled": [[k, round(ms, 1)] for k, ms in r["compiled"]]})
     return {"count": len(found), "first_of_kind": sum(1 for f in found if f["first_of_kind"]),
             "idle_ended": idle_ended, "steps": found[:limit]}
 
@@ -247,7 +254,23 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
         "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
         "long_steps": long_steps(rows, long_ms),
+        "compiled": compiled_kernels(records),
     }
+
+
+def compiled_kernels(records) -> dict:
+    """Triton kernels compiled (or loaded from the on-disk cache) while the trace ran (``C`` records): per
+    kernel, how often, the milliseconds in all, and the compile-time constants of each time."""
+    out = {}
+    for r in records:
+        if r[0] != "C":
+            continue
+        k = out.setdefault(str(r[3]), {"count": 0, "ms": 0.0, "constexprs": []})
+        k["count"] += 1
+        k["ms"] = round(k["ms"] + 1000.0 * r[2], 1)
+        if len(r) > 4 and r[4] and len(k["constexprs"]) < 8:
+            k["constexprs"].append(r[4])
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
 
 
 ROWS = [("period_median", "period median"), ("period_mean", "period mean"), ("period_p90", "period p90"),
@@ -298,9 +321,16 @@ def render(results: dict) -> str:
                    f"{stalls.get('idle_ended', 0)} more ended in an idle wait for requests")
         for f in stalls["steps"]:
             where = ", ".join(f"{k} {v}" for k, v in f["spans_ms"].items())
+            built = ", ".join(f"{k} {ms}" for k, ms in f.get("compiled", []))
             out.append(f"  at {f['at_s']:8.2f} s  {f['ms']:7.1f} ms  {f['mode']} bs {f['bs']} {f['kind']}"
                        f"{'  (first)' if f['first_of_kind'] else ''}  wait {f['wait_ms']} gc {f['gc_ms']}"
-                       f"{'  in: ' + where if where else ''}")
+                       f"{'  in: ' + where if where else ''}{'  compiled: ' + built if built else ''}")
+    for lab in labels:
+        kernels = results[lab].get("compiled") or {}
+        if kernels:
+            out.append("")
+            out.append(f"{lab}: Triton kernels compiled while serving (ms in all): "
+                       + ", ".join(f"{k} x{v['count']} ({v['ms']})" for k, v in kernels.items()))
     for lab in labels:
         kinds = results[lab]["by_kind"]
         if not kinds:

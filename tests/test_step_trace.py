@@ -161,6 +161,33 @@ def test_spans_wrap_functions_that_other_decorators_wrapped(tmp_path, monkeypatc
     assert mod.decorated(1) == 2 and "dec" in trace.spans
 
 
+def test_triton_compiles_are_timed_and_named(tmp_path, monkeypatch):
+    """Triton's compile step is a span and a C record: the kernel's name and its compile-time constants."""
+    clock = Clock()
+
+    class JITFunction:
+        def __init__(self, name):
+            self.__name__ = name
+
+        def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+            clock.advance(0.15)
+            return "kernel"
+
+    jit_mod = types.ModuleType("fv_fake_triton_jit")
+    jit_mod.JITFunction = JITFunction
+    monkeypatch.setitem(sys.modules, "fv_fake_triton_jit", jit_mod)
+    trace = steptrace.StepTrace(str(tmp_path / "c.jsonl"), clock=clock)
+    trace.span_targets = (("fv_fake_triton_jit", "JITFunction._do_compile", steptrace.COMPILE_LABEL),)
+    assert trace.install_spans() == ["triton_compile"]
+    k = JITFunction("assign_extend_cache_locs")
+    assert k._do_compile("key", {}, 0, {(5,): 4096, (6,): 4}, {}, {}, False) == "kernel"
+    assert trace.spans == {"triton_compile": pytest.approx(0.15)}
+    (rec,) = trace.records
+    assert rec[0] == "C" and rec[2] == pytest.approx(0.15) and rec[3] == "assign_extend_cache_locs"
+    assert rec[4] == "{(5,): 4096, (6,): 4}"
+    assert trace.install_spans() == []  # wrapped once
+
+
 def test_recorder_reads_auto_step_kind():
     state = types.SimpleNamespace(last_step=("lean", 4, 1), controller=types.SimpleNamespace(planned="probe"))
     sched = types.SimpleNamespace(draft_worker=types.SimpleNamespace(_fv_auto=state))
@@ -299,6 +326,15 @@ def test_long_steps_are_listed_with_where_their_time_went():
     text = step_trace.render({"a": step_trace.analyze(recs)})
     assert "a: 2 decode steps over the long-step threshold, 1 of them the first of their kind" in text
     assert "(first)" in text and "in: ngram_step 200.0" in text
+    # a kernel compiled during the first one is named there, and in the per-kernel list
+    built = recs + [["C", 20 * 0.005 + 0.01, 0.15, "assign_req_to_token_pool", "{(6,): 4}"]]
+    res = step_trace.analyze(built, long_ms=50.0)
+    assert res["long_steps"]["steps"][0]["compiled"] == [["assign_req_to_token_pool", 150.0]]
+    assert res["long_steps"]["steps"][1]["compiled"] == []
+    assert res["compiled"] == {"assign_req_to_token_pool": {"count": 1, "ms": 150.0, "constexprs": ["{(6,): 4}"]}}
+    text = step_trace.render({"a": res})
+    assert "compiled: assign_req_to_token_pool 150.0" in text
+    assert "a: Triton kernels compiled while serving (ms in all): assign_req_to_token_pool x1 (150.0)" in text
     # the scheduler went idle during the later one (it waited for requests): counted, not listed
     idle = recs + [["I", 25 * 0.005 + 0.21 + 0.1]]
     res = step_trace.analyze(idle, long_ms=50.0)["long_steps"]

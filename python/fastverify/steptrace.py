@@ -15,6 +15,8 @@ reads per iteration, no device synchronisation of its own):
 - ``G``: one garbage collection: generation, start, duration.
 - ``I``: the scheduler found nothing to run (its idle hook, first call after a launch): time. A step whose
   next launch comes after one waited for new requests, not for itself.
+- ``C``: one Triton kernel compiled (or loaded from Triton's on-disk cache) while serving: start, duration,
+  the kernel's name and its compile-time constants (which batch-size bucket or width made it new).
 
 Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended in blocks
 (a server killed at the end of a run loses at most the last block). ``benchmark/step_trace.py`` turns the
@@ -39,6 +41,7 @@ from typing import Callable, List, Optional
 ENV = "FASTVERIFY_STEP_TRACE"
 MARK = "_fastverify_span"  # set on the functions this module wrapped
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+COMPILE_LABEL = "triton_compile"  # the span of Triton's compile step (also written as a C record)
 # Functions timed inside each iteration (module, attribute path, label): SGLang's forward and sampling, the
 # n-gram worker's step and corpus update, the auto glue's pieces, the scheduler's batch selection. Those whose
 # module is not imported (a server without speculation) are left out.
@@ -129,6 +132,23 @@ class StepTrace:
         setattr(span, MARK, True)
         return span
 
+    def wrap_compile(self, fn):
+        """Triton's ``JITFunction._do_compile``: timed as the span ``triton_compile``, and a ``C`` record naming
+        the kernel and the compile-time constants it met."""
+        span = self.wrap_span(fn, COMPILE_LABEL)
+        trace = self
+
+        def compile_kernel(jit, *args, **kwargs):
+            t0 = trace.clock()
+            try:
+                return span(jit, *args, **kwargs)
+            finally:
+                trace.add(["C", t0, trace.clock() - t0, kernel_name(jit), _constexprs(args, kwargs)])
+
+        compile_kernel.__wrapped__ = fn
+        setattr(compile_kernel, MARK, True)
+        return compile_kernel
+
     def install_spans(self) -> list:
         """Wrap each function of ``span_targets`` ((module, "Class.method" or "function", label)) whose
         module is imported; returns the labels wrapped. Done at the first step, when the workers exist."""
@@ -142,7 +162,7 @@ class StepTrace:
             fn = getattr(owner, attr, None) if owner is not None else None
             if fn is None or getattr(fn, MARK, False):  # (SGLang's own decorators set __wrapped__ too)
                 continue
-            setattr(owner, attr, self.wrap_span(fn, label))
+            setattr(owner, attr, self.wrap_compile(fn) if label == COMPILE_LABEL else self.wrap_span(fn, label))
             done.append(label)
         return done
 
@@ -191,6 +211,18 @@ class StepTrace:
 
         on_idle.__wrapped__ = fn
         return on_idle
+
+
+def kernel_name(jit) -> str:
+    """A Triton JITFunction's name (its Python function's)."""
+    name = getattr(jit, "__name__", None) or getattr(getattr(jit, "fn", None), "__name__", None)
+    return str(name) if name else type(jit).__name__
+
+
+def _constexprs(args, kwargs, limit: int = 160) -> str:
+    """The compile-time constants of a ``_do_compile(key, signature, device, constexprs, ...)`` call, short."""
+    value = kwargs.get("constexprs", args[3] if len(args) > 3 else None)
+    return "" if value is None else repr(value)[:limit]
 
 
 def mode_name(batch) -> str:
