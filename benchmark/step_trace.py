@@ -260,16 +260,19 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
 
 def compiled_kernels(records) -> dict:
     """Triton kernels compiled (or loaded from the on-disk cache) while the trace ran (``C`` records): per
-    kernel, how often, the milliseconds in all, and the compile-time constants of each time."""
+    kernel, how often, the milliseconds in all, the compile-time constants of each time and the argument
+    types met (older traces have none)."""
     out = {}
     for r in records:
         if r[0] != "C":
             continue
-        k = out.setdefault(str(r[3]), {"count": 0, "ms": 0.0, "constexprs": []})
+        k = out.setdefault(str(r[3]), {"count": 0, "ms": 0.0, "constexprs": [], "signatures": []})
         k["count"] += 1
         k["ms"] = round(k["ms"] + 1000.0 * r[2], 1)
         if len(r) > 4 and r[4] and len(k["constexprs"]) < 8:
             k["constexprs"].append(r[4])
+        if len(r) > 5 and r[5] and r[5] not in k["signatures"]:
+            k["signatures"].append(r[5])
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
 
 

@@ -180,11 +180,13 @@ def test_triton_compiles_are_timed_and_named(tmp_path, monkeypatch):
     trace.span_targets = (("fv_fake_triton_jit", "JITFunction._do_compile", steptrace.COMPILE_LABEL),)
     assert trace.install_spans() == ["triton_compile"]
     k = JITFunction("assign_extend_cache_locs")
-    assert k._do_compile("key", {}, 0, {(5,): 4096, (6,): 4}, {}, {}, False) == "kernel"
+    sig = {"req_pool_indices": "*i64", "req_to_token": "*i32", "pool_len": "constexpr"}
+    assert k._do_compile("key", sig, 0, {(5,): 4096, (6,): 4}, {}, {}, False) == "kernel"
     assert trace.spans == {"triton_compile": pytest.approx(0.15)}
     (rec,) = trace.records
     assert rec[0] == "C" and rec[2] == pytest.approx(0.15) and rec[3] == "assign_extend_cache_locs"
     assert rec[4] == "{(5,): 4096, (6,): 4}"
+    assert rec[5] == "req_pool_indices:*i64,req_to_token:*i32,pool_len:constexpr"
     assert trace.install_spans() == []  # wrapped once
 
 
@@ -331,7 +333,8 @@ def test_long_steps_are_listed_with_where_their_time_went():
     res = step_trace.analyze(built, long_ms=50.0)
     assert res["long_steps"]["steps"][0]["compiled"] == [["assign_req_to_token_pool", 150.0]]
     assert res["long_steps"]["steps"][1]["compiled"] == []
-    assert res["compiled"] == {"assign_req_to_token_pool": {"count": 1, "ms": 150.0, "constexprs": ["{(6,): 4}"]}}
+    assert res["compiled"] == {"assign_req_to_token_pool": {"count": 1, "ms": 150.0, "constexprs": ["{(6,): 4}"],
+                                                           "signatures": []}}
     text = step_trace.render({"a": res})
     assert "compiled: assign_req_to_token_pool 150.0" in text
     assert "a: Triton kernels compiled while serving (ms in all): assign_req_to_token_pool x1 (150.0)" in text

@@ -16,7 +16,7 @@ reads per iteration, no device synchronisation of its own):
 - ``I``: the scheduler found nothing to run (its idle hook, first call after a launch): time. A step whose
   next launch comes after one waited for new requests, not for itself.
 - ``C``: one Triton kernel compiled (or loaded from Triton's on-disk cache) while serving: start, duration,
-  the kernel's name and its compile-time constants (which batch-size bucket or width made it new).
+  the kernel's name, its compile-time constants and its argument types (what made this call a new one).
 
 Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended in blocks
 (a server killed at the end of a run loses at most the last block). ``benchmark/step_trace.py`` turns the
@@ -143,7 +143,8 @@ class StepTrace:
             try:
                 return span(jit, *args, **kwargs)
             finally:
-                trace.add(["C", t0, trace.clock() - t0, kernel_name(jit), _constexprs(args, kwargs)])
+                trace.add(["C", t0, trace.clock() - t0, kernel_name(jit), _constexprs(args, kwargs),
+                           _signature(args, kwargs)])
 
         compile_kernel.__wrapped__ = fn
         setattr(compile_kernel, MARK, True)
@@ -222,6 +223,15 @@ def kernel_name(jit) -> str:
 def _constexprs(args, kwargs, limit: int = 160) -> str:
     """The compile-time constants of a ``_do_compile(key, signature, device, constexprs, ...)`` call, short."""
     value = kwargs.get("constexprs", args[3] if len(args) > 3 else None)
+    return "" if value is None else repr(value)[:limit]
+
+
+def _signature(args, kwargs, limit: int = 240) -> str:
+    """The argument types of that call (``name:*i64`` ...), short: a kernel met again with other dtypes
+    compiles again."""
+    value = kwargs.get("signature", args[1] if len(args) > 1 else None)
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v}" for k, v in value.items())[:limit]
     return "" if value is None else repr(value)[:limit]
 
 
