@@ -134,7 +134,7 @@ class StepTrace:
 
     def wrap_compile(self, fn):
         """Triton's ``JITFunction._do_compile``: timed as the span ``triton_compile``, and a ``C`` record naming
-        the kernel and the compile-time constants it met."""
+        the kernel, the compile-time constants and the argument types it met."""
         span = self.wrap_span(fn, COMPILE_LABEL)
         trace = self
 

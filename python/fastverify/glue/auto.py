@@ -427,9 +427,9 @@ def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
     """Chain-format drafts [bs*k] of a lookup -> each request's features (kept as its last known ones) and its
     chain recorded for the shadow tracker at output position len(output_ids) + carried[i] (tokens of the step
     in flight, not in output_ids yet). Returns (real chain lengths [bs], views with the new features)."""
-    from fastverify.widths import chain_draft_lengths
-
     import numpy as np
+
+    from fastverify.widths import chain_draft_lengths
 
     k = state.k
     lens = chain_draft_lengths(tokens, k)  # [bs] real chain tokens per request
