@@ -90,5 +90,49 @@ def test_sglangs_own_kernels_run_with_the_warm_up_arguments():
     line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
     assert r.returncode == 0 and line, r.stderr[-3000:]
     res = json.loads(line[0][6:])
-    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs"]
+    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc"]
     assert res["buckets"] == [1, 2, 4, 8] and res["mismatches"] == []
+
+
+def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_slot_count_is_moved(monkeypatch):
+    """The scheduler passes assign_req_to_token_pool int32 lengths, the worker passes assign_extend_cache_locs
+    int64 ones (a warm-up with other types compiles a kernel the server never calls); the accepted tokens' fill
+    runs once per power-of-two bucket of batch size x verify width, and the KV pool moves slot 0 onto itself
+    for every such count, as the verify step's move would."""
+    import torch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seen = {}
+
+    def kernel_of(name):
+        def body(*args):
+            seen.setdefault(name, []).append(tuple(a.dtype if hasattr(a, "dtype") else a for a in args))
+        return _Launch(body)
+
+    mods = {"fv_k": types.SimpleNamespace(assign_req_to_token_pool=kernel_of("req"),
+                                          assign_extend_cache_locs=kernel_of("ext"),
+                                          fill_accept_out_cache_loc=kernel_of("fill"))}
+    monkeypatch.setattr(warmup.importlib, "import_module", lambda name: mods[name])
+    moved = []
+
+    class Pool:
+        def move_kv_cache(self, tgt, src):
+            assert tgt.dtype == src.dtype == torch.int64 and not tgt.any() and not src.any()  # slot 0 only
+            moved.append(tgt.numel())
+
+    w = _worker(max_bs=3)
+    w.token_to_kv_pool_allocator = types.SimpleNamespace(get_kvcache=lambda: Pool())
+    res = warmup.warm_spec_kernels(w, widths=(1, 2, 8),
+                                   kernels=(("fv_k", "assign_req_to_token_pool", "int32"),
+                                            ("fv_k", "assign_extend_cache_locs", "int64")),
+                                   accept=("fv_k", "fill_accept_out_cache_loc"))
+    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc",
+                              "move_kv_cache"]
+    assert [a[2:4] for a in seen["req"]] == [(torch.int32, torch.int32)] * 3
+    assert [a[2:4] for a in seen["ext"]] == [(torch.int64, torch.int64)] * 3
+    assert warmup.accept_sizes(3, (1, 2, 8)) == [1, 2, 3, 4, 6, 8, 16, 24]
+    assert [a[3] for a in seen["fill"]] == [1, 2, 4, 8, 16, 32]  # size_upper of each count's bucket
+    assert [a[:3] for a in seen["fill"]] == [(torch.int32, torch.int64, torch.int64)] * 6
+    assert moved == [1, 2, 3, 4, 6, 8, 16, 24] and res["moves"] == 8
+    # the stand-ins write nothing: every run is reported as a mismatch, and start-up goes on
+    assert ("fill_accept_out_cache_loc", 2) in res["mismatches"]

@@ -222,12 +222,12 @@ def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
 
 def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | None:
     """Called once per worker after SGLang captured its verify graphs at k; None when the flag is off. First,
-    in every n-gram server, the step's Triton kernels are compiled for each batch-size bucket
-    (`warmup.warm_spec_kernels`)."""
+    in every n-gram server, the step's Triton kernels are compiled for each batch-size bucket and each count of
+    accepted-token slots its verify widths can move (`warmup.warm_spec_kernels`)."""
     from fastverify.glue.warmup import warm_spec_kernels
 
-    warm_spec_kernels(worker)
     cfg = config_from(spec if spec is not None else _spec_of(worker))
+    warm_spec_kernels(worker, widths=cfg.widths if cfg.enabled else None)
     if not cfg.enabled:
         worker._fv_widths = None
         return None

@@ -2,14 +2,18 @@
 
 Two kernels of that step take ``next_power_of_2(batch size)`` as a compile-time constant: the scheduler's
 ``assign_req_to_token_pool`` (the KV slots a decode step reserves for its drafts) and
-``assign_extend_cache_locs`` (the worker reading those slots, and moving the accepted tokens' KV). Triton
-compiles a kernel the first time it meets a new value of such a constant, so on a machine whose Triton cache
-does not hold them yet, the first step at batch size 2, then 3, then 5, ... stops the whole batch while they
-compile (120-450 ms steps in the GPU runs, inside the n-gram step and the batch preparation, never in a plain
-server, whose decode step writes its slots with torch indexing). Here every bucket up to the worker's
-largest batch runs each kernel once on scratch tensors shaped like the server's own (the same dtypes and
-``req_to_token`` row length, the other compile-time constant), so that compilation happens before serving;
-with Triton's on-disk cache a later start only loads them.
+``assign_extend_cache_locs`` (the worker reading those slots, and moving the accepted tokens' KV). Two more,
+in the move of the accepted tokens' KV after each verify pass, take ``next_power_of_2(batch size x verify
+width)``: ``fill_accept_out_cache_loc`` and the KV pool's ``copy_all_layer_kv_cache_tiled`` (the latter also
+specialises on its slot count being 1 or a multiple of 16). Triton compiles a kernel the first time it meets
+a new value of such a constant, or new argument types, so on a machine whose Triton cache does not hold them
+yet, the first step at batch size 2, then 3, then 5, ... stops the whole batch while they compile (110-450 ms
+steps in the GPU runs, inside the n-gram step and the batch preparation, never in a plain server, whose
+decode step writes its slots with torch indexing). Here every bucket up to the worker's largest batch runs
+each kernel once with arguments of the types the server's own calls use (the scheduler passes its lengths as
+int32, the worker as int64; the same ``req_to_token`` row length, the other compile-time constant), and the
+KV pool moves slot 0 (the padding slot) onto itself once for every slot count a verify step can move, so that
+compilation happens before serving; with Triton's on-disk cache a later start only loads them.
 
 Called from ``verify_runtime.build_runtimes`` (patch 0008's seam in ``NGRAMWorker.init_cuda_graphs``), so
 every n-gram server of the series warms alike. ``FASTVERIFY_WARM_KERNELS=0`` turns it off (for an A/B run).
@@ -25,13 +29,18 @@ import time
 logger = logging.getLogger("fastverify.warmup")
 
 ENV = "FASTVERIFY_WARM_KERNELS"
-# (module, kernel): the step's Triton kernels with next_power_of_2(batch size) as a tl.constexpr; both pinned
-# SGLang versions define them with the signature (req_pool_indices, req_to_token, start_offset, end_offset,
-# out_cache_loc, pool_len: constexpr, bs_upper: constexpr)
+# (module, kernel, dtype of the lengths its callers pass): the step's Triton kernels with
+# next_power_of_2(batch size) as a tl.constexpr; both pinned SGLang versions define them with the signature
+# (req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len: constexpr,
+# bs_upper: constexpr). The scheduler's spec-decode allocation (eagle_utils, alloc_for_spec_decode) builds its
+# lengths as int32; the worker passes batch.seq_lens (int64). A call with other types compiles anew.
 KERNELS = (
-    ("sglang.srt.mem_cache.allocation", "assign_req_to_token_pool"),
-    ("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs"),
+    ("sglang.srt.mem_cache.allocation", "assign_req_to_token_pool", "int32"),
+    ("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs", "int64"),
 )
+# The accepted tokens' slots (spec_utils.move_accept_tokens_to_target_kvcache): (accept_index int32,
+# out_cache_loc int64, accept_out_cache_loc int64, size_upper: constexpr = next_power_of_2(bs x width))
+ACCEPT_FILL = ("sglang.kernels.ops.speculative.eagle", "fill_accept_out_cache_loc")
 
 
 def buckets(max_bs: int) -> list:
@@ -44,9 +53,14 @@ def buckets(max_bs: int) -> list:
         b *= 2
 
 
+def accept_sizes(max_bs: int, widths) -> list:
+    """Every count of accepted-token slots a verify step moves: batch size x verify width."""
+    return sorted({b * int(w) for b in range(1, max_bs + 1) for w in widths})
+
+
 def _kernels(kernels=KERNELS) -> list:
     found = []
-    for module_name, name in kernels:
+    for module_name, name, *_ in kernels:
         try:
             fn = getattr(importlib.import_module(module_name), name, None)
         except Exception as e:  # noqa: BLE001 - a missing or broken module must not stop the server
@@ -59,15 +73,40 @@ def _kernels(kernels=KERNELS) -> list:
     return found
 
 
+def _lens_dtype(kernels, name: str):
+    import torch
+
+    for _module, kname, *rest in kernels:
+        if kname == name and rest:
+            return getattr(torch, rest[0])
+    return torch.int64
+
+
+def _kv_pool(worker):
+    """The KV pool whose ``move_kv_cache`` moves the accepted tokens (the worker's allocator's, as SGLang's
+    move reads it), or None."""
+    alloc = getattr(worker, "token_to_kv_pool_allocator", None)
+    if alloc is not None and hasattr(alloc, "get_kvcache"):
+        return alloc.get_kvcache()
+    return getattr(getattr(worker, "model_runner", None), "token_to_kv_pool", None)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
 def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = None, device=None,
-                      kernels=KERNELS, clock=time.perf_counter) -> dict:
+                      kernels=KERNELS, clock=time.perf_counter, widths=None, accept=ACCEPT_FILL) -> dict:
     """Run each kernel of ``kernels`` once per batch-size bucket up to ``max_bs`` (default: the worker's
     ``max_batch_size``, its most running requests) on scratch tensors: one ``req_to_token`` row of the
     server's row length and dtype, every request on that row with ``width`` (default: the worker's draft
-    tokens) slots of its own. Each run's output is checked against what the kernel must produce (the slots
-    gathered in order, or written in order); a mismatch is logged. Every bucket compiles once on a machine
-    whose Triton cache lacks it (up to a second each), so the time is logged. Returns what was done:
-    {"kernels", "buckets", "seconds", "mismatches"}, or {"skipped": reason}."""
+    tokens) slots of its own, the lengths in the dtype the kernel's callers use. Then the accepted tokens'
+    move for every slot count batch size x verify width (``widths``, default ``(width,)``): ``accept``'s
+    kernel once per power-of-two bucket on scratch tensors, and the worker's KV pool moving slot 0 onto itself
+    (``move_kv_cache``, SGLang's own call path) once per count. Each kernel run's output is checked against
+    what it must produce; a mismatch is logged. Every new bucket compiles once on a machine whose Triton cache
+    lacks it (up to a second each), so the time is logged. Returns what was done: {"kernels", "buckets",
+    "moves", "seconds", "mismatches"}, or {"skipped": reason}."""
     if os.environ.get(ENV, "1") == "0":
         return {"skipped": f"{ENV}=0"}
     import torch
@@ -83,19 +122,23 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     if max_bs < 1 or width < 1:
         return {"skipped": f"batch size {max_bs} / width {width}"}
     found = _kernels(kernels)
-    if not found:
+    fill = _kernels((accept,)) if accept else []
+    kv = _kv_pool(worker)
+    if not found and not fill and kv is None:
         return {"skipped": "no kernel found"}
     t0 = clock()
     pool_len = int(pool.shape[1])
     row = torch.arange(pool_len, dtype=pool.dtype, device=device).view(1, pool_len)  # slot j of the row: j
     done, mismatches = [], []
     for name, kernel in found:
+        lens = _lens_dtype(kernels, name)
         try:
             for b in buckets(max_bs):
                 n = b * width
                 idx = torch.zeros(b, dtype=torch.int64, device=device)  # every request on row 0 ...
                 # ... request i at slots i * width .. (i + 1) * width (wrapped in a row too short for them all)
-                start = (torch.arange(b, dtype=torch.int64, device=device) * width) % max(pool_len - width, 1)
+                start = ((torch.arange(b, dtype=torch.int64, device=device) * width) % max(pool_len - width, 1)
+                         ).to(lens)
                 end = start + width
                 scratch = row.clone()
                 if name == "assign_extend_cache_locs":  # row slots -> the packed list
@@ -112,9 +155,42 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
         except Exception as e:  # noqa: BLE001 - a warm-up must never stop the server
             logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use instead", name,
                            type(e).__name__, e)
+    sizes = accept_sizes(max_bs, widths if widths else (width,))
+    for name, kernel in fill:
+        try:
+            for u in sorted({_next_power_of_2(n) for n in sizes}):
+                # slot i of the accepted list takes the draft slot index[i] (reversed here); -1 is a rejected
+                # draft, which the kernel skips, packing the rest
+                index = torch.arange(u, dtype=torch.int32, device=device).flip(0)
+                if u > 1:
+                    index[-1] = -1
+                locs = torch.arange(u, dtype=torch.int64, device=device) + 11
+                out = torch.zeros(u, dtype=torch.int64, device=device)
+                kernel[(u,)](index, locs, out, u)
+                want = torch.zeros(u, dtype=torch.int64, device=device)
+                kept = index[index >= 0].to(torch.int64)
+                want[:kept.numel()] = locs[kept]
+                if not torch.equal(out.cpu(), want.cpu()):
+                    mismatches.append((name, u))
+            done.append(name)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use instead", name,
+                           type(e).__name__, e)
+    moves = 0
+    if kv is not None and hasattr(kv, "move_kv_cache"):
+        try:
+            for n in sizes:  # slot 0 (the padding slot) onto itself: no KV changes
+                kv.move_kv_cache(torch.zeros(n, dtype=torch.int64, device=device),
+                                 torch.zeros(n, dtype=torch.int64, device=device))
+                moves += 1
+            done.append("move_kv_cache")
+        except Exception as e:  # noqa: BLE001
+            logger.warning("kernel warm-up: move_kv_cache failed (%s: %s); it compiles on first use instead",
+                           type(e).__name__, e)
     if mismatches:
         logger.warning("kernel warm-up: unexpected output from %s", mismatches)
     seconds = clock() - t0
-    logger.info("kernel warm-up: %s for batch-size buckets %s in %.2f s", ", ".join(done) or "nothing",
-                buckets(max_bs), seconds)
-    return {"kernels": done, "buckets": buckets(max_bs), "seconds": seconds, "mismatches": mismatches}
+    logger.info("kernel warm-up: %s for batch-size buckets %s and %d accepted-slot counts in %.2f s",
+                ", ".join(done) or "nothing", buckets(max_bs), moves, seconds)
+    return {"kernels": done, "buckets": buckets(max_bs), "moves": moves, "seconds": seconds,
+            "mismatches": mismatches}
