@@ -62,6 +62,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fastverify.controller import (LEAN, NONE, PLAN_PROBE, SPEC, AutoConfig, Controller, CostTable, CostTableError,
                                    DraftFeatures, RequestView, ShadowTracker, StepCosts, calibrate, load_cost_table)
@@ -138,6 +139,16 @@ def validate_server_args(spec):
     return cfg
 
 
+class Behind(NamedTuple):
+    """Drafts `plain_step` looked up behind the step in flight and chose to verify."""
+
+    tokens: object  # chain-format [bs*k]
+    mask: object
+    decision: object  # the controller's Decision on them
+    lens: object  # [bs] real chain tokens per request
+    in_flight: bool  # some request's root is the token in flight (`fill_roots` writes it)
+
+
 @dataclass
 class AutoState:
     controller: Controller
@@ -156,7 +167,7 @@ class AutoState:
     sync_costs: object = None  # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
     clock: object = time.perf_counter
     plain: object = None  # the plain decode runtime (verify_runtime.build_plain_runtime)
-    behind: tuple = None  # (tokens, mask, Decision, a token in flight) of drafts looked up behind, to verify
+    behind: Behind = None  # drafts looked up behind the step in flight, to verify this step
     last_batch_rids: frozenset = frozenset()  # requests of the last forward launched (any mode)
     in_flight_rids: frozenset = frozenset()  # requests of the forward before this one: its tokens not on the host
 
@@ -278,7 +289,8 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
         d = ctl.decide(views, behind=True)
         if d.option.kind != NONE and any(d.speculate):
             worker._fv.expect(lens)  # the verify accounting of the worker's own lookups
-            state.behind = (tokens, mask, d, in_flight)  # the worker verifies them: drafts_behind, step_drafts
+            # the worker verifies them: drafts_behind, step_drafts
+            state.behind = Behind(tokens, mask, d, lens, in_flight)
             state.synced = False
             return None
     elif look:  # a probe after a step that accepted drafts: looked up behind, scored later, the step stays plain
@@ -409,7 +421,7 @@ def drafts_behind(worker, batch):
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None or state.behind is None:
         return None
-    return state.behind[0], state.behind[1]
+    return state.behind.tokens, state.behind.mask
 
 
 def fill_roots(worker, batch, draft_tokens) -> None:
@@ -417,7 +429,7 @@ def fill_roots(worker, batch, draft_tokens) -> None:
     token in flight, each row's root becomes the request's last token (the first accept token of its last step,
     which gave it one token). A no-op otherwise."""
     state: AutoState = getattr(worker, "_fv_auto", None)
-    if state is None or state.behind is None or not state.behind[3]:
+    if state is None or state.behind is None or not state.behind.in_flight:
         return
     bs = len(batch.reqs)
     draft_tokens.view(bs, -1)[:, 0] = batch.spec_info.accept_tokens.view(bs, -1)[:, 0]
@@ -532,12 +544,11 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     if state is None:
         return tokens, mask
     from fastverify.glue.verify_runtime import select_runtime
-    from fastverify.widths import chain_draft_lengths, truncate_drafts
+    from fastverify.widths import truncate_drafts
 
     k = state.k
     if state.behind is not None:  # looked up behind, recorded and decided in plain_step
-        d = state.behind[2]
-        lens = chain_draft_lengths(tokens, k)
+        d, lens = state.behind.decision, state.behind.lens
     else:
         use_prev = bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
         prev_lens = list(getattr(worker, "prev_accept_lens", None) or [0] * bs)

@@ -59,8 +59,11 @@ def accept_sizes(max_bs: int, widths) -> list:
 
 
 def _kernels(kernels=KERNELS) -> list:
+    """(name, kernel, dtype of its callers' lengths: int64 unless the table says) of each kernel found."""
+    import torch
+
     found = []
-    for module_name, name, *_ in kernels:
+    for module_name, name, *lens in kernels:
         try:
             fn = getattr(importlib.import_module(module_name), name, None)
         except Exception as e:  # noqa: BLE001 - a missing or broken module must not stop the server
@@ -69,17 +72,8 @@ def _kernels(kernels=KERNELS) -> list:
         if fn is None:
             logger.info("kernel warm-up: %s has no %s", module_name, name)
             continue
-        found.append((name, fn))
+        found.append((name, fn, getattr(torch, lens[0]) if lens else torch.int64))
     return found
-
-
-def _lens_dtype(kernels, name: str):
-    import torch
-
-    for _module, kname, *rest in kernels:
-        if kname == name and rest:
-            return getattr(torch, rest[0])
-    return torch.int64
 
 
 def _kv_pool(worker):
@@ -130,8 +124,7 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     pool_len = int(pool.shape[1])
     row = torch.arange(pool_len, dtype=pool.dtype, device=device).view(1, pool_len)  # slot j of the row: j
     done, mismatches = [], []
-    for name, kernel in found:
-        lens = _lens_dtype(kernels, name)
+    for name, kernel, lens in found:
         try:
             for b in buckets(max_bs):
                 n = b * width
@@ -156,7 +149,7 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
             logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use instead", name,
                            type(e).__name__, e)
     sizes = accept_sizes(max_bs, widths if widths else (width,))
-    for name, kernel in fill:
+    for name, kernel, _ in fill:
         try:
             for u in sorted({_next_power_of_2(n) for n in sizes}):
                 # slot i of the accepted list takes the draft slot index[i] (reversed here); -1 is a rejected
