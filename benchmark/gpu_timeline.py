@@ -12,8 +12,12 @@ next, pauses between requests left out):
   idle       period - graph - around (the GPU waiting for the host)
   ops        how many kernels, copies and sets ran outside graphs in that window
   lead       graph's first kernel start minus the host's launch call (how far the host runs ahead)
+  in_graph   busy time of the graph's own kernels (union of their intervals)
+  graph_gaps graph - in_graph: the GPU waiting inside the launch (a graph started before the host finished
+             submitting it runs with gaps; kernels queued well ahead run back to back)
 
-and the outside-graph operations by name (calls per step, mean microseconds). Kernels belong to a graph when
+and the outside-graph operations by name (calls per step, mean microseconds), and the graph's kernels by name
+(microseconds per step; with several traces, the names whose time differs most from the baseline's first). Kernels belong to a graph when
 their correlation id is that of a cudaGraphLaunch call (or, in a trace without the host calls, when several GPU
 operations share one correlation id). A server with several graphs (decode and verify passes: graphs of
 different kernel counts) also gets the statistics of each graph's steps.
@@ -43,7 +47,7 @@ SCRIPT = "benchmark/gpu_timeline.py"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
 PAUSE_FACTOR = 3.0  # a period over this many times the median is a pause between requests, not a step
-STEP_KEYS = ("period", "graph", "around", "idle", "ops", "lead")
+STEP_KEYS = ("period", "graph", "in_graph", "graph_gaps", "around", "idle", "ops", "lead")
 
 
 def load_events(path) -> list:
@@ -100,7 +104,7 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
     per_corr = defaultdict(int)
     for ev in gpu:
         per_corr[_corr(ev)] += 1
-    launches = {}  # correlation -> [start, end, kernels, host launch ts or None]
+    launches = {}  # correlation -> [start, end, kernels, host launch ts or None, [(start, end, name)]]
     loose = []  # (start, end, name)
     for ev in gpu:
         s = float(ev["ts"])
@@ -108,8 +112,9 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         c = _corr(ev)
         call = api.get(c)
         if c is not None and ((call is not None and "GraphLaunch" in call[0]) or (call is None and per_corr[c] > 1)):
-            g = launches.setdefault(c, [s, e, 0, None if call is None else call[1]])
+            g = launches.setdefault(c, [s, e, 0, None if call is None else call[1], []])
             g[0], g[1], g[2] = min(g[0], s), max(g[1], e), g[2] + 1
+            g[4].append((s, e, ev.get("name", "?")))
         else:
             loose.append((s, e, ev.get("name", "?")))
     graphs = sorted(launches.values())
@@ -119,7 +124,7 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
     windows = []
     for g, nxt in zip(graphs, graphs[1:]):
         windows.append({"start": g[0], "graph_end": g[1], "next": nxt[0], "kernels": g[2],
-                        "lead": None if g[3] is None else g[0] - g[3]})
+                        "lead": None if g[3] is None else g[0] - g[3], "inside": g[4]})
     med_period = statistics.median(w["next"] - w["start"] for w in windows)
     steps = [w for w in windows if w["next"] - w["start"] <= pause_factor * med_period]
 
@@ -136,7 +141,9 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         period = w["next"] - w["start"]
         graph = w["graph_end"] - w["start"]
         around = _union([(s, e) for s, e, _ in ops])
-        rows.append({"period": period, "graph": graph, "around": around,
+        in_graph = _union([(s, e) for s, e, _ in w["inside"]])
+        rows.append({"period": period, "graph": graph, "in_graph": in_graph,
+                     "graph_gaps": max(0.0, graph - in_graph), "around": around,
                      "idle": max(0.0, period - graph - around), "ops": len(ops), "lead": w["lead"],
                      "kernels": w["kernels"]})
     n = len(rows)
@@ -151,8 +158,10 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
     by_graph = {}
     for size in sorted(sizes):
         sel = [(r, ops) for r, ops in zip(rows, per_step_ops) if r["kernels"] == size]
+        inside = [w["inside"] for w, r in zip(steps, rows) if r["kernels"] == size]
         by_graph[size] = {"steps": len(sel), "median_us": _medians([r for r, _ in sel]),
-                          "ops_by_name": _ops_by_name([ops for _, ops in sel])}
+                          "ops_by_name": _ops_by_name([ops for _, ops in sel]),
+                          "kernels_by_name": _kernels_by_name(inside)}
     return {
         "device": dev, "steps": n, "pauses_dropped": len(windows) - n,
         "graph_sizes": dict(sorted(sizes.items())),
@@ -186,6 +195,21 @@ def _ops_by_name(op_lists) -> dict:
             names[name][1] += e - s
     return {name: {"per_step": c / len(op_lists), "mean_us": t / c}
             for name, (c, t) in sorted(names.items(), key=lambda kv: -kv[1][1])}
+
+
+def _kernels_by_name(kernel_lists) -> dict:
+    """A graph's kernels over the steps in `kernel_lists` (one list of (start, end, name) per launch) by name:
+    calls per step and microseconds per step (median over the steps of each name's summed time: one slow
+    launch does not move it), heaviest first."""
+    per_step = defaultdict(lambda: [0.0] * len(kernel_lists))
+    calls = defaultdict(int)
+    for i, ks in enumerate(kernel_lists):
+        for s, e, name in ks:
+            per_step[name][i] += e - s
+            calls[name] += 1
+    out = {name: {"per_step": calls[name] / len(kernel_lists), "us_per_step": statistics.median(t)}
+           for name, t in per_step.items()}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us_per_step"]))
 
 
 def _short(name: str, width: int = 100) -> str:
@@ -237,7 +261,42 @@ def render(results: dict, top: int = 15) -> str:
         for name, v in list(r["ops_by_name"].items())[:top]:
             out.append(f"  {v['per_step']:>10.2f} {v['mean_us']:>8.2f} {v['per_step'] * v['mean_us']:>8.2f}  "
                        f"{_short(name)}")
+    out.extend(_graph_kernels(results, labels, top))
     return "\n".join(out)
+
+
+def _dominant(r: dict) -> dict:
+    """The statistics of the graph (by kernel count) that most of a trace's steps launch."""
+    size = max(r["graph_sizes"], key=r["graph_sizes"].get)
+    return r["by_graph"][size]
+
+
+def _graph_kernels(results: dict, labels: list, top: int) -> list:
+    """The kernels inside each trace's dominant graph by name (us per step); with several traces, the names
+    whose time differs most from the baseline's first, so that a slower graph shows which kernels made it so."""
+    per = {lb: _dominant(results[lb]).get("kernels_by_name", {}) for lb in labels if "/g" not in lb}
+    cols = list(per)
+    if not cols or not any(per.values()):
+        return []
+    base = per[cols[0]]
+    names = set().union(*(set(v) for v in per.values()))
+
+    def us(lb, name):
+        return per[lb].get(name, {}).get("us_per_step", 0.0)
+
+    key = (lambda n: -max(abs(us(lb, n) - us(cols[0], n)) for lb in cols[1:])) if len(cols) > 1 \
+        else (lambda n: -us(cols[0], n))
+    out = ["", "inside the graph (most launched per trace): us per step by kernel"
+           + (", largest differences from " + cols[0] + " first" if len(cols) > 1 else ""),
+           f"  {'calls':>6}" + "".join(f"{lb[:16]:>18}" for lb in cols) + "  name"]
+    for name in sorted(names, key=key)[:top]:
+        calls = base.get(name, next((per[lb][name] for lb in cols if name in per[lb]), {})).get("per_step", 0)
+        cells = []
+        for i, lb in enumerate(cols):
+            v = us(lb, name)
+            cells.append(f"{v:>18.1f}" if i == 0 else f"{f'{v:.1f} ({v - us(cols[0], name):+.1f})':>18}")
+        out.append(f"  {calls:>6.0f}" + "".join(cells) + f"  {_short(name, 70)}")
+    return out
 
 
 def main(argv=None) -> int:

@@ -26,11 +26,12 @@ class Trace:
                             "pid": 100, "tid": 1, "args": {"correlation": self.corr}})
         return self.corr
 
-    def graph(self, host_ts, start, kernel_durs, gap=1.0, device=0):
+    def graph(self, host_ts, start, kernel_durs, gap=1.0, device=0, names=None):
         c = self._call("cudaGraphLaunch", host_ts)
         t = start
-        for d in kernel_durs:
-            self.events.append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": t, "dur": d, "pid": device,
+        for i, d in enumerate(kernel_durs):
+            name = names[i] if names else "gemm"
+            self.events.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": d, "pid": device,
                                 "tid": 7, "args": {"correlation": c, "device": device}})
             t += d + gap
         return t - gap  # end of the last kernel
@@ -65,6 +66,7 @@ def test_step_anatomy_by_construction():
     assert m["around"] == pytest.approx(15.0)
     assert m["idle"] == pytest.approx(1000.0 - 602.0 - 15.0)
     assert m["ops"] == 2 and m["lead"] == pytest.approx(300.0)
+    assert m["in_graph"] == pytest.approx(600.0) and m["graph_gaps"] == pytest.approx(2.0)
     assert r["graph_sizes"] == {3: 5}
     ops = r["ops_by_name"]
     assert list(ops) == ["index_kernel", "Memcpy DtoH"]  # heaviest first
@@ -146,3 +148,32 @@ def test_graph_launches_found_without_host_calls_and_steps_split_by_graph():
     assert g3["median_us"]["around"] == pytest.approx(4.0) and g4["median_us"]["around"] == pytest.approx(8.0)
     text = gpu_timeline.render({"x": r})
     assert "x/g3" in text and "x/g4" in text
+
+
+def test_inside_the_graph_slower_kernels_and_gaps_are_told_apart(tmp_path, capsys):
+    """Two servers with the same graph: in the second, the attention kernel takes 30 us more and the kernels
+    wait 10 us for each other (a graph submitted just in time); the table names the kernel and the gaps."""
+    names = ["gemm", "attn", "gemm"]
+    traces = {}
+    for label, attn, gap in (("plain", 100.0, 1.0), ("auto", 130.0, 11.0)):
+        tr = Trace()
+        t = 10_000.0
+        for _ in range(6):
+            tr.graph(t - 300.0, t, [200.0, attn, 200.0], gap=gap, names=names)
+            t += 1000.0
+        p = tmp_path / f"{label}.json"
+        p.write_text(json.dumps({"traceEvents": tr.events}))
+        traces[label] = f"{label}={p}"
+        r = gpu_timeline.analyze(tr.events)
+        k = r["by_graph"][3]["kernels_by_name"]
+        assert k["gemm"]["per_step"] == 2 and k["gemm"]["us_per_step"] == pytest.approx(400.0)
+        assert k["attn"]["us_per_step"] == pytest.approx(attn)
+        assert r["median_us"]["in_graph"] == pytest.approx(400.0 + attn)
+        assert r["median_us"]["graph_gaps"] == pytest.approx(2 * gap)
+    assert gpu_timeline.main([traces["plain"], traces["auto"]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    gaps = next(line for line in lines if line.startswith("graph_gaps"))
+    assert gaps.split()[1:] == ["2.0", "22.0", "(+20.0)"]
+    start = next(i for i, line in enumerate(lines) if line.startswith("inside the graph"))
+    first = lines[start + 2].split()
+    assert first[-1] == "attn" and first[1:4] == ["100.0", "130.0", "(+30.0)"]
