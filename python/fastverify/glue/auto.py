@@ -202,16 +202,6 @@ def setup(worker, spec=None, observability=None, plain=None):
     return state
 
 
-def root_tokens(spec_info, bs: int):
-    """[bs] the last accepted token of each request, gathered on the device from the previous step's accept
-    tokens ([bs * k], accept_lens [bs]): the root of this step's draft, as the corpus lookup would return it."""
-    import torch
-
-    acc = spec_info.accept_tokens.reshape(bs, -1)  # [bs, k]
-    idx = (spec_info.accept_lens.view(bs, 1) - 1).to(torch.long)  # [bs, 1]; an accept length counts the root
-    return acc.gather(1, idx).view(bs)
-
-
 def _tick(state: AutoState) -> None:
     """Start of a decode step: the previous step's period goes to the cost model; rank 0's model is shared."""
     now = state.clock()
@@ -480,30 +470,31 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
 
     ``roots_first``: every accept length in the batch is known to be 1 (the last decode step was a plain one;
     a request that joined since comes from a prefill, which accepts one token too), so each root is the first
-    accept token and the gather by accept length (root_tokens) is skipped: one strided copy instead of four
-    small kernels on the host's critical path."""
-    import torch
+    accept token and the accept lengths are not read.
 
+    The tensor work before and after the pass is one Triton launch each (plain_step.plain_inputs /
+    plain_outputs) instead of about ten small torch ops."""
+    from fastverify.glue.plain_step import plain_inputs, plain_outputs
     from fastverify.glue.verify_runtime import plain_algorithm
 
     bs = len(batch.reqs)
     mr = worker.model_runner
     info = batch.spec_info
-    seq_lens = batch.seq_lens
-    roots = info.accept_tokens.reshape(bs, -1)[:, 0] if roots_first else root_tokens(info, bs)
     saved = {name: getattr(batch, name, None) for name in
              ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "orig_seq_lens", "spec_info")}
     saved_rt = (mr.attn_backend, mr.decode_cuda_graph_runner)
-    batch.input_ids = roots.to(torch.int64)
-    batch.out_cache_loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, seq_lens.to(torch.int64)
-                                                               ].to(torch.int64)
-    new_seq_lens = batch.seq_lens = seq_lens + 1  # also the step's result (the pass does not write to it)
+    # the roots; each new token's KV slot; lengths counting it (new_seq_lens: also the step's result, the pass
+    # does not write to it)
+    batch.input_ids, batch.out_cache_loc, new_seq_lens, new_orig = plain_inputs(
+        info.accept_tokens, info.accept_lens, bs, roots_first, batch.req_to_token_pool.req_to_token,
+        batch.req_pool_indices, batch.seq_lens, saved["orig_seq_lens"])
+    batch.seq_lens = new_seq_lens
     if saved["seq_lens_cpu"] is not None:
         batch.seq_lens_cpu = saved["seq_lens_cpu"] + 1
     if saved["seq_lens_sum"] is not None:
         batch.seq_lens_sum = int(saved["seq_lens_sum"]) + bs
-    if saved["orig_seq_lens"] is not None:
-        batch.orig_seq_lens = saved["orig_seq_lens"] + 1
+    if new_orig is not None:
+        batch.orig_seq_lens = new_orig
     batch.spec_info = None
     mr.attn_backend, mr.decode_cuda_graph_runner = runtime.attn_backend, runtime.graph_runner
     try:
@@ -513,10 +504,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
         mr.attn_backend, mr.decode_cuda_graph_runner = saved_rt
         for name, value in saved.items():
             setattr(batch, name, value)
-    predict = result.next_token_ids
-    accept_lens = torch.ones(bs, dtype=torch.int32, device=predict.device)
-    accept_tokens = torch.zeros(bs, k, dtype=torch.int32, device=predict.device)
-    accept_tokens[:, 0] = predict
+    accept_tokens, accept_lens = plain_outputs(result.next_token_ids, k)  # [bs * k], [bs]
     if on_publish is not None:
         on_publish(new_seq_lens)
     # the corpus learns the output as in SGLang's own step, here without the tokens still in flight (they are
@@ -532,7 +520,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
     result.accept_lens = accept_lens
     result.new_seq_lens = new_seq_lens
     result.next_draft_input = type(info)(draft_token_num=k, new_seq_lens=new_seq_lens,
-                                         accept_tokens=accept_tokens.flatten(), accept_lens=accept_lens)
+                                         accept_tokens=accept_tokens, accept_lens=accept_lens)
     result.speculative_num_draft_tokens = 1
     return result
 

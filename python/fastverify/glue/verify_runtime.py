@@ -223,15 +223,18 @@ def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
 def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | None:
     """Called once per worker after SGLang captured its verify graphs at k; None when the flag is off. First,
     in every n-gram server, the step's Triton kernels are compiled for each batch-size bucket and each count of
-    accepted-token slots its verify widths can move (`warmup.warm_spec_kernels`)."""
+    accepted-token slots its verify widths can move (`warmup.warm_spec_kernels`), in auto verify mode with the
+    plain decode step's kernels."""
     from fastverify.glue.warmup import warm_spec_kernels
 
-    cfg = config_from(spec if spec is not None else _spec_of(worker))
-    warm_spec_kernels(worker, widths=cfg.widths if cfg.enabled else None)
+    spec = spec if spec is not None else _spec_of(worker)
+    cfg = config_from(spec)
+    warm_spec_kernels(worker, widths=cfg.widths if cfg.enabled else None,
+                      plain=getattr(spec, "speculative_ngram_verify_mode", None) == "auto")
     if not cfg.enabled:
         worker._fv_widths = None
         return None
-    obs = observability if observability is not None else (spec if spec is not None else _spec_of(worker))
+    obs = observability if observability is not None else spec
     runtimes = {cfg.k: _capture(worker, cfg.k)}
     for w in cfg.extra:
         runtimes[w] = _build_one(worker, w)

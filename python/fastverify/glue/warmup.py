@@ -15,6 +15,9 @@ int32, the worker as int64; the same ``req_to_token`` row length, the other comp
 KV pool moves slot 0 (the padding slot) onto itself once for every slot count a verify step can move, so that
 compilation happens before serving; with Triton's on-disk cache a later start only loads them.
 
+In auto verify mode the plain decode step's own two kernels (``plain_step``) are compiled too, once per
+variant a server meets (their batch size is a runtime argument).
+
 Called from ``verify_runtime.build_runtimes`` (patch 0008's seam in ``NGRAMWorker.init_cuda_graphs``), so
 every n-gram server of the series warms alike. ``FASTVERIFY_WARM_KERNELS=0`` turns it off (for an A/B run).
 Nothing fails start-up: a kernel that cannot be found or run is logged and skipped.
@@ -90,17 +93,19 @@ def _next_power_of_2(n: int) -> int:
 
 
 def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = None, device=None,
-                      kernels=KERNELS, clock=time.perf_counter, widths=None, accept=ACCEPT_FILL) -> dict:
+                      kernels=KERNELS, clock=time.perf_counter, widths=None, accept=ACCEPT_FILL,
+                      plain: bool = False) -> dict:
     """Run each kernel of ``kernels`` once per batch-size bucket up to ``max_bs`` (default: the worker's
     ``max_batch_size``, its most running requests) on scratch tensors: one ``req_to_token`` row of the
     server's row length and dtype, every request on that row with ``width`` (default: the worker's draft
     tokens) slots of its own, the lengths in the dtype the kernel's callers use. Then the accepted tokens'
     move for every slot count batch size x verify width (``widths``, default ``(width,)``): ``accept``'s
     kernel once per power-of-two bucket on scratch tensors, and the worker's KV pool moving slot 0 onto itself
-    (``move_kv_cache``, SGLang's own call path) once per count. Each kernel run's output is checked against
+    (``move_kv_cache``, SGLang's own call path) once per count. ``plain`` (auto verify mode): the plain decode
+    step's kernels as well (``plain_step.warm``). Each kernel run's output is checked against
     what it must produce; a mismatch is logged. Every new bucket compiles once on a machine whose Triton cache
     lacks it (up to a second each), so the time is logged. Returns what was done: {"kernels", "buckets",
-    "moves", "seconds", "mismatches"}, or {"skipped": reason}."""
+    "moves", "seconds", "mismatches", "plain_variants"}, or {"skipped": reason}."""
     if os.environ.get(ENV, "1") == "0":
         return {"skipped": f"{ENV}=0"}
     import torch
@@ -118,7 +123,7 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     found = _kernels(kernels)
     fill = _kernels((accept,)) if accept else []
     kv = _kv_pool(worker)
-    if not found and not fill and kv is None:
+    if not found and not fill and kv is None and not plain:
         return {"skipped": "no kernel found"}
     t0 = clock()
     pool_len = int(pool.shape[1])
@@ -180,10 +185,25 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
         except Exception as e:  # noqa: BLE001
             logger.warning("kernel warm-up: move_kv_cache failed (%s: %s); it compiles on first use instead",
                            type(e).__name__, e)
+    plain_variants = 0
+    if plain:
+        try:
+            from fastverify.glue import plain_step
+
+            res = plain_step.warm(device, width, pool.dtype)
+            if "skipped" in res:
+                logger.info("kernel warm-up: plain step kernels skipped (%s)", res["skipped"])
+            else:
+                mismatches.extend(("plain_step", m) for m in res["mismatches"])
+                done.append("plain_step")
+                plain_variants = res["variants"]
+        except Exception as e:  # noqa: BLE001
+            logger.warning("kernel warm-up: plain step kernels failed (%s: %s); they compile on first use instead",
+                           type(e).__name__, e)
     if mismatches:
         logger.warning("kernel warm-up: unexpected output from %s", mismatches)
     seconds = clock() - t0
     logger.info("kernel warm-up: %s for batch-size buckets %s and %d accepted-slot counts in %.2f s",
                 ", ".join(done) or "nothing", buckets(max_bs), moves, seconds)
     return {"kernels": done, "buckets": buckets(max_bs), "moves": moves, "seconds": seconds,
-            "mismatches": mismatches}
+            "mismatches": mismatches, "plain_variants": plain_variants}
