@@ -8,7 +8,10 @@ takes each server's median output tok/s over its rounds (the range next to it) a
 speculation (m_plain) and with the best server of that column. The goal (issue: auto >= 0.98x the best mode on
 each load and never below no speculation) is judged per column: "met" only when auto's median is at least
 `--goal` times the best and at least no speculation's. Servers other than m_plain and m_auto (m_tree, m_chain,
-m_chain_w, m_auto_sync, ...) are listed and count as candidates for the best. No GPU: it reads files.
+m_chain_w, m_auto_sync, ...) are listed and count as candidates for the best. A second server without
+speculation (m_plain2, the same flags in another process) measures the floor of the comparison: the column
+then shows how far apart two identical servers are, and auto is held to the faster of them. No GPU: it reads
+files.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from pathlib import Path
 NAME = re.compile(r"^(?P<server>m_\w+?)_(?P<load>greedy|sampled)_r(?P<round>\d+)\.json$")
 LOADS = {"greedy": "repetitive (greedy)", "sampled": "non-repetitive (temperature 1)"}
 PLAIN, AUTO = "m_plain", "m_auto"
+PLAINS = re.compile(r"^m_plain\d*$")  # m_plain and its twins (m_plain2, ...): servers without speculation
 
 
 def collect(folder: Path) -> dict:
@@ -51,9 +55,13 @@ def verdict(found: dict, goal: float = 0.98) -> list:
         row = {"load": load, "concurrency": conc, "servers": {
             s: {"median": round(med[s], 1), "min": round(min(v), 1), "max": round(max(v), 1), "rounds": len(v)}
             for s, v in sorted(servers.items())}, "best": best}
+        plains = [s for s in med if PLAINS.match(s)]
+        if len(plains) > 1:  # identical servers: how far apart two processes of the same flags land
+            row["plain_spread"] = round(min(med[s] for s in plains) / max(med[s] for s in plains), 3)
         if AUTO in med:
             row["auto_vs_best"] = round(med[AUTO] / med[best], 3)
-            row["auto_vs_plain"] = round(med[AUTO] / med[PLAIN], 3) if PLAIN in med else None
+            plain = max(plains, key=med.get) if plains else None
+            row["auto_vs_plain"] = round(med[AUTO] / med[plain], 3) if plain else None
             row["met"] = row["auto_vs_best"] >= goal and (row["auto_vs_plain"] is None or row["auto_vs_plain"] >= 1.0)
         rows.append(row)
     return rows
@@ -65,6 +73,9 @@ def format_rows(rows: list, goal: float) -> str:
         out.append(f"{LOADS.get(r['load'], r['load'])}, c={r['concurrency']}: best {r['best']}")
         for s, v in r["servers"].items():
             out.append(f"  {s:14s} {v['median']:9.1f} tok/s  [{v['min']:.1f} .. {v['max']:.1f}, {v['rounds']} round(s)]")
+        if "plain_spread" in r:
+            out.append(f"  servers without speculation: the slower at {r['plain_spread']:.3f}x the faster "
+                       "(the noise floor between identical processes)")
         if "met" in r:
             plain = "-" if r["auto_vs_plain"] is None else f"{r['auto_vs_plain']:.3f}"
             out.append(f"  auto: {r['auto_vs_best']:.3f}x the best, {plain}x no speculation -> goal "

@@ -56,3 +56,17 @@ def test_cli(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "goal met in 2 of 4 columns" in text and "NOT MET" in text
     assert len(json.loads(out.read_text())["rows"]) == 4
+
+
+def test_a_second_server_without_speculation_gives_the_floor_and_auto_meets_the_faster(tmp_path):
+    """m_plain2 (same flags, another process): the column reports how far apart the two land, and auto is held
+    to the faster of them, whichever name it has."""
+    for name, rate in {"m_plain_sampled_r1": 100.0, "m_plain2_sampled_r1": 102.0, "m_auto_sampled_r1": 101.0,
+                       "m_plain_greedy_r1": 100.0, "m_auto_greedy_r1": 300.0}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({"levels": [_level(1, rate)]}))
+    rows = _rows(tmp_path)
+    nonrep = rows[("sampled", 1)]
+    assert nonrep["plain_spread"] == pytest.approx(100.0 / 102.0, abs=1e-3)
+    assert nonrep["auto_vs_plain"] == pytest.approx(101.0 / 102.0, abs=1e-3) and not nonrep["met"]
+    assert "plain_spread" not in rows[("greedy", 1)] and rows[("greedy", 1)]["met"]
+    assert "the slower at 0.980x the faster" in av.format_rows(list(rows.values()), 0.98)

@@ -45,10 +45,12 @@ trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
 if has 1; then
-MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers (or m_auto_sync):
+MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers (or m_auto_sync,
+# m_plain2: a second server without speculation, the noise floor between two processes of the same flags):
 # (ports below 32768, out of the kernel's ephemeral range: an ephemeral port another server took once made the
 # fixed --nccl-port of the next server fail with EADDRINUSE)
 M_CASES="m_plain|23010|$TMA
+m_plain2|23070|$TMA
 m_tree|23020|$TMA $NG
 m_chain|23030|$TMA $NG --speculative-ngram-verify-mode chain
 m_chain_w|23040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
