@@ -16,7 +16,9 @@ collections). This turns a server's records into per-step numbers, the distribut
 over the steady decode steps (a decode step followed by another of the same batch size; gaps longer than
 0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify mode
 (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from, ``spec``: drafts verified),
-and for the steps right after each prefill (the time to first token and the next tokens).
+for the steps right after each prefill (the time to first token and the next tokens), and per batch size and
+kind, each row against the baseline's steps at the same batch size (a step's GPU time depends on it, and two
+servers' loads mix batch sizes in different shares).
 
   python benchmark/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
 
@@ -52,6 +54,7 @@ PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
 AFTER_PREFILL = 4  # the prefill's own iteration and the next three
 SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
 LONG_MS = 50.0  # decode steps longer than this are listed one by one (stalls)
+MIN_GROUP = 100  # a (batch size, kind) group with fewer steady steps is left out of the per-batch-size table
 
 
 def trace_files(path) -> list:
@@ -234,9 +237,10 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     rows = steps(records, pause_s)
     steady = [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
               and r["bs"] == r["next_bs"]]
-    kinds = {}
+    kinds, by_bs = {}, {}
     for r in steady:
         kinds.setdefault(_kind_label(r), []).append(r)
+        by_bs.setdefault((r["bs"], _kind_label(r)), []).append(r)
     by_index = {r["index"]: r for r in rows}
     after = [[] for _ in range(AFTER_PREFILL)]
     for r in rows:
@@ -249,6 +253,10 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     return {
         "decode": summarize(steady),
         "by_kind": {k: summarize(v) for k, v in sorted(kinds.items())} if len(kinds) > 1 else {},
+        # steady decode steps per batch size and kind: a step's GPU time depends on the batch size, so two
+        # servers are compared at the same one (kinds of a server without auto: "plain")
+        "by_bs_kind": [dict(bs=bs, kind=kind, **summarize(v)) for (bs, kind), v in sorted(by_bs.items())
+                       if len(v) >= MIN_GROUP],
         "after_prefill_ms": [statistics.median(a) if a else None for a in after],
         "prefills": len(after[0]),
         "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
@@ -347,7 +355,35 @@ def render(results: dict) -> str:
         for label in sorted({k for v in kinds.values() for k in v.get("spans_mean_ms", {})}):
             vals = [kinds[k].get("spans_mean_ms", {}).get(label, 0.0) for k in kinds]
             out.append(f"in {label} (mean ms)".ljust(34) + "".join(f"{v:.3f}".rjust(16) for v in vals))
+    out.extend(_render_by_bs(results, labels))
     return "\n".join(out)
+
+
+def _render_by_bs(results: dict, labels: list) -> list:
+    """Steady decode steps per (batch size, kind) of every server, each row against the baseline's steps of
+    the same batch size (its first kind: a server without speculation has only "plain")."""
+    base = {}
+    for g in results[labels[0]].get("by_bs_kind", []):
+        base.setdefault(g["bs"], g)
+    rows = [(lab, g) for lab in labels for g in results[lab].get("by_bs_kind", [])]
+    if not rows:
+        return []
+    out = ["", f"decode steps by batch size and kind (steady, {MIN_GROUP}+ steps; vs {labels[0]} at that "
+           "batch size)",
+           f"  {'server':<14}{'bs':>4}  {'kind':<11}{'steps':>7}{'period median':>22}{'period mean':>22}"
+           f"{'busy median':>13}{'wait median':>13}{'late':>7}"]
+    for lab, g in sorted(rows, key=lambda x: (x[1]["bs"], labels.index(x[0]))):
+        b = base.get(g["bs"]) if lab != labels[0] else None
+
+        def rel(key):
+            v = g[key]
+            if b is None:
+                return f"{v:.3f}"
+            return f"{v:.3f} ({100.0 * (v / b[key] - 1.0):+.1f} %)"
+        out.append(f"  {lab[:14]:<14}{g['bs']:>4}  {g['kind']:<11}{g['steps']:>7}{rel('period_median'):>22}"
+                   f"{rel('period_mean'):>22}{g['busy_median']:>13.3f}{g['wait_median']:>13.3f}"
+                   f"{g['late_share']:>7.3f}")
+    return out
 
 
 def main(argv=None) -> int:

@@ -240,23 +240,23 @@ def test_install_import_hook_needs_the_variable():
 # ---- the analysis -----------------------------------------------------------------------------------------
 
 def server_records(n_steps=200, period=0.005, busy=0.003, late_every=0, late_extra=0.0, gc_every=0,
-                   kinds=None):
-    """Decode steps of a fixed period: the host works `busy` s, then waits period - busy on the GPU; every
-    `late_every`-th step the host is late by `late_extra` s (no wait); a prefill first."""
-    recs, t = [], 0.0
+                   kinds=None, bs=1, t0=0.0):
+    """Decode steps of a fixed period at batch size `bs`: the host works `busy` s, then waits period - busy on
+    the GPU; every `late_every`-th step the host is late by `late_extra` s (no wait); a prefill first."""
+    recs, t = [], t0
     recs.append(["R", t, t + 0.002, "EXTEND", 1, None, None, None])
     t += 0.04
     for i in range(n_steps):
         kind = kinds(i) if kinds else [None, None, None]
         spans = {"glue": 0.001, **({"lookup": 0.002} if kind[0] == "spec" else {})}
-        recs.append(["R", t, t + 0.001, "DECODE", 1, *kind, spans])
+        recs.append(["R", t, t + 0.001, "DECODE", bs, *kind, spans])
         late = late_every and i % late_every == late_every - 1
         wait = 0.0 if late else period - busy
         recs.append(["P", t + 0.001, t + 0.0015 + wait, wait])
         if gc_every and i % gc_every == 0:
             recs.append(["G", 0, t + 0.0016, 0.0004])
         t += (busy + late_extra) if late else period
-    recs.append(["R", t, t + 0.001, "DECODE", 1, None, None, None])
+    recs.append(["R", t, t + 0.001, "DECODE", bs, None, None, None])
     return recs
 
 
@@ -413,3 +413,34 @@ def test_segments_split_loads_and_one_is_analyzed_alone(tmp_path, capsys):
     assert "no stretch 5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         step_trace.main([f"a={path}", "--segment", "a:x"])
+
+
+def test_steps_compared_per_batch_size_and_kind(tmp_path, capsys):
+    """A plain server at bs 1 (5 ms) and bs 4 (6 ms); auto's lean steps 1 % slower at bs 4 only, its spec steps
+    rarer than the table's minimum at bs 1. Each row is against the baseline at its own batch size."""
+    def plain():
+        return server_records(n_steps=150, period=0.005) + server_records(n_steps=150, period=0.006, bs=4, t0=5.0)
+
+    def lean(i):
+        return ["lean", 1, False]
+
+    def some_spec(i):
+        return ["spec", 8, False] if i % 10 == 0 else ["lean", 1, False]
+    auto = (server_records(n_steps=150, period=0.005, kinds=some_spec)
+            + server_records(n_steps=150, period=0.00606, bs=4, t0=5.0, kinds=lean))
+    groups = {(g["bs"], g["kind"]): g for g in step_trace.analyze(auto)["by_bs_kind"]}
+    assert set(groups) == {(1, "lean"), (4, "lean")}  # 15 spec steps at bs 1: under the table's minimum
+    assert groups[(4, "lean")]["period_median"] == pytest.approx(6.06)
+    assert groups[(1, "lean")]["steps"] == 135
+    paths = []
+    for name, recs in (("plain", plain()), ("auto", auto)):
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        paths.append(f"{name}={f}")
+    assert step_trace.main(paths) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size and kind"))
+    table = [line.split() for line in lines[start + 2:]]
+    assert table[0][:4] == ["plain", "1", "plain", "150"]
+    assert table[1][:4] == ["auto", "1", "lean", "135"] and table[1][5:7] == ["(+0.0", "%)"]
+    assert table[3][:4] == ["auto", "4", "lean", "150"] and table[3][4:7] == ["6.060", "(+1.0", "%)"]
