@@ -96,17 +96,20 @@ def test_sglangs_own_kernels_run_with_the_warm_up_arguments():
 
 def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_slot_count_is_moved(monkeypatch):
     """The scheduler passes assign_req_to_token_pool int32 lengths, the worker passes assign_extend_cache_locs
-    int64 ones (a warm-up with other types compiles a kernel the server never calls); the accepted tokens' fill
+    int64 ones (a warm-up with other types compiles a kernel the server never calls), and the scheduler's slots
+    are a free-list slice, aligned or not; the accepted tokens' fill
     runs once per power-of-two bucket of batch size x verify width, and the KV pool moves slot 0 onto itself
     for every such count, as the verify step's move would."""
     import torch
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    seen = {}
+    seen, aligned = {}, {}
 
     def kernel_of(name):
         def body(*args):
             seen.setdefault(name, []).append(tuple(a.dtype if hasattr(a, "dtype") else a for a in args))
+            if len(args) > 4:  # the slot kernels' out_cache_loc
+                aligned.setdefault(name, []).append(args[4].data_ptr() % 16 == 0)
         return _Launch(body)
 
     mods = {"fv_k": types.SimpleNamespace(assign_req_to_token_pool=kernel_of("req"),
@@ -128,8 +131,11 @@ def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_
                                    accept=("fv_k", "fill_accept_out_cache_loc"))
     assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc",
                               "move_kv_cache"]
-    assert [a[2:4] for a in seen["req"]] == [(torch.int32, torch.int32)] * 3
-    assert [a[2:4] for a in seen["ext"]] == [(torch.int64, torch.int64)] * 3
+    # the scheduler's slots come from the allocator's free list at any offset: each bucket with an aligned and
+    # an unaligned list (16 bytes: Triton's specialisation); the worker's own call only aligned
+    assert [a[2:4] for a in seen["req"]] == [(torch.int32, torch.int32)] * 6
+    assert aligned["req"] == [True, False] * 3 and [a[6] for a in seen["req"]] == [1, 1, 2, 2, 4, 4]
+    assert [a[2:4] for a in seen["ext"]] == [(torch.int64, torch.int64)] * 3 and aligned["ext"] == [True] * 3
     assert warmup.accept_sizes(3, (1, 2, 8)) == [1, 2, 3, 4, 6, 8, 16, 24]
     assert [a[3] for a in seen["fill"]] == [1, 2, 4, 8, 16, 32]  # size_upper of each count's bucket
     assert [a[:3] for a in seen["fill"]] == [(torch.int32, torch.int64, torch.int64)] * 6

@@ -11,7 +11,8 @@ yet, the first step at batch size 2, then 3, then 5, ... stops the whole batch w
 steps in the GPU runs, inside the n-gram step and the batch preparation, never in a plain server, whose
 decode step writes its slots with torch indexing). Here every bucket up to the worker's largest batch runs
 each kernel once with arguments of the types the server's own calls use (the scheduler passes its lengths as
-int32, the worker as int64; the same ``req_to_token`` row length, the other compile-time constant), and the
+int32, the worker as int64; the same ``req_to_token`` row length, the other compile-time constant; the
+scheduler's slots, a slice of the allocator's free list, both 16-byte aligned and not), and the
 KV pool moves slot 0 (the padding slot) onto itself once for every slot count a verify step can move, so that
 compilation happens before serving; with Triton's on-disk cache a later start only loads them.
 
@@ -41,6 +42,11 @@ KERNELS = (
     ("sglang.srt.mem_cache.allocation", "assign_req_to_token_pool", "int32"),
     ("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs", "int64"),
 )
+# Kernels whose out_cache_loc is the allocator's answer: a slice of its free list (page size 1:
+# free_pages[:n]), at whatever offset earlier allocations left, so its address is 16-byte aligned or not from
+# one step to the next, and Triton compiles a variant for each (pointer alignment is part of its cache key;
+# run26/run28 met the unaligned one mid-serving after an aligned warm-up). Warmed with both.
+FREE_LIST_OUT = frozenset({"assign_req_to_token_pool"})
 # The accepted tokens' slots (spec_utils.move_accept_tokens_to_target_kvcache): (accept_index int32,
 # out_cache_loc int64, accept_out_cache_loc int64, size_upper: constexpr = next_power_of_2(bs x width))
 ACCEPT_FILL = ("sglang.kernels.ops.speculative.eagle", "fill_accept_out_cache_loc")
@@ -143,12 +149,17 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                     out = torch.zeros(n, dtype=torch.int64, device=device)
                     kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
                     got, want = out, torch.arange(n, dtype=torch.int64, device=device)
-                else:  # the packed list -> row slots
-                    out = torch.arange(n, dtype=torch.int64, device=device) + 7
+                    if n <= pool_len - width and not torch.equal(got.cpu(), want.cpu()):
+                        mismatches.append((name, b))
+                    continue
+                # the packed list -> row slots; a free-list slice at an odd offset is not 16-byte aligned
+                for offset in ((0, 1) if name in FREE_LIST_OUT else (0,)):
+                    scratch = row.clone()
+                    out = (torch.arange(n + offset, dtype=torch.int64, device=device) + 7)[offset:]
                     kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
                     got, want = scratch[0, :n].to(torch.int64), out
-                if n <= pool_len - width and not torch.equal(got.cpu(), want.cpu()):
-                    mismatches.append((name, b))
+                    if n <= pool_len - width and not torch.equal(got.cpu(), want.cpu()):
+                        mismatches.append((name, b) if not offset else (name, b, "unaligned"))
             done.append(name)
         except Exception as e:  # noqa: BLE001 - a warm-up must never stop the server
             logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use instead", name,
