@@ -94,6 +94,82 @@ def test_sglangs_own_kernels_run_with_the_warm_up_arguments():
     assert res["buckets"] == [1, 2, 4, 8] and res["mismatches"] == []
 
 
+KEYS_PROBE = """
+import json, os, sys, types
+import torch
+from sglang.srt.mem_cache.allocation import assign_req_to_token_pool as kernel  # compiled mode: no interpreter
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import create_function_from_signature
+from fastverify.glue import warmup
+
+# Triton's own argument binder for a Hopper target: the specialisation that keys its compile cache (argument
+# types, pointer alignment, constexprs), computed without a GPU
+bind = create_function_from_signature(kernel.signature, kernel.params, CUDABackend(GPUTarget("cuda", 90, 32)))
+
+def key(*args):
+    return str(bind(*args)[1])
+
+POOL_LEN = 32780
+pool = torch.zeros(4, POOL_LEN, dtype=torch.int32)
+# what the scheduler's spec-decode allocation passes: int32 lengths, the slots a slice of the allocator's free
+# list at whatever offset earlier allocations left
+free = torch.arange(4096, dtype=torch.int64)
+serving = set()
+for bs in range(1, 9):
+    for taken in range(4):
+        cur = torch.full((bs,), 16, dtype=torch.int32)
+        serving.add(key(torch.arange(bs) % 4, pool, cur, cur + 8, free[taken:taken + 8 * bs], POOL_LEN,
+                        warmup._next_power_of_2(bs)))
+
+class Recorder:
+    seen = set()
+    def __getitem__(self, grid):
+        return lambda *args: Recorder.seen.add(key(*args))
+
+mods = {"fv_k": types.SimpleNamespace(assign_req_to_token_pool=Recorder())}
+warmup.importlib = types.SimpleNamespace(import_module=lambda name: mods[name])
+if sys.argv[1] == "aligned-only":
+    warmup.FREE_LIST_OUT = frozenset()
+os.environ["TRITON_INTERPRET"] = "1"  # lets the warm-up run on CPU tensors; the kernel above stays compiled
+w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
+    req_to_token=pool)), max_batch_size=8, draft_token_num=8)
+warmup.warm_spec_kernels(w, kernels=(("fv_k", "assign_req_to_token_pool", "int32"),), accept=None)
+print("KEYS " + json.dumps({"serving": sorted(serving), "warmed": sorted(Recorder.seen)}))
+"""
+
+
+def _keys(mode):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests" / "stubs"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, "-c", KEYS_PROBE, mode], env=env, capture_output=True, text=True,
+                       timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("KEYS ")]
+    if r.returncode != 0 and "triton.backends" in r.stderr:
+        pytest.skip("Triton's binder is not reachable in this Triton")
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    res = json.loads(line[0][5:])
+    return set(res["serving"]), set(res["warmed"])
+
+
+@pytest.mark.sglang
+def test_the_scheduler_slot_kernel_is_warmed_for_every_cache_key_serving_meets():
+    """The pinned SGLang's assign_req_to_token_pool, keyed by Triton's own binder for a Hopper GPU: the calls
+    the scheduler makes at batch sizes 1-8 (its slots a free-list slice at offsets 0-3) meet two keys per
+    bucket, 16-byte aligned slots and not; the warm-up's calls meet all of them. Warmed with aligned slots only
+    (as before run28), the unaligned keys are missed: the compiles run26 and run28 recorded mid-serving."""
+    pytest.importorskip("triton")
+    pytest.importorskip("sglang")
+    serving, warmed = _keys("both")
+    assert len(serving) == 2 * len(warmup.buckets(8))  # buckets 1, 2, 4, 8 x aligned or not
+    assert serving <= warmed
+    serving_again, aligned_only = _keys("aligned-only")
+    assert serving_again == serving
+    missed = serving - aligned_only
+    assert len(missed) == len(warmup.buckets(8)) and all("'*i64', '')" in k for k in missed)
+
+
 def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_slot_count_is_moved(monkeypatch):
     """The scheduler passes assign_req_to_token_pool int32 lengths, the worker passes assign_extend_cache_locs
     int64 ones (a warm-up with other types compiles a kernel the server never calls), and the scheduler's slots
