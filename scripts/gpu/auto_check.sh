@@ -117,15 +117,16 @@ for n in ${PROFILE_SERVERS:-m_auto}; do
 done
 # GPU timelines (PROFILE=torch, or both): SGLang's torch profiler (TORCH_ACTIVITIES, default GPU only: the
 # host-side recording of CPU would slow the host enough to change the step) for TORCH_STEPS decode steps of
-# each PROFILE_SERVERS server, well into one sampled request; benchmark/gpu_timeline.py compares them (first =
-# baseline). The traces stay on the machine ($HOME/traces; too large to bring back), their statistics do not.
+# each PROFILE_SERVERS server, well into one sampled request (TORCH_CONC=4: four at once, the batch-size-4
+# step); benchmark/gpu_timeline.py compares them (first =
+# baseline). The traces stay on the machine ($HOME/traces, about 2 MB each gzipped) unless KEEP_TRACES=1.
 if [ "${PROFILE:-1}" = torch ] || [ "${PROFILE:-1}" = both ]; then
   TL=()
   for n in ${PROFILE_SERVERS:-m_plain m_auto}; do
     up "$n" && [ "$(left)" -gt 40 ] || continue
     rm -rf "$HOME/traces/$n"
-    ( client "$n" "${n}_torch" --vocab-size 2048 --kinds chat --per-kind 1 --concurrency 1 \
-        --max-new-tokens 700 --temperature 1.0 --warmup 0 ) &
+    ( client "$n" "${n}_torch" --vocab-size 2048 --kinds chat --per-kind ${TORCH_CONC:-1} \
+        --concurrency ${TORCH_CONC:-1} --max-new-tokens 700 --temperature 1.0 --warmup 0 ) &
     CP=$!
     sleep 1.5
     python3 -c "import json,sys,urllib.request as u; r=u.Request('http://127.0.0.1:${PORT[$n]}/start_profile', \
@@ -137,6 +138,9 @@ headers={'Content-Type': 'application/json'}); print(u.urlopen(r, timeout=30).re
     f=$(ls "$HOME/traces/$n"/*TP-0*.trace.json.gz 2>/dev/null | head -1)
     log "$n: torch trace ${f:-missing} $(du -h "$f" 2>/dev/null | cut -f1)"
     [ -n "$f" ] && TL+=("$n=$f")
+    # KEEP_TRACES=1: the TP-0 trace itself comes back too ($OUT/traces/<server>.trace.json.gz), for analyses
+    # gpu_timeline.py does not make
+    [ -n "$f" ] && [ "${KEEP_TRACES:-0}" = 1 ] && mkdir -p "$OUT/traces" && cp "$f" "$OUT/traces/$n.trace.json.gz"
   done
   [ ${#TL[@]} -gt 0 ] && python3 benchmark/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline.json" \
     > "$W/gpu_timeline.txt" 2>&1
