@@ -24,7 +24,7 @@ from pathlib import Path
 
 NAME = re.compile(r"^(?P<server>m_\w+?)_(?P<load>greedy|sampled)_r(?P<round>\d+)\.json$")
 LOADS = {"greedy": "repetitive (greedy)", "sampled": "non-repetitive (temperature 1)"}
-PLAIN, AUTO = "m_plain", "m_auto"
+AUTO = "m_auto"
 PLAINS = re.compile(r"^m_plain\d*$")  # m_plain and its twins (m_plain2, ...): servers without speculation
 
 

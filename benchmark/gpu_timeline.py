@@ -278,7 +278,6 @@ def _graph_kernels(results: dict, labels: list, top: int) -> list:
     cols = list(per)
     if not cols or not any(per.values()):
         return []
-    base = per[cols[0]]
     names = set().union(*(set(v) for v in per.values()))
 
     def us(lb, name):
@@ -290,7 +289,7 @@ def _graph_kernels(results: dict, labels: list, top: int) -> list:
            + (", largest differences from " + cols[0] + " first" if len(cols) > 1 else ""),
            f"  {'calls':>6}" + "".join(f"{lb[:16]:>18}" for lb in cols) + "  name"]
     for name in sorted(names, key=key)[:top]:
-        calls = base.get(name, next((per[lb][name] for lb in cols if name in per[lb]), {})).get("per_step", 0)
+        calls = next(per[lb][name] for lb in cols if name in per[lb])["per_step"]  # the first trace that has it
         cells = []
         for i, lb in enumerate(cols):
             v = us(lb, name)

@@ -144,22 +144,19 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                 start = ((torch.arange(b, dtype=torch.int64, device=device) * width) % max(pool_len - width, 1)
                          ).to(lens)
                 end = start + width
-                scratch = row.clone()
-                if name == "assign_extend_cache_locs":  # row slots -> the packed list
-                    out = torch.zeros(n, dtype=torch.int64, device=device)
-                    kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
-                    got, want = out, torch.arange(n, dtype=torch.int64, device=device)
-                    if n <= pool_len - width and not torch.equal(got.cpu(), want.cpu()):
-                        mismatches.append((name, b))
-                    continue
-                # the packed list -> row slots; a free-list slice at an odd offset is not 16-byte aligned
+                # a free-list slice at an odd offset is not 16-byte aligned: a variant of its own
                 for offset in ((0, 1) if name in FREE_LIST_OUT else (0,)):
                     scratch = row.clone()
-                    out = (torch.arange(n + offset, dtype=torch.int64, device=device) + 7)[offset:]
-                    kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
-                    got, want = scratch[0, :n].to(torch.int64), out
+                    if name == "assign_extend_cache_locs":  # row slots -> the packed list
+                        out = torch.zeros(n + offset, dtype=torch.int64, device=device)[offset:]
+                        kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
+                        got, want = out, torch.arange(n, dtype=torch.int64, device=device)
+                    else:  # the packed list -> row slots
+                        out = (torch.arange(n + offset, dtype=torch.int64, device=device) + 7)[offset:]
+                        kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
+                        got, want = scratch[0, :n].to(torch.int64), out
                     if n <= pool_len - width and not torch.equal(got.cpu(), want.cpu()):
-                        mismatches.append((name, b) if not offset else (name, b, "unaligned"))
+                        mismatches.append((name, b) + (("unaligned",) if offset else ()))
             done.append(name)
         except Exception as e:  # noqa: BLE001 - a warm-up must never stop the server
             logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use instead", name,
