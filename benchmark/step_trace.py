@@ -133,9 +133,10 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
             continue
         kind, width, probe = (cur[5:8] + [None, None, None])[:3]
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
+        sampling = cur[9] if len(cur) > 9 and cur[9] in ("greedy", "sampled") else None  # None: older traces
         rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait,
                      "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
-                     "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i,
+                     "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i, "sampling": sampling,
                      "idle": idle, "compiled": compiled})
     return rows
 
@@ -158,7 +159,7 @@ def in_window(records, first: float, last: float) -> list:
     """The records of the launches first..last (inclusive) and what happened up to the launch after last."""
     runs = sorted(r[1] for r in records if r[0] == "R")
     after = next((t for t in runs if t > last), float("inf"))
-    when = {"R": 1, "P": 1, "G": 2, "I": 1}
+    when = {"R": 1, "P": 1, "G": 2, "I": 1, "C": 1}  # the field that holds each kind's time
     return [r for r in records if first <= r[when[r[0]]] < after and (r[0] != "R" or r[1] <= last)
             or (r[0] == "R" and r[1] == after)]
 
@@ -240,7 +241,7 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     kinds, by_bs = {}, {}
     for r in steady:
         kinds.setdefault(_kind_label(r), []).append(r)
-        by_bs.setdefault((r["bs"], _kind_label(r)), []).append(r)
+        by_bs.setdefault((r["bs"], r["sampling"] or "", _kind_label(r)), []).append(r)
     by_index = {r["index"]: r for r in rows}
     after = [[] for _ in range(AFTER_PREFILL)]
     for r in rows:
@@ -253,10 +254,12 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     return {
         "decode": summarize(steady),
         "by_kind": {k: summarize(v) for k, v in sorted(kinds.items())} if len(kinds) > 1 else {},
-        # steady decode steps per batch size and kind: a step's GPU time depends on the batch size, so two
-        # servers are compared at the same one (kinds of a server without auto: "plain")
-        "by_bs_kind": [dict(bs=bs, kind=kind, **summarize(v)) for (bs, kind), v in sorted(by_bs.items())
-                       if len(v) >= MIN_GROUP],
+        # steady decode steps per batch size, sampling and kind: a step's GPU time depends on the batch size
+        # and on whether it samples (temperature > 0: softmax and a draw over the vocabulary, several times
+        # the host work of an argmax), so two servers are compared at the same batch size and sampling (kinds
+        # of a server without auto: "plain"; sampling "" in traces that did not record it)
+        "by_bs_kind": [dict(bs=bs, sampling=how, kind=kind, **summarize(v))
+                       for (bs, how, kind), v in sorted(by_bs.items()) if len(v) >= MIN_GROUP],
         "after_prefill_ms": [statistics.median(a) if a else None for a in after],
         "prefills": len(after[0]),
         "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
@@ -360,27 +363,29 @@ def render(results: dict) -> str:
 
 
 def _render_by_bs(results: dict, labels: list) -> list:
-    """Steady decode steps per (batch size, kind) of every server, each row against the baseline's steps of
-    the same batch size (its first kind: a server without speculation has only "plain")."""
+    """Steady decode steps per (batch size, sampling, kind) of every server, each row against the baseline's
+    steps of the same batch size and sampling (its first kind: a server without speculation has only
+    "plain")."""
     base = {}
     for g in results[labels[0]].get("by_bs_kind", []):
-        base.setdefault(g["bs"], g)
+        base.setdefault((g["bs"], g.get("sampling", "")), g)
     rows = [(lab, g) for lab in labels for g in results[lab].get("by_bs_kind", [])]
     if not rows:
         return []
-    out = ["", f"decode steps by batch size and kind (steady, {MIN_GROUP}+ steps; vs {labels[0]} at that "
-           "batch size)",
-           f"  {'server':<14}{'bs':>4}  {'kind':<11}{'steps':>7}{'period median':>22}{'period mean':>22}"
-           f"{'busy median':>13}{'wait median':>13}{'late':>7}"]
-    for lab, g in sorted(rows, key=lambda x: (x[1]["bs"], labels.index(x[0]))):
-        b = base.get(g["bs"]) if lab != labels[0] else None
+    out = ["", f"decode steps by batch size, sampling and kind (steady, {MIN_GROUP}+ steps; vs {labels[0]} at "
+           "that batch size and sampling)",
+           f"  {'server':<14}{'bs':>4}  {'sampling':<9}{'kind':<11}{'steps':>7}{'period median':>22}"
+           f"{'period mean':>22}{'busy median':>13}{'wait median':>13}{'late':>7}"]
+    for lab, g in sorted(rows, key=lambda x: (x[1]["bs"], x[1].get("sampling", ""), labels.index(x[0]))):
+        b = base.get((g["bs"], g.get("sampling", ""))) if lab != labels[0] else None
 
         def rel(key):
             v = g[key]
             if b is None:
                 return f"{v:.3f}"
             return f"{v:.3f} ({100.0 * (v / b[key] - 1.0):+.1f} %)"
-        out.append(f"  {lab[:14]:<14}{g['bs']:>4}  {g['kind']:<11}{g['steps']:>7}{rel('period_median'):>22}"
+        out.append(f"  {lab[:14]:<14}{g['bs']:>4}  {g.get('sampling') or '-':<9}{g['kind']:<11}{g['steps']:>7}"
+                   f"{rel('period_median'):>22}"
                    f"{rel('period_mean'):>22}{g['busy_median']:>13.3f}{g['wait_median']:>13.3f}"
                    f"{g['late_share']:>7.3f}")
     return out

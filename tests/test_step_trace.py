@@ -58,8 +58,11 @@ def make_classes(clock):
     return Scheduler, Event
 
 
-def batch(mode="DECODE", bs=2):
-    return types.SimpleNamespace(forward_mode=types.SimpleNamespace(name=mode), reqs=[object()] * bs)
+def batch(mode="DECODE", bs=2, greedy=None):
+    b = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name=mode), reqs=[object()] * bs)
+    if greedy is not None:
+        b.sampling_info = types.SimpleNamespace(is_all_greedy=greedy)
+    return b
 
 
 def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
@@ -72,10 +75,10 @@ def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
         s = Scheduler()
         assert s.run_batch(batch("EXTEND", 1)) == "result"
         s.process_batch_result(batch(), "result")
-        s.run_batch(batch())
+        s.run_batch(batch(greedy=True))
         s.process_batch_result(batch(), "result")  # 4 records: flushed
         assert path.exists() and trace.records == []
-        s.run_batch(batch())
+        s.run_batch(batch(greedy=False))
         s.on_idle()  # idle: noted once after a launch, and the rest is written too
         s.on_idle()
         assert Scheduler.idles == 2
@@ -84,7 +87,8 @@ def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r[0] for r in recs] == ["R", "P", "R", "P", "R", "I"]
     assert recs[-1][1] >= recs[-2][2]
-    assert recs[0][3:] == ["EXTEND", 1, None, None, None, {}]
+    assert recs[0][3:] == ["EXTEND", 1, None, None, None, {}, None]  # no sampling info: not said
+    assert recs[2][-1] == "greedy" and recs[4][-1] == "sampled"
     assert recs[0][2] - recs[0][1] == pytest.approx(0.001)
     p = recs[1]
     assert p[2] - p[1] == pytest.approx(0.0035) and p[3] == pytest.approx(0.003)
@@ -240,16 +244,18 @@ def test_install_import_hook_needs_the_variable():
 # ---- the analysis -----------------------------------------------------------------------------------------
 
 def server_records(n_steps=200, period=0.005, busy=0.003, late_every=0, late_extra=0.0, gc_every=0,
-                   kinds=None, bs=1, t0=0.0):
+                   kinds=None, bs=1, t0=0.0, sampling=None):
     """Decode steps of a fixed period at batch size `bs`: the host works `busy` s, then waits period - busy on
-    the GPU; every `late_every`-th step the host is late by `late_extra` s (no wait); a prefill first."""
+    the GPU; every `late_every`-th step the host is late by `late_extra` s (no wait); a prefill first.
+    `sampling` ("greedy"/"sampled"): written after the spans, as the recorder does (None: an older trace's
+    records, which end with the spans)."""
     recs, t = [], t0
     recs.append(["R", t, t + 0.002, "EXTEND", 1, None, None, None])
     t += 0.04
     for i in range(n_steps):
         kind = kinds(i) if kinds else [None, None, None]
         spans = {"glue": 0.001, **({"lookup": 0.002} if kind[0] == "spec" else {})}
-        recs.append(["R", t, t + 0.001, "DECODE", bs, *kind, spans])
+        recs.append(["R", t, t + 0.001, "DECODE", bs, *kind, spans] + ([sampling] if sampling else []))
         late = late_every and i % late_every == late_every - 1
         wait = 0.0 if late else period - busy
         recs.append(["P", t + 0.001, t + 0.0015 + wait, wait])
@@ -391,10 +397,12 @@ def test_segments_split_loads_and_one_is_analyzed_alone(tmp_path, capsys):
     for r in slow:  # launch and result records only (no collections here): start and end times move
         r[1] += shift
         r[2] += shift
-    recs = fast + slow
+    recs = fast + slow + [["C", slow[5][1] + 0.0002, 0.15, "some_kernel", {}, []]]  # compiled in the second
     segs = step_trace.segments(recs)
     assert [n for _, _, n in segs] == [52, 62]  # prefill + 50 steps + the closing launch; then 62
     second = step_trace.in_window(recs, segs[1][0], segs[1][1])
+    assert [r[3] for r in second if r[0] == "C"] == ["some_kernel"]
+    assert not any(r[0] == "C" for r in step_trace.in_window(recs, segs[0][0], segs[0][1]))
     d = step_trace.analyze(second)["decode"]
     assert d["steps"] == 60 and d["period_median"] == pytest.approx(6.0)
     path = tmp_path / "steps-3.jsonl"
@@ -429,6 +437,7 @@ def test_steps_compared_per_batch_size_and_kind(tmp_path, capsys):
     auto = (server_records(n_steps=150, period=0.005, kinds=some_spec)
             + server_records(n_steps=150, period=0.00606, bs=4, t0=5.0, kinds=lean))
     groups = {(g["bs"], g["kind"]): g for g in step_trace.analyze(auto)["by_bs_kind"]}
+    assert {g["sampling"] for g in step_trace.analyze(auto)["by_bs_kind"]} == {""}  # not recorded
     assert set(groups) == {(1, "lean"), (4, "lean")}  # 15 spec steps at bs 1: under the table's minimum
     assert groups[(4, "lean")]["period_median"] == pytest.approx(6.06)
     assert groups[(1, "lean")]["steps"] == 135
@@ -439,8 +448,35 @@ def test_steps_compared_per_batch_size_and_kind(tmp_path, capsys):
         paths.append(f"{name}={f}")
     assert step_trace.main(paths) == 0
     lines = capsys.readouterr().out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size and kind"))
+    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size, sampling"))
     table = [line.split() for line in lines[start + 2:]]
-    assert table[0][:4] == ["plain", "1", "plain", "150"]
-    assert table[1][:4] == ["auto", "1", "lean", "135"] and table[1][5:7] == ["(+0.0", "%)"]
-    assert table[3][:4] == ["auto", "4", "lean", "150"] and table[3][4:7] == ["6.060", "(+1.0", "%)"]
+    assert table[0][:5] == ["plain", "1", "-", "plain", "150"]
+    assert table[1][:5] == ["auto", "1", "-", "lean", "135"] and table[1][6:8] == ["(+0.0", "%)"]
+    assert table[3][:5] == ["auto", "4", "-", "lean", "150"] and table[3][5:8] == ["6.060", "(+1.0", "%)"]
+
+
+def test_greedy_and_sampled_steps_are_compared_apart(tmp_path, capsys):
+    """The plain server ran a greedy load (4.5 ms steps) and a sampled one (4.7 ms: the sampler's softmax and
+    draw); auto ran its lean steps on the sampled load only (speculating on the greedy one), at 4.7 ms. Pooled,
+    auto would look 2 % slower than the plain server's mixed steps; by sampling it is even with the plain
+    server's sampled steps, and auto's few greedy steps fall under the table's minimum."""
+    plain = (server_records(n_steps=300, period=0.0045, sampling="greedy")
+             + server_records(n_steps=300, period=0.0047, t0=5.0, sampling="sampled"))
+    auto = (server_records(n_steps=40, period=0.0045, sampling="greedy", kinds=lambda i: ["spec", 8, False])
+            + server_records(n_steps=300, period=0.0047, t0=5.0, sampling="sampled",
+                             kinds=lambda i: ["lean", 1, False]))
+    groups = {(g["bs"], g["sampling"], g["kind"]): g for g in step_trace.analyze(plain)["by_bs_kind"]}
+    assert set(groups) == {(1, "greedy", "plain"), (1, "sampled", "plain")}
+    assert groups[(1, "sampled", "plain")]["period_median"] == pytest.approx(4.7)
+    paths = []
+    for name, recs in (("plain", plain), ("auto", auto)):
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        paths.append(f"{name}={f}")
+    assert step_trace.main(paths) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size, sampling"))
+    table = [line.split() for line in lines[start + 2:start + 5]]
+    assert table[0][:5] == ["plain", "1", "greedy", "plain", "300"]
+    assert table[1][:5] == ["plain", "1", "sampled", "plain", "300"]
+    assert table[2][:5] == ["auto", "1", "sampled", "lean", "300"] and table[2][5:8] == ["4.700", "(+0.0", "%)"]

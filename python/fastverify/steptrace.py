@@ -9,7 +9,9 @@ reads per iteration, no device synchronisation of its own):
   mode, batch size, for an n-gram worker in auto verify mode the kind of step the controller ran
   (``lean``/``spec``), its width, and whether drafts were looked up only to learn from (``probe``); last, the
   seconds spent since the previous launch record in each function of ``SPANS`` (batch selection, the
-  forward, sampling, the glue's pieces).
+  forward, sampling, the glue's pieces); then ``greedy`` or ``sampled`` (every request of the batch decodes
+  greedily, or not: the sampler's host and device work differ by several times, so steps of a greedy load and
+  of a sampled one are not compared with each other), or None where the batch does not say.
 - ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it waiting on
   CUDA events (the host waiting for the step in flight).
 - ``G``: one garbage collection: generation, start, duration.
@@ -175,12 +177,13 @@ class StepTrace:
             if not trace._spans_installed:
                 trace.install_spans()
             mode, bs = mode_name(batch), batch_size(batch)  # before the step: a verify step changes the mode
+            how = sampling_kind(batch)
             trace.idle_noted = False
             t0 = trace.clock()
             result = fn(scheduler, batch, *args, **kwargs)
             t1 = trace.clock()
             spans, trace.spans = trace.spans, {}
-            trace.add(["R", t0, t1, mode, bs, *auto_step(scheduler), spans])
+            trace.add(["R", t0, t1, mode, bs, *auto_step(scheduler), spans, how])
             return result
 
         run_batch.__wrapped__ = fn
@@ -244,6 +247,15 @@ def mode_name(batch) -> str:
 def batch_size(batch) -> int:
     reqs = getattr(batch, "reqs", None)
     return len(reqs) if reqs is not None else 0
+
+
+def sampling_kind(batch) -> Optional[str]:
+    """"greedy" when every request of the batch decodes greedily (SGLang's ``is_all_greedy``), "sampled"
+    when one does not, None when the batch carries no sampling info."""
+    flag = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", None)
+    if flag is None:
+        return None
+    return "greedy" if bool(flag) else "sampled"
 
 
 def auto_step(scheduler) -> list:

@@ -22,6 +22,7 @@
 #    benchmark/gpu_timeline.py; both: the two; 0: none). Phase 1 and phase 2 servers do not run at the same time.
 #    STEPTRACE=1: every scheduler iteration of every server traced (benchmark/step_trace.py -> step_trace.txt).
 #    WARMUP=1: a round of both loads on every server before the recorded rounds (kept as *_w1, not judged).
+#    MONITOR=1: per-thread CPU use of each server's scheduler processes during its sampled load.
 set -u
 set +m
 . "$(dirname "$0")/servers.sh"
@@ -82,7 +83,16 @@ for tag in $ROUND_TAGS; do
     up "$n" || continue
     [ "$(left)" -lt 40 ] && { log "skip $n round $tag: time"; continue; }
     client "$n" "${n}_greedy_$tag" $GREEDY
+    # MONITOR=1: per-thread CPU of the server's scheduler processes while the sampled load runs (which
+    # threads are busy on which CPUs; scripts/gpu/thread_cpu.py), $W/<server>_threads_<round>.txt
+    MON=""
+    if [ "${MONITOR:-0}" = 1 ]; then
+      pids=$(ps -eo pid=,pgid=,args= | awk -v g="${PID[$n]}" '$2 == g && /scheduler_TP/ {print $1}')
+      [ -n "$pids" ] && { python3 scripts/gpu/thread_cpu.py $pids --interval 0.5 --samples 24 \
+        > "$W/${n}_threads_$tag.txt" 2>&1 & MON=$!; }
+    fi
     client "$n" "${n}_sampled_$tag" $SAMPLED
+    [ -n "$MON" ] && { kill "$MON" 2>/dev/null; wait "$MON" 2>/dev/null; }
   done
   pack
 done
@@ -101,11 +111,12 @@ if [ "${STEPTRACE:-0}" = 1 ]; then
   [ -n "$traced" ] && python3 benchmark/step_trace.py $traced --json "$W/step_trace.json" > "$W/step_trace.txt" 2>&1
 fi
 # host profiles on the sampled workload (nothing to speculate on); PYSPY_ARGS adds py-spy options (--idle:
-# waiting threads too)
+# waiting threads too, --native: C/C++ frames such as the CUDA driver's); PROF_CONC=4: four requests at once
+# (the batch-size-4 step; default 1)
 for n in ${PROFILE_SERVERS:-m_auto}; do
   { [ "${PROFILE:-1}" = 1 ] || [ "${PROFILE:-1}" = both ]; } && up "$n" && [ -n "$SPY" ] && [ "$(left)" -gt 30 ] || continue
-  ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind 3 --concurrency 1 \
-      --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
+  ( client "$n" "${n}_prof" --vocab-size 2048 --kinds chat,story --per-kind $((3 * ${PROF_CONC:-1})) \
+      --concurrency ${PROF_CONC:-1} --max-new-tokens 900 --temperature 1.0 --warmup 0 ) &
   CP=$!
   sleep 2
   pid=$(tp0_pid "$n")
