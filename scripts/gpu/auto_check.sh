@@ -120,7 +120,9 @@ for n in ${PROFILE_SERVERS:-m_auto}; do
   CP=$!
   sleep 2
   pid=$(tp0_pid "$n")
-  [ -n "$pid" ] && timeout 30 "$SPY" record --pid "$pid" --duration 10 --rate 250 --format raw --nonblocking ${PYSPY_ARGS:-} \
+  # (py-spy reads native stacks only by pausing the process: --native drops --nonblocking)
+  NB=--nonblocking; case " ${PYSPY_ARGS:-} " in *" --native "*) NB="";; esac
+  [ -n "$pid" ] && timeout 30 "$SPY" record --pid "$pid" --duration 10 --rate 250 --format raw $NB ${PYSPY_ARGS:-} \
     --output "$W/$n.pyspy.txt" > "$W/$n.pyspy.log" 2>&1
   log "$n: py-spy rc=$? pid ${pid:-none}"
   [ -s "$W/$n.pyspy.txt" ] && python3 scripts/gpu/pyspy_top.py "$W/$n.pyspy.txt" --top 70 > "$W/$n.pyspy_top.txt" 2>&1
