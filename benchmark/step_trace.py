@@ -16,9 +16,11 @@ collections). This turns a server's records into per-step numbers, the distribut
 over the steady decode steps (a decode step followed by another of the same batch size; gaps longer than
 0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify mode
 (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from, ``spec``: drafts verified),
-for the steps right after each prefill (the time to first token and the next tokens), and per batch size and
-kind, each row against the baseline's steps at the same batch size (a step's GPU time depends on it, and two
-servers' loads mix batch sizes in different shares).
+for the steps right after each prefill (the time to first token and the next tokens), and per batch size,
+sampling and kind, each row against the baseline's steps at the same batch size and sampling (a step's GPU
+time depends on the batch size, its sampler's host and GPU time on whether the batch samples greedily, and two
+servers' loads mix them in different shares: an auto server speculates on a greedy repetitive load and runs
+plain steps on a sampled one, so its plain steps are compared with the plain server's sampled ones).
 
   python benchmark/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
 
