@@ -246,6 +246,7 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         by_bs.setdefault((r["bs"], r["sampling"] or "", _kind_label(r)), []).append(r)
     by_index = {r["index"]: r for r in rows}
     after = [[] for _ in range(AFTER_PREFILL)]
+    first = []  # the decode step right after each prefill: its host launch (ms) and its kind (auto: spec, lean)
     for r in rows:
         if r["mode"] in PREFILL_MODES:
             for k in range(AFTER_PREFILL):
@@ -253,6 +254,8 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
                 if nxt is None or (k and nxt["mode"] in PREFILL_MODES):
                     break
                 after[k].append(1000.0 * nxt["period"])
+                if k == 1 and nxt["mode"] in DECODE_MODES:
+                    first.append((1000.0 * nxt["launch"], nxt["kind"]))
     return {
         "decode": summarize(steady),
         "by_kind": {k: summarize(v) for k, v in sorted(kinds.items())} if len(kinds) > 1 else {},
@@ -264,6 +267,11 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
                        for (bs, how, kind), v in sorted(by_bs.items()) if len(v) >= MIN_GROUP],
         "after_prefill_ms": [statistics.median(a) if a else None for a in after],
         "prefills": len(after[0]),
+        # a new request's first decode step: how long the host took to launch it (a lookup for the new request,
+        # a verify pass) and, for an auto server, the share of them run as verify passes (None otherwise)
+        "first_decode_launch_ms": statistics.median(x for x, _ in first) if first else None,
+        "first_decode_spec_share": (sum(1 for _, k in first if k == "spec") / len(first)
+                                    if any(k is not None for _, k in first) else None),
         "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
         "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
         "long_steps": long_steps(rows, long_ms),
@@ -323,6 +331,14 @@ def render(results: dict) -> str:
         out.append(name.ljust(34) + "".join(
             _cell(results[lab]["after_prefill_ms"][k], None if lab == base else b).rjust(width) for lab in labels))
     out.append("prefills".ljust(34) + "".join(str(results[lab]["prefills"]).rjust(width) for lab in labels))
+    b = results[base].get("first_decode_launch_ms")
+    out.append("prefill + 1: launch (median ms)".ljust(34) + "".join(
+        _cell(results[lab].get("first_decode_launch_ms"), None if lab == base else b).rjust(width)
+        for lab in labels))
+    shares = [results[lab].get("first_decode_spec_share") for lab in labels]
+    if any(v is not None for v in shares):
+        out.append("prefill + 1: verify passes".ljust(34) + "".join(
+            ("-" if v is None else f"{100.0 * v:.0f} %").rjust(width) for v in shares))
     span_labels = sorted({k for lab in labels for k in results[lab]["decode"].get("spans_mean_ms", {})})
     for label in span_labels:
         vals = [results[lab]["decode"].get("spans_mean_ms", {}).get(label) for lab in labels]

@@ -283,6 +283,31 @@ def test_steady_steps_statistics():
     assert res["gc_total"] == {"0": 4, "1": 0, "2": 0}
 
 
+def test_first_decode_step_after_each_prefill(tmp_path, capsys):
+    """A new request's first decode step: its host launch and whether it verified drafts. Two requests of an
+    auto server, the first starting with a verify step launched in 4 ms, the second with a plain one in 2 ms."""
+    first = server_records(n_steps=30, kinds=lambda i: ["spec", 8, False] if i == 0 else ["lean", 1, False])
+    second = server_records(n_steps=30, t0=1.0, kinds=lambda i: ["lean", 1, False])
+    for recs, launch in ((first, 0.004), (second, 0.002)):
+        rs = [r for r in recs if r[0] == "R"]
+        rs[1][2] = rs[1][1] + launch  # the step after the prefill
+    res = step_trace.analyze(first + second)
+    assert res["prefills"] == 2
+    assert res["first_decode_launch_ms"] == pytest.approx(3.0)
+    assert res["first_decode_spec_share"] == pytest.approx(0.5)
+    plain = step_trace.analyze(server_records(n_steps=30))
+    assert plain["first_decode_launch_ms"] == pytest.approx(1.0) and plain["first_decode_spec_share"] is None
+    paths = []
+    for name, recs in (("plain", server_records(n_steps=30)), ("auto", first + second)):
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        paths.append(f"{name}={f}")
+    assert step_trace.main(paths) == 0
+    lines = {line[:34].strip(): line[34:].split() for line in capsys.readouterr().out.splitlines()}
+    assert lines["prefill + 1: launch (median ms)"] == ["1.000", "3.000", "(+2.000)"]
+    assert lines["prefill + 1: verify passes"] == ["-", "50", "%"]
+
+
 def test_pauses_and_batch_size_changes_are_not_steady_steps():
     recs = server_records(n_steps=20)
     last_t = recs[-1][1]
