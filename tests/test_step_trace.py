@@ -58,6 +58,23 @@ def make_classes(clock):
     return Scheduler, Event
 
 
+def write_traces(tmp_path, **servers) -> list:
+    """Each server's records as a trace file; the LABEL=FILE arguments of step_trace.main, in order."""
+    paths = []
+    for name, recs in servers.items():
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        paths.append(f"{name}={f}")
+    return paths
+
+
+def by_bs_table(capsys) -> list:
+    """The rows of the printed per-batch-size table, split into words."""
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size, sampling"))
+    return [line.split() for line in lines[start + 2:]]
+
+
 def batch(mode="DECODE", bs=2, greedy=None):
     b = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name=mode), reqs=[object()] * bs)
     if greedy is not None:
@@ -297,12 +314,7 @@ def test_first_decode_step_after_each_prefill(tmp_path, capsys):
     assert res["first_decode_spec_share"] == pytest.approx(0.5)
     plain = step_trace.analyze(server_records(n_steps=30))
     assert plain["first_decode_launch_ms"] == pytest.approx(1.0) and plain["first_decode_spec_share"] is None
-    paths = []
-    for name, recs in (("plain", server_records(n_steps=30)), ("auto", first + second)):
-        f = tmp_path / f"{name}.jsonl"
-        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-        paths.append(f"{name}={f}")
-    assert step_trace.main(paths) == 0
+    assert step_trace.main(write_traces(tmp_path, plain=server_records(n_steps=30), auto=first + second)) == 0
     lines = {line[:34].strip(): line[34:].split() for line in capsys.readouterr().out.splitlines()}
     assert lines["prefill + 1: launch (median ms)"] == ["1.000", "3.000", "(+2.000)"]
     assert lines["prefill + 1: verify passes"] == ["-", "50", "%"]
@@ -466,15 +478,8 @@ def test_steps_compared_per_batch_size_and_kind(tmp_path, capsys):
     assert set(groups) == {(1, "lean"), (4, "lean")}  # 15 spec steps at bs 1: under the table's minimum
     assert groups[(4, "lean")]["period_median"] == pytest.approx(6.06)
     assert groups[(1, "lean")]["steps"] == 135
-    paths = []
-    for name, recs in (("plain", plain()), ("auto", auto)):
-        f = tmp_path / f"{name}.jsonl"
-        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-        paths.append(f"{name}={f}")
-    assert step_trace.main(paths) == 0
-    lines = capsys.readouterr().out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size, sampling"))
-    table = [line.split() for line in lines[start + 2:]]
+    assert step_trace.main(write_traces(tmp_path, plain=plain(), auto=auto)) == 0
+    table = by_bs_table(capsys)
     assert table[0][:5] == ["plain", "1", "-", "plain", "150"]
     assert table[1][:5] == ["auto", "1", "-", "lean", "135"] and table[1][6:8] == ["(+0.0", "%)"]
     assert table[3][:5] == ["auto", "4", "-", "lean", "150"] and table[3][5:8] == ["6.060", "(+1.0", "%)"]
@@ -493,15 +498,8 @@ def test_greedy_and_sampled_steps_are_compared_apart(tmp_path, capsys):
     groups = {(g["bs"], g["sampling"], g["kind"]): g for g in step_trace.analyze(plain)["by_bs_kind"]}
     assert set(groups) == {(1, "greedy", "plain"), (1, "sampled", "plain")}
     assert groups[(1, "sampled", "plain")]["period_median"] == pytest.approx(4.7)
-    paths = []
-    for name, recs in (("plain", plain), ("auto", auto)):
-        f = tmp_path / f"{name}.jsonl"
-        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-        paths.append(f"{name}={f}")
-    assert step_trace.main(paths) == 0
-    lines = capsys.readouterr().out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size, sampling"))
-    table = [line.split() for line in lines[start + 2:start + 5]]
+    assert step_trace.main(write_traces(tmp_path, plain=plain, auto=auto)) == 0
+    table = by_bs_table(capsys)[:3]
     assert table[0][:5] == ["plain", "1", "greedy", "plain", "300"]
     assert table[1][:5] == ["plain", "1", "sampled", "plain", "300"]
     assert table[2][:5] == ["auto", "1", "sampled", "lean", "300"] and table[2][5:8] == ["4.700", "(+0.0", "%)"]
