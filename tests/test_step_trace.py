@@ -111,6 +111,28 @@ def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
     assert p[2] - p[1] == pytest.approx(0.0035) and p[3] == pytest.approx(0.003)
 
 
+def test_records_wait_for_the_idle_scheduler_by_default(tmp_path):
+    """A load of 2000 steps writes nothing while it runs (a write on the scheduler thread stalls a step); the
+    scheduler's first idle moment writes it all."""
+    clock = Clock()
+    Scheduler, Event = make_classes(clock)
+    path = tmp_path / "steps-2.jsonl"
+    trace = steptrace.StepTrace(str(path), clock=clock)
+    assert trace.flush_every == steptrace.FLUSH_EVERY > 4000
+    steptrace.instrument(Scheduler, Event, trace)
+    try:
+        s = Scheduler()
+        for _ in range(2000):
+            s.run_batch(batch())
+            s.process_batch_result(batch(), "result")
+        assert not path.exists() and sum(1 for r in trace.records if r[0] in ("R", "P")) == 4000
+        held = len(trace.records)  # (and a garbage collection's record now and then)
+        s.on_idle()
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    assert len(path.read_text().splitlines()) == held + 1 and trace.records == []  # and the idle mark
+
+
 def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
     clock = Clock()
     Scheduler, Event = make_classes(clock)
