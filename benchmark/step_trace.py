@@ -56,7 +56,7 @@ PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
 AFTER_PREFILL = 4  # the prefill's own iteration and the next three
 SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
 LONG_MS = 50.0  # decode steps longer than this are listed one by one (stalls)
-MIN_GROUP = 100  # a (batch size, kind) group with fewer steady steps is left out of the per-batch-size table
+MIN_GROUP = 100  # a (batch size, sampling, kind) group with fewer steady steps is left out of the per-batch-size table
 
 
 def trace_files(path) -> list:
@@ -137,9 +137,9 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
         sampling = cur[9] if len(cur) > 9 and cur[9] in ("greedy", "sampled") else None  # None: older traces
         rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait,
-                     "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4], "next_mode": nxt[3],
-                     "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe), "index": i, "sampling": sampling,
-                     "idle": idle, "compiled": compiled})
+                     "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4],
+                     "next_mode": nxt[3], "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe),
+                     "index": i, "sampling": sampling, "idle": idle, "compiled": compiled})
     return rows
 
 
