@@ -177,6 +177,9 @@ out["cheap_overlap"] = run("cheap.json", 16, [stream], host_lens=False, overlap=
 # so its guess of request c's token in flight is unsure
 out["cheap_overlap_join"] = run("cheap.json", 20, [stream, [3, 7, 50, 61, 62, 63, 64, 65, 66, 67, 68]],
                                 host_lens=False, overlap=True, join_at=12)
+# new requests join a load whose drafts do not pay (verify far dearer): their first lookup, which could only be a
+# probe, waits one step (off the path of their first token)
+out["dear_overlap_join"] = run("dear.json", 14, [[9, 9, 9]], host_lens=False, overlap=True, join_at=8)
 # c and d from two prefills in a row (the first's result is processed before the decode step), one continuation
 out["cheap_overlap_join_apart"] = run("cheap.json", 20, [stream], host_lens=False, overlap=True, join_at=12,
                                       join_apart=True)

@@ -138,6 +138,25 @@ def test_gain_model_separates_matched_from_unmatched():
     assert g.expected("new", hit, 100)[0][2] > 2.5  # a new request starts from what others showed
 
 
+def test_gain_model_floor_forgets_towards_the_pessimistic_prior():
+    """Without new observations, an all-requests estimate keeps its old shape however small its mass (the
+    normalisation scales it back up); `prior_floor` zeros that are never forgotten bring it back to the
+    pessimistic prior within a few half-lives, and weigh little while observations keep coming."""
+    f = DraftFeatures(4, 1)
+    kept, floored = (GainModel(max_chain=4, tree_depth=0, half_life_steps=4, prior_floor=x) for x in (0.0, 1.0))
+    for g in (kept, floored):
+        for step in range(1, 40):
+            g.observe("old", f, step, 4)
+    # while observations come every step (mass ~6.3 at this half-life) the floor costs at most 1 / 7.3 of the
+    # estimate (less: the feature bucket blended in has no floor)
+    assert 4 * 6.3 / 7.3 * 0.98 < floored.expected("new", f, 40)[0][3] < 3.9
+    assert kept.expected("new", f, 40)[0][3] == pytest.approx(4.0, rel=1e-3)
+    # 60 steps (15 half-lives) without a matched draft resolved: the new request sees the old load, or nothing
+    assert kept.expected("new", f, 100)[0][3] == pytest.approx(4.0, rel=1e-3)
+    assert floored.expected("new", f, 100)[0][3] < 0.01
+    assert AutoConfig().prior_floor == 1.0 and Controller(AutoConfig(), FLAT).gain.prior_floor == 1.0
+
+
 # -------------------------------------------------------------------------------------- decision rule
 def _evals(costs, gains_by_option, bs, shape="ragged"):
     opts = options_for(4, 6)
@@ -575,3 +594,22 @@ def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():
     for _ in range(6):
         ctl.observe("old", DraftFeatures(7, 1), 7)  # recent requests' full matches were accepted
     assert ctl.first_lookup_behind(["new"]) is False  # then a new request is looked up for real
+
+
+def test_first_lookup_deferred_only_when_it_could_only_probe():
+    """Right after new requests' prefill, a lookup behind the token in flight that could only be a probe (not
+    even full matches would be verified) waits one step; the next plan_lookup makes it. Never on a cold start
+    (those first drafts are what the model learns from), nor while full matches are expected to pay."""
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    dear = CostTable(((1, 10.0), (4, 10.0)), ((1, 10.0), (8, 400.0), (64, 900.0)), "dear")
+    assert Controller(cfg, dear).defer_first_lookup(["a"]) is False  # cold: nothing observed yet
+    assert Controller(cfg, dear).defer_first_lookup([]) is False
+    ctl = Controller(cfg, dear)
+    ctl.observe("old", DraftFeatures(3, 1), 0)
+    ctl._probe_gap, ctl._since_lookup = 16, 0
+    assert ctl.defer_first_lookup(["a", "b"]) is True
+    assert ctl.plan_lookup([RequestView(r, DraftFeatures(0, 0)) for r in "ab"], probe_max=32, behind=True)
+    cheap = Controller(cfg, FLAT)
+    for step in range(6):
+        cheap.observe("old", DraftFeatures(7, 1), step, 7)  # recent full matches were accepted
+    assert cheap.defer_first_lookup(["new"]) is False

@@ -328,6 +328,24 @@ def test_patched_new_requests_after_speculation_paid_verify_the_right_chain(step
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_patched_first_lookup_that_could_only_probe_waits_a_step(step_probe):
+    """Two requests join a load on which not even full matches would be verified (verify ~200x a decode) after
+    the gain model has seen drafts: the decode step launched right after their prefill (before the scheduler
+    processes the prefill's result, so before their first token is sent) makes no lookup, and the next step
+    looks them up behind its token in flight. Output stays the target's."""
+    run = step_probe["dear_overlap_join"]
+    steps = run["steps"]
+    assert [s["kind"] for s in steps] == ["lean"] * 14
+    assert [i for i, s in enumerate(steps[:8]) if s["gets"]] == [0, 2, 6]  # a cold start looks up at once
+    assert steps[8]["gets"] == [] and steps[9]["gets"]
+    (ids, contexts, totals) = steps[9]["gets"][0]
+    # the host has each prompt and its prefill's token (60); step 8's token is in flight
+    assert ids == ["c", "d"] and contexts == [[7, 50, 60], [5, 50, 60]] and totals == [3, 3]
+    assert run["outputs"]["c"] == run["outputs"]["d"] == _plain_greedy(60, len(run["outputs"]["c"]))
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_patched_requests_from_two_prefills_in_a_row_are_looked_up_from_what_the_host_has(step_probe):
     """c joined one prefill before d: when the decode step is launched the host has c's first token and lacks
     d's. c's draft is its own lookup (no guess), d's is guessed past its token in flight; both verify in full."""

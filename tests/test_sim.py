@@ -195,6 +195,29 @@ def test_a_sampled_load_after_a_repetitive_one_stays_at_no_speculation(bs):
     assert s["auto_vs_best_fixed"] >= 1.0, s  # the best fixed mode loses on one of the two loads
 
 
+def test_load_switch_first_lookup_unsure_of_the_token_in_flight():
+    """The second load's first lookup (behind its prefill's token) finds the corpus unsure of that token while
+    full matches still look worth verifying: the server looks up for real (paid) and verifies the full match,
+    which is rejected. The gain model's floor keeps that to the first request: later ones are judged by a
+    model that has forgotten the first load (without the floor the second request speculates too)."""
+    import dataclasses
+
+    costs = sim.cost_table("h200-dummy24")
+
+    def second_load(cfg, unsure=True):
+        res, after = sim.load_switch_run(costs, 1, cfg, 8, 200, lookup_ms=1.8, unsure_first=unsure)
+        auto = res["auto"]
+        start = len(auto.step_ms) - after["steps"]
+        return auto.step_lookups[start], [i - start for i, o in enumerate(auto.options) if i >= start and o != NONE]
+
+    paid, spec = second_load(CFG)
+    assert paid and spec == [0]
+    paid, spec = second_load(dataclasses.replace(CFG, prior_floor=0.0))
+    assert paid and spec == [0, 200]  # the second request (from step 200) still trusts the first load
+    paid, _ = second_load(CFG, unsure=False)
+    assert not paid  # a sure guess: looked up behind, nothing paid
+
+
 def test_measured_table_and_flags():
     t = sim.cost_table("h200-dummy24")
     assert t.decode_ms(1) == pytest.approx(4.4269) and t.verify_ms(8) == pytest.approx(4.8352)

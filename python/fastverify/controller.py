@@ -352,17 +352,23 @@ class GainModel:
 
     Three forgetting histograms, each blended into the next finer one with weight `prior_strength`:
     all requests -> the feature bucket -> the request itself (the first and last kept apart for drafts with
-    and without a corpus match, so that no-match steps do not dilute the estimate for matched ones). The all-requests histogram starts with
-    `prior_mass` pseudo-observations of 0 accepted at step 0 (pessimistic cold start: no speculation until
-    drafts have been seen to match); they are forgotten like any observation.
+    and without a corpus match, so that no-match steps do not dilute the estimate for matched ones). The
+    all-requests histogram starts with `prior_mass` pseudo-observations of 0 accepted at step 0 (pessimistic
+    cold start: no speculation until drafts have been seen to match); they are forgotten like any observation.
+    Besides, `prior_floor` pseudo-observations of 0 accepted are never forgotten: what nothing has confirmed
+    for many half-lives goes back to the pessimistic prior instead of keeping its old shape (without them a
+    histogram whose last observations were a repetitive load's would still say so, scaled up from a vanishing
+    mass, long after that load ended: the first drafts of a next load, which resolve few matched drafts,
+    would be judged by it).
     E[accepted | chain k] = sum_{j=1..k} P(A >= j)."""
 
     def __init__(self, max_chain: int, tree_depth: int, half_life_steps: float = 8.0,
-                 prior_strength: float = 4.0, prior_mass: float = 2.0):
+                 prior_strength: float = 4.0, prior_mass: float = 2.0, prior_floor: float = 0.0):
         self.K = max_chain
         self.D = max(tree_depth, 0)
         self.decay = 0.5 ** (1.0 / half_life_steps)
         self.prior_strength = prior_strength
+        self.prior_floor = prior_floor
         self._global = {}  # matched (bool) -> (chain _Hist, tree _Hist)
         for matched in (False, True):
             self._global[matched] = (_Hist(self.K), _Hist(self.D))
@@ -413,7 +419,10 @@ class GainModel:
         if dist is None:
             g = self._global[m][which]
             g._age(step, self.decay)
-            if g.mass > 1e-12:
+            floor = self.prior_floor
+            if floor > 0:  # the observations, and as many 0s as the floor
+                dist = [(x + (floor if a == 0 else 0.0)) / (g.mass + floor) for a, x in enumerate(g.w)]
+            elif g.mass > 1e-12:
                 dist = [x / g.mass for x in g.w]
             else:  # everything forgotten (long idle): back to the pessimistic prior
                 dist = [1.0] + [0.0] * (len(g.w) - 1)
@@ -512,6 +521,7 @@ class AutoConfig:
     hysteresis: float = 0.03  # --speculative-ngram-auto-hysteresis
     half_life_steps: float = 16.0  # forgetting of the gain model; sets the follow bound (follow_bound_steps)
     prior_strength: float = 4.0
+    prior_floor: float = 1.0  # pseudo-observations of 0 accepted the gain model never forgets (GainModel)
     shape: str = "ragged"  # "uniform": every request in a verify pass occupies `width` slots
     log_interval_s: float = 30.0
 
@@ -566,7 +576,8 @@ class Controller:
         self._wanted_epoch, self._wanted_cache = None, {}
         self._evaluated = (None, None)  # (question, answer) of the last _evaluate
         self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
-        self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps, cfg.prior_strength)
+        self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps, cfg.prior_strength,
+                              prior_floor=cfg.prior_floor)
         self.current: Optional[Option] = None
         self.step = 0
         self._log = log
@@ -746,6 +757,19 @@ class Controller:
             return False
         self.planned = PLAN_PROBE
         self._since_lookup = 0  # a probe like plan_lookup's: the next one after the backed-off gap
+        return True
+
+    def defer_first_lookup(self, req_ids: Sequence) -> bool:
+        """A step right after new requests' prefill, whose drafts would be looked up behind the token in flight:
+        may that lookup wait one step? True when not even drafts that matched in full would be verified for
+        any request of the batch (`_full_match_wanted`): the lookup can then only be a probe, and made in this
+        step it delays the new requests' first token (the scheduler processes the prefill's result after
+        launching this step), while made in the next one it runs on the host as the GPU decodes. The next
+        `plan_lookup` looks up (the probe gap is 1). False: look up now; always before the gain model observed
+        anything (a cold start learns from these first drafts)."""
+        if not req_ids or self.gain.version == 0 or self._full_match_wanted(req_ids):
+            return False
+        self._probe_gap = 1
         return True
 
     def _back_off(self, speculating: bool) -> None:

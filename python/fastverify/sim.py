@@ -97,6 +97,9 @@ class SimRequest:
 
     rid: object
     regimes: list  # [(features list, chain list, tree list)]
+    # positions at which a lookup made behind the step in flight finds the corpus unsure of the token in
+    # flight (it offered more than one): the server then looks up for real where full matches are wanted
+    unsure: frozenset = frozenset()
 
     @property
     def length(self) -> int:
@@ -198,7 +201,7 @@ class FixedPolicy:
     def looked_up(self) -> bool:  # a speculative fixed mode looks drafts up every step; no speculation never
         return self.option.kind != NONE
 
-    def decide(self, views):
+    def decide(self, views, unsure=None):
         if self.option.kind == NONE:
             return self.option, (False,) * len(views)
         return self.option, tuple((v.features.match_len > 0) or not self.gate_no_match for v in views)
@@ -246,13 +249,24 @@ class AutoPolicy:
         if self._steps % COST_SYNC_STEPS == 0:
             self.c.costs = copy.deepcopy(self.step_costs)
 
-    def decide(self, views):
+    def decide(self, views, unsure=None):
+        """``unsure``: per view, whether a lookup behind the step in flight would find the corpus unsure of the
+        token in flight (`SimRequest.unsure`); None: never."""
         fresh = [v for v in views if v.req_id not in self.last]
         ones = self.plain_before or len(fresh) == len(views)
         self.paid_lookup = True
         self.c.planned = None
         if fresh:
             self.c.reset_probe()
+            if ones and self.c.defer_first_lookup([v.req_id for v in views]):
+                # as the server in overlap mode: a first lookup that could only be a probe waits one step
+                for v in fresh:
+                    self.last[v.req_id] = DraftFeatures(0, 0)
+                self.looked_up = False
+                self.paid_lookup = False
+                self.plain_before = True
+                d = self.c.note_lean(len(views))
+                return d.option, d.speculate
             if not ones:
                 self.c.first_lookup_behind([v.req_id for v in views])  # sets planned: PLAN_PROBE or None
         elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max,
@@ -265,7 +279,11 @@ class AutoPolicy:
         self.looked_up = True
         for v in views:
             self.last[v.req_id] = v.features
-        if ones:  # looked up behind the step in flight, verified if chosen
+        if ones and unsure and any(unsure) and self.c._full_match_wanted([v.req_id for v in views]):
+            # as lookup_behind: the corpus is unsure of a token in flight and full matches are expected to pay,
+            # so the drafts are looked up for real after that token (paid) and decided on at once
+            d = self.c.decide(views)
+        elif ones:  # looked up behind the step in flight, verified if chosen
             self.paid_lookup = False
             d = self.c.decide(views, behind=True)
         elif self.c.planned == PLAN_PROBE:  # a probe behind a step that speculated: scored only
@@ -323,7 +341,7 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
         rids = list(active)
         t0 = res.time_ms
         views = [RequestView(rid, active[rid][0].regimes[regime][0][active[rid][1]]) for rid in rids]
-        option, spec = policy.decide(views)
+        option, spec = policy.decide(views, [active[rid][1] in active[rid][0].unsure for rid in rids])
         n_spec = sum(spec) if option.kind != NONE else 0
         if n_spec == 0:
             res.time_ms += costs.decode_ms(len(rids))
@@ -467,17 +485,21 @@ def switching_run(costs: CostTable, bs: int, cfg: AutoConfig, period: int = 200,
 
 
 def after_load_requests(n: int, length: int, max_chain: int = 7, match_rate: float = 0.05, seed: int = 1,
-                        prefix: str = "b") -> list:
+                        prefix: str = "b", unsure_first: bool = True) -> list:
     """A second load on the prompts of a repetitive one, now sampled: at its first position each request's
     lookup matches in full (the corpus holds the first load's continuation of the same prompt) and later only
-    now and then, with short matches; nothing is ever accepted (the sampled output diverges at once)."""
+    now and then, with short matches; nothing is ever accepted (the sampled output diverges at once).
+    `unsure_first`: the first position's lookup behind the prefill's token finds the corpus unsure of that
+    token (the prompt's end was followed by more than one continuation), as the GPU runs' step traces show for
+    the first decode steps of such a load."""
     rng = random.Random(seed)
     reqs = []
     for r in range(n):
         feats = [DraftFeatures(max_chain, 1)]
         for _ in range(length - 1):
             feats.append(DraftFeatures(rng.randint(1, 3), 1) if rng.random() < match_rate else DraftFeatures(0, 0))
-        reqs.append(SimRequest(f"{prefix}{r}", [(feats, [0] * length, [0] * length)]))
+        reqs.append(SimRequest(f"{prefix}{r}", [(feats, [0] * length, [0] * length)],
+                               frozenset({0}) if unsure_first else frozenset()))
     return reqs
 
 
@@ -489,13 +511,13 @@ def window_rate(res: SimResult, start: int) -> float:
 
 def load_switch_run(costs: CostTable, bs: int, cfg: AutoConfig, n_per_load: int = 8, length: int = 200,
                     p_high: float = 0.85, seed: int = 0, lookup_ms: float = 0.0,
-                    probe_max: Optional[int] = None) -> tuple:
+                    probe_max: Optional[int] = None, unsure_first: bool = True) -> tuple:
     """A repetitive load (acceptance `p_high`), then a non-repetitive one of new requests whose first lookups
     still match in full (`after_load_requests`), on one controller. Returns (results, a summary of the second
     load alone: auto's and no speculation's tokens/s from the step after the last request of the first load
     finished, and the lookups auto paid for there)."""
     first = synthetic_requests(n_per_load, length, (p_high,), cfg.max_chain, cfg.tree_width, seed=seed)
-    second = after_load_requests(n_per_load, length, cfg.max_chain, seed=seed + 1)
+    second = after_load_requests(n_per_load, length, cfg.max_chain, seed=seed + 1, unsure_first=unsure_first)
     res = run_all(first + second, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max)
 
     def start(r: SimResult) -> int:

@@ -83,6 +83,7 @@ HELP_HYSTERESIS = (
 CALIBRATION_BS = (1, 2, 4, 8, 16, 32, 64, 128)
 CALIBRATION_REPEATS = 5
 CALIBRATION_WARMUP = 2
+NO_DRAFT = DraftFeatures(0, 0)  # a request's features before its first lookup, once that lookup was deferred
 PROBE_MAX = 32  # without speculation, drafts are still looked up after 1, 2, 4, ... up to this many steps
 COST_SYNC_STEPS = 64  # rank 0's measured step costs reach every rank this often (in steps)
 
@@ -261,10 +262,17 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     if any(fresh):
         # a request not looked up yet is looked up once (its match is unknown); without waiting when every
         # request's last step gave it one token, else for real unless a lookup step is measured not to pay and
-        # even a full match would not be verified (then behind, as a probe)
-        if not ones and not ctl.first_lookup_behind([req.rid for req in batch.reqs]):
+        # even a full match would not be verified (then behind, as a probe). A lookup behind that could only
+        # be a probe waits for the next step in overlap mode, off the path of the new requests' first token
+        # (their features: no draft yet, so the next step looks them up)
+        rids = [req.rid for req in batch.reqs]
+        if not ones and not ctl.first_lookup_behind(rids):
             return None
-        look = True
+        look = not (ones and _host_behind(worker, batch) and ctl.defer_first_lookup(rids))
+        if not look:
+            for req, new in zip(batch.reqs, fresh):
+                if new:
+                    state.features[req.rid] = NO_DRAFT
     else:
         look = ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX,
                                behind=ones)
