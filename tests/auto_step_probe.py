@@ -53,6 +53,7 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
         sa.resolve_once()
         rc.publish(sa, role="test")
     forwards = []
+    events = []  # the order of forwards, corpus puts and corpus queries
     mr = types.SimpleNamespace(attn_backend="backend@8", decode_cuda_graph_runner=object.__new__(Runner),
                                init_new_workspace=False, server_args=sa, watermark_state=None,
                                _get_attention_backend=lambda init_new_workspace=False: "backend",
@@ -66,6 +67,7 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
 
         def forward_batch_generation(self, batch, is_verify=False, **kw):
             runner = mr.decode_cuda_graph_runner
+            events.append("forward")
             forwards.append({"width": runner.width, "input": batch.input_ids.tolist(), "verify": is_verify,
                              "runner_algorithm": runner.algorithm, "mr_algorithm": mr.spec_algorithm.name,
                              "batch_algorithm": batch.spec_algorithm.name, "mode": batch.forward_mode.name,
@@ -91,11 +93,11 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
     state.clock = lambda: now[0]
     puts = []
     real_put = corpus.batch_put
-    corpus.batch_put = lambda toks: (puts.append([list(t) for t in toks]), real_put(toks))[1]
+    corpus.batch_put = lambda toks: (puts.append([list(t) for t in toks]), events.append("put"), real_put(toks))[2]
     gets = []  # every lookup: (request ids, contexts, total lengths)
     real_get = corpus.batch_get
     corpus.batch_get = lambda ids, toks, lens: (gets.append([list(ids), [list(t) for t in toks], list(lens)]),
-                                                real_get(ids, toks, lens))[1]
+                                                events.append("get"), real_get(ids, toks, lens))[2]
 
     reqs = [types.SimpleNamespace(rid="a", origin_input_ids=[7, 1, 2], origin_input_ids_unpadded=[7, 1, 2],
                                   output_ids=[10], is_retracted=False),
@@ -138,7 +140,7 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
             spec_algorithm=SpeculativeAlgorithm.NGRAM,
             req_pool_indices=torch.arange(len(reqs)), req_to_token_pool=types.SimpleNamespace(req_to_token=slots),
             spec_info=info, has_grammar=False, grammar_needs_sync=lambda: False, return_logprob=False)
-        n_puts, n_gets = len(puts), len(gets)
+        n_puts, n_gets, n_events = len(puts), len(gets), len(events)
         published = []
         res = w.forward_batch_generation(batch, on_publish=published.append)
         kind = state.last_step[0]
@@ -153,7 +155,7 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
         f = forwards[-1]
         log.append({"kind": kind, "width": f["width"], "input": f["input"], "forward": f,
                     "accept_lens": lens, "prev_token_ids": list(getattr(w, "prev_token_ids", [])),
-                    "puts": puts[n_puts:], "gets": gets[n_gets:], "after_k": w.draft_token_num, "step_width": res.speculative_num_draft_tokens,
+                    "puts": puts[n_puts:], "gets": gets[n_gets:], "events": events[n_events:], "after_k": w.draft_token_num, "step_width": res.speculative_num_draft_tokens,
                     "published": [t.tolist() for t in published], "seq_lens_before": seq,
                     "restored": {"mr_algorithm": mr.spec_algorithm.name, "batch_algorithm": batch.spec_algorithm.name,
                                  "attn_backend": mr.attn_backend, "runner_width": mr.decode_cuda_graph_runner.width,

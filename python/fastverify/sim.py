@@ -218,11 +218,14 @@ class AutoPolicy:
     otherwise `Controller.plan_lookup` on each request's last looked-up features decides between a lookup step
     (`decide` on this step's drafts) and a plain step without drafts (`note_lean`). After a step that gave
     every request one token (no speculation, or all requests new) the server looks drafts up behind the step in
-    flight, without waiting for it, so such a lookup costs no `lookup_ms` (`paid_lookup` False); after a step
-    that speculated, a lookup waits (paid), except a probe (`plan_lookup` gave PLAN_PROBE, or a first lookup
-    `Controller.first_lookup_behind` allows), whose drafts are only scored (`note_probe`). The server's lookups
-    behind see the tokens one step late, which the simulator does not model: it uses this step's features.
-    Only drafts that were looked up are scored later (`looked_up`).
+    flight, without waiting for it, so such a lookup costs no `lookup_ms` (`paid_lookup` False), unless the
+    corpus is unsure of the token in flight while full matches would pay (`SimRequest.unsure`: then it looks up
+    for real, paid); after a step that speculated, a lookup waits (paid). A probe (`plan_lookup` gave
+    PLAN_PROBE, or a first lookup `Controller.first_lookup_behind` allows) costs nothing and its drafts are only
+    scored (`note_probe`); new requests' first lookup that could only be a probe waits one step
+    (`Controller.defer_first_lookup`). The server's lookups behind see the tokens one step late, which the
+    simulator does not model: it uses this step's features. Only drafts that were looked up are scored later
+    (`looked_up`).
 
     `step_costs`: the controller decides on whole-step costs measured as the loop runs, as in the server
     (`StepCosts`: every step's simulated time recorded by kind; the controller reads a copy taken every
@@ -283,10 +286,10 @@ class AutoPolicy:
             # as lookup_behind: the corpus is unsure of a token in flight and full matches are expected to pay,
             # so the drafts are looked up for real after that token (paid) and decided on at once
             d = self.c.decide(views)
-        elif ones:  # looked up behind the step in flight, verified if chosen
+        elif ones and self.c.planned != PLAN_PROBE:  # looked up behind the step in flight, verified if chosen
             self.paid_lookup = False
             d = self.c.decide(views, behind=True)
-        elif self.c.planned == PLAN_PROBE:  # a probe behind a step that speculated: scored only
+        elif self.c.planned == PLAN_PROBE:  # a probe (made after the step's launch): scored only
             self.paid_lookup = False
             d = self.c.note_probe(views)
         else:

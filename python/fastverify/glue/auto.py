@@ -50,10 +50,13 @@ step, or the prefill of requests that all just joined) a lookup does not wait fo
 (`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked again past the guess
 (`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and a step that
 speculates verifies them with each root written on the device (`fill_roots`); where the corpus is unsure of
-the token in flight and drafts of the load pay, the worker looks up for real instead. After a step that
-speculated, a probe whose drafts could not pay even if they matched in full is looked up behind
-(`probe_behind`) and the step stays plain; a probe that could pay is a real lookup, and a lookup step that
-then verifies nothing runs at width 1.
+the token in flight and drafts of the load pay, the worker looks up for real instead. A probe whose drafts
+could not pay even if they matched in full is looked up on the host's tokens after the plain step was
+launched (`probe_behind`: the GPU decodes meanwhile), scored later, and the step stays plain; after a step
+that speculated, a probe that could pay is a real lookup, and a lookup step that then verifies nothing runs
+at width 1. In overlap mode, the first lookup of requests that just joined waits one step where it could
+only be such a probe (`Controller.defer_first_lookup`): the step launched right after their prefill delays
+their first token, the scheduler processing the prefill's result only after that launch.
 """
 from __future__ import annotations
 
@@ -273,13 +276,17 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             for req, new in zip(batch.reqs, fresh):
                 if new:
                     state.features[req.rid] = NO_DRAFT
+        probe = not ones  # first_lookup_behind allowed a probe
     else:
         look = ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX,
                                behind=ones)
-        if look and not ones and ctl.planned != PLAN_PROBE:
+        probe = look and ctl.planned == PLAN_PROBE
+        if look and not ones and not probe:
             return None  # speculation is expected to pay: look drafts up (waiting for the step in flight), verify
     d = None
-    if look and ones:
+    # a probe's drafts are only scored (even full matches would not be verified): looked up after this step's
+    # launch, while the GPU decodes, instead of delaying it
+    if look and ones and not probe:
         found = lookup_behind(worker, state, batch)
         if found is None:
             return None  # looked up for real by the worker (step_drafts decides)
@@ -291,10 +298,10 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             state.behind = Behind(tokens, mask, d, lens, in_flight)
             state.synced = False
             return None
-    elif look:  # a probe after a step that accepted drafts: looked up behind, scored later, the step stays plain
-        d = ctl.note_probe(probe_behind(worker, state, batch))
     worker._fv.expect([0] * bs)  # its result reaches the verify accounting as a step without drafts
     result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=ones)
+    if probe:  # on the host's tokens (this step's put included), scored later; the step stays plain
+        d = ctl.note_probe(probe_behind(worker, state, batch))
     d = d if d is not None else ctl.note_lean(bs)
     state.last_step = (LEAN, bs, 1)
     state.synced = False
