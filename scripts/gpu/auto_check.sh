@@ -73,7 +73,10 @@ LOAD="--vocab-size 2048 --kinds code,chat,repetitive,story --per-kind 2 --concur
 # speculative server's c=4 level lasts 0.6 s in two waves, and the server idles between them until the client's
 # next four requests arrive (up to 0.26 s seen in run20-run22, in every server); more waves dilute that.
 GREEDY="$LOAD --requests-per-slot ${GREEDY_SLOTS:-8}"
-SAMPLED="$LOAD --temperature 1.0"
+# SAMPLED_SLOTS: the same for the sampled load (default: the 8 prompts once per level). Its first token's time
+# varies by tens of ms with SGLang's eager prefill and with how a wave's requests fall into prefill batches,
+# so more requests per level average that out (16: 16 at c=1, 64 at c=4)
+SAMPLED="$LOAD --temperature 1.0${SAMPLED_SLOTS:+ --requests-per-slot $SAMPLED_SLOTS}"
 # WARMUP=1: one unrecorded round of both loads on every server first (tags *_w1, which the verdict does not
 # read): the first use of each verify width and batch size, compiled or loaded once per server, lands there
 ROUND_TAGS=$(seq -f "r%g" 1 "$ROUNDS" | tr '\n' ' '); [ "${WARMUP:-0}" = 1 ] && ROUND_TAGS="w1 $ROUND_TAGS"
