@@ -43,7 +43,7 @@ from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
                                    LEAN, PLAN_PROBE, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
-from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
+from fastverify.glue.auto import COST_SYNC_STEPS, NO_DRAFT, PROBE_MAX
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _KNEE_TOKENS = 192  # assumed compute knee above the measured 64 tokens (extrapolation)
@@ -264,21 +264,13 @@ class AutoPolicy:
             if ones and self.c.defer_first_lookup([v.req_id for v in views]):
                 # as the server in overlap mode: a first lookup that could only be a probe waits one step
                 for v in fresh:
-                    self.last[v.req_id] = DraftFeatures(0, 0)
-                self.looked_up = False
-                self.paid_lookup = False
-                self.plain_before = True
-                d = self.c.note_lean(len(views))
-                return d.option, d.speculate
+                    self.last[v.req_id] = NO_DRAFT
+                return self._lean(len(views))
             if not ones:
                 self.c.first_lookup_behind([v.req_id for v in views])  # sets planned: PLAN_PROBE or None
         elif not self.c.plan_lookup([RequestView(v.req_id, self.last[v.req_id]) for v in views], self.probe_max,
                                     behind=ones):
-            self.looked_up = False
-            self.paid_lookup = False
-            self.plain_before = True
-            d = self.c.note_lean(len(views))
-            return d.option, d.speculate
+            return self._lean(len(views))
         self.looked_up = True
         for v in views:
             self.last[v.req_id] = v.features
@@ -295,6 +287,14 @@ class AutoPolicy:
         else:
             d = self.c.decide(views)
         self.plain_before = d.option.kind == NONE or not any(d.speculate)
+        return d.option, d.speculate
+
+    def _lean(self, bs: int):
+        """A step without a lookup: no speculation, nothing paid, nothing to score later."""
+        self.looked_up = False
+        self.paid_lookup = False
+        self.plain_before = True
+        d = self.c.note_lean(bs)
         return d.option, d.speculate
 
     def observe(self, rid, features, chain, tree):
