@@ -56,6 +56,7 @@ PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
 AFTER_PREFILL = 4  # the prefill's own iteration and the next three
 SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
 LONG_MS = 50.0  # decode steps longer than this are listed one by one (stalls)
+GAP_MS = 0.005  # a device gap longer than this between two steps: the forward stream waited for the host
 MIN_GROUP = 100  # a (batch size, sampling, kind) group with fewer steady steps is left out of the per-batch-size table
 
 
@@ -83,7 +84,7 @@ def load_records(path) -> list:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not a JSON record ({e.msg})") from None
-            if not isinstance(rec, list) or not rec or rec[0] not in ("R", "P", "G", "I", "C"):
+            if not isinstance(rec, list) or not rec or rec[0] not in ("R", "P", "G", "I", "C", "E"):
                 raise ValueError(f"{path}:{n}: not a step-trace record: {line[:80]}")
             records.append(rec)
     return records
@@ -105,6 +106,7 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
     gcs = sorted((r for r in records if r[0] == "G"), key=lambda r: r[2])
     idles = sorted(r[1] for r in records if r[0] == "I")
     compiles = sorted((r for r in records if r[0] == "C"), key=lambda r: r[1])
+    device = {r[1]: r for r in records if r[0] == "E"}  # the device side of a launch, by its start
     rows, pi, gi, ii, ci = [], 0, 0, 0, 0
     for i in range(len(runs) - 1):
         cur, nxt = runs[i], runs[i + 1]
@@ -136,10 +138,13 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
         kind, width, probe = (cur[5:8] + [None, None, None])[:3]
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
         sampling = cur[9] if len(cur) > 9 and cur[9] in ("greedy", "sampled") else None  # None: older traces
+        dev = device.get(start)
         rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait,
                      "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4],
                      "next_mode": nxt[3], "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe),
-                     "index": i, "sampling": sampling, "idle": idle, "compiled": compiled})
+                     "index": i, "sampling": sampling, "idle": idle, "compiled": compiled,
+                     # ms on the forward stream: first to last mark of this launch, last mark to the next's first
+                     "gpu_span": dev[2] if dev else None, "gpu_gap": dev[3] if dev else None})
     return rows
 
 
@@ -161,7 +166,7 @@ def in_window(records, first: float, last: float) -> list:
     """The records of the launches first..last (inclusive) and what happened up to the launch after last."""
     runs = sorted(r[1] for r in records if r[0] == "R")
     after = next((t for t in runs if t > last), float("inf"))
-    when = {"R": 1, "P": 1, "G": 2, "I": 1, "C": 1}  # the field that holds each kind's time
+    when = {"R": 1, "P": 1, "G": 2, "I": 1, "C": 1, "E": 1}  # the field that holds each kind's time
     return [r for r in records if first <= r[when[r[0]]] < after and (r[0] != "R" or r[1] <= last)
             or (r[0] == "R" and r[1] == after)]
 
@@ -184,7 +189,17 @@ def summarize(rows) -> dict:
     period, busy, wait = ms("period"), ms("busy"), ms("wait")
     gc_ms = ms("gc")
     n = len(rows)
+    span = [r["gpu_span"] for r in rows if r.get("gpu_span") is not None]
+    gap = [r["gpu_gap"] for r in rows if r.get("gpu_gap") is not None]
+    device = {} if not span else {
+        # the device side (E records): the step's time on the forward stream, and the forward stream idle
+        # between it and the next step (0 while the host launches ahead of the GPU)
+        "gpu_steps": len(span), "gpu_span_median": statistics.median(span), "gpu_span_mean": statistics.fmean(span),
+        "gpu_gap_median": statistics.median(gap), "gpu_gap_mean": statistics.fmean(gap),
+        "gpu_gap_share": sum(1 for g in gap if g > GAP_MS) / len(gap),
+    }
     return {
+        **device,
         "steps": n,
         "period_median": statistics.median(period), "period_mean": statistics.fmean(period),
         "period_p90": _pct(period, 0.9), "period_p99": _pct(period, 0.99), "period_max": max(period),
@@ -302,6 +317,10 @@ ROWS = [("period_median", "period median"), ("period_mean", "period mean"), ("pe
         ("busy_mean", "busy mean"), ("busy_p99", "busy p99"), ("wait_median", "wait median"),
         ("launch_median", "launch median"), ("proc_median", "process median"), ("late_share", "late (share)"),
         ("gc_per_1000", "gc per 1000 steps"), ("gc_ms_per_step", "gc ms per step"), ("gc_max_ms", "gc longest")]
+# rows of traces with E records (FASTVERIFY_STEP_TRACE_GPU=1): the device side of each step
+GPU_ROWS = [("gpu_span_median", "gpu span median"), ("gpu_span_mean", "gpu span mean"),
+            ("gpu_gap_median", "gpu gap median"), ("gpu_gap_mean", "gpu gap mean"),
+            ("gpu_gap_share", "gpu gap > 5 us (share)")]
 
 
 def _cell(value, base, fmt: str = "{:.3f}") -> str:
@@ -321,7 +340,8 @@ def render(results: dict) -> str:
            + "".join(lab.rjust(width) for lab in labels)]
     out.append("steps".ljust(34) + "".join(str(results[lab]["decode"].get("steps", 0)).rjust(width)
                                          for lab in labels))
-    for key, name in ROWS:
+    device = any("gpu_span_median" in results[lab]["decode"] for lab in labels)
+    for key, name in ROWS + (GPU_ROWS if device else []):
         b = results[base]["decode"].get(key)
         out.append(name.ljust(34) + "".join(
             _cell(results[lab]["decode"].get(key), None if lab == base else b).rjust(width) for lab in labels))
@@ -390,22 +410,26 @@ def _render_by_bs(results: dict, labels: list) -> list:
     rows = [(lab, g) for lab in labels for g in results[lab].get("by_bs_kind", [])]
     if not rows:
         return []
+    device = any("gpu_span_median" in g for _, g in rows)
     out = ["", f"decode steps by batch size, sampling and kind (steady, {MIN_GROUP}+ steps; vs {labels[0]} at "
            "that batch size and sampling)",
            f"  {'server':<14}{'bs':>4}  {'sampling':<9}{'kind':<11}{'steps':>7}{'period median':>22}"
-           f"{'period mean':>22}{'busy median':>13}{'wait median':>13}{'late':>7}"]
+           f"{'period mean':>22}{'busy median':>13}{'wait median':>13}{'late':>7}"
+           + (f"{'gpu span median':>24}{'gpu gap mean':>14}" if device else "")]
     for lab, g in sorted(rows, key=lambda x: (x[1]["bs"], x[1].get("sampling", ""), labels.index(x[0]))):
         b = base.get((g["bs"], g.get("sampling", ""))) if lab != labels[0] else None
 
         def rel(key):
             v = g[key]
-            if b is None:
+            if b is None or key not in b:
                 return f"{v:.3f}"
             return f"{v:.3f} ({100.0 * (v / b[key] - 1.0):+.1f} %)"
         out.append(f"  {lab[:14]:<14}{g['bs']:>4}  {g.get('sampling') or '-':<9}{g['kind']:<11}{g['steps']:>7}"
                    f"{rel('period_median'):>22}"
                    f"{rel('period_mean'):>22}{g['busy_median']:>13.3f}{g['wait_median']:>13.3f}"
-                   f"{g['late_share']:>7.3f}")
+                   f"{g['late_share']:>7.3f}"
+                   + ((f"{rel('gpu_span_median'):>24}{g['gpu_gap_mean']:>14.3f}" if "gpu_span_median" in g
+                       else f"{'-':>24}{'-':>14}") if device else ""))
     return out
 
 

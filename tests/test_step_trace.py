@@ -68,9 +68,9 @@ def write_traces(tmp_path, **servers) -> list:
     return paths
 
 
-def by_bs_table(capsys) -> list:
-    """The rows of the printed per-batch-size table, split into words."""
-    lines = capsys.readouterr().out.splitlines()
+def by_bs_table(capsys, out=None) -> list:
+    """The rows of the printed per-batch-size table (of `out`, else of what was printed), split into words."""
+    lines = (capsys.readouterr().out if out is None else out).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size, sampling"))
     return [line.split() for line in lines[start + 2:]]
 
@@ -525,3 +525,145 @@ def test_greedy_and_sampled_steps_are_compared_apart(tmp_path, capsys):
     assert table[0][:5] == ["plain", "1", "greedy", "plain", "300"]
     assert table[1][:5] == ["plain", "1", "sampled", "plain", "300"]
     assert table[2][:5] == ["auto", "1", "sampled", "lean", "300"] and table[2][5:8] == ["4.700", "(+0.0", "%)"]
+
+
+# ---- the device side of each step (E records) -------------------------------------------------------------
+
+class FakeGpu:
+    """A forward stream that runs each launched step for `step_ms` of device time, starting when the previous
+    one ended or when the host launched it, whichever is later; events read its clock. `host` is the fake host
+    clock (s), so a host that launches late leaves the stream idle."""
+
+    def __init__(self, host, step_ms):
+        self.host, self.step_ms = host, step_ms
+        self.busy_until = 0.0  # ms on the device clock
+        self.recorded = []  # (event, stream) in order
+
+    def event_cls(self):
+        gpu = self
+
+        class Event:
+            created = 0
+
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                Event.created += 1
+                self.at = None
+
+            def record(self, stream=None):
+                gpu.recorded.append((self, stream))
+                self.at = max(gpu.busy_until, 1000.0 * gpu.host())  # when the stream reaches it
+
+            def query(self):
+                return self.at is not None and self.at <= 1000.0 * gpu.host()
+
+            def elapsed_time(self, other):
+                assert self.query() and other.query(), "elapsed_time of an event not passed yet"
+                return other.at - self.at
+
+            def synchronize(self):
+                pass
+
+        return Event
+
+    def launch(self):  # the step's device work, queued behind the previous step's
+        self.busy_until = max(self.busy_until, 1000.0 * self.host()) + self.step_ms
+
+
+def test_gpu_marks_tell_device_time_from_a_late_host(tmp_path):
+    """Each step 4 ms on the device; the host launches each step 1 ms after the previous launch, then waits for
+    the previous step, except every 5th step, where it comes 2 ms after the device went idle. The E records give
+    each step's span 4 ms, the gap 0 while the host is ahead and 2 ms where it came late; events are reused."""
+    clock = Clock()
+    gpu = FakeGpu(clock, step_ms=4.0)
+    Event = gpu.event_cls()
+
+    class Scheduler:
+        forward_stream = "forward"
+        draft_worker = None
+
+        def run_batch(self, batch):
+            gpu.launch()
+            clock.advance(0.001)
+
+        def process_batch_result(self, batch, result):
+            pass
+
+    trace = steptrace.StepTrace(str(tmp_path / "steps-5.jsonl"), clock=clock, gpu=steptrace.GpuMarks(Event))
+    steptrace.instrument(Scheduler, Event, trace)
+    try:
+        s = Scheduler()
+        for i in range(20):
+            s.run_batch(batch(bs=1))
+            # the host waits for the previous step (overlap: one step in flight); now and then it is late
+            clock.t = max(clock.t, (gpu.busy_until - gpu.step_ms) / 1000.0)
+            if i % 5 == 4:
+                clock.t = gpu.busy_until / 1000.0 + 0.002
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    e = [r for r in trace.records if r[0] == "E"]
+    starts = [r[1] for r in trace.records if r[0] == "R"]
+    assert len(e) >= 15 and [r[1] for r in e] == starts[:len(e)]
+    assert all(stream == "forward" for _, stream in gpu.recorded)
+    assert all(r[2] == pytest.approx(4.0) for r in e)
+    gaps = [r[3] for r in e]
+    assert [i for i, g in enumerate(gaps) if g > 0.1] == [i for i in range(len(e)) if i % 5 == 4]
+    assert all(g == pytest.approx(2.0) for g in gaps if g > 0.1)
+    assert Event.created <= 8  # read events are recorded again, not created anew
+
+
+def test_gpu_marks_are_off_unless_asked(tmp_path, monkeypatch):
+    calls = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            calls.append("created")
+
+        def record(self, stream=None):
+            calls.append("record")
+
+        def synchronize(self):
+            pass
+
+    clock = Clock()
+    Scheduler, _ = make_classes(clock)
+    trace = steptrace.StepTrace(str(tmp_path / "steps-6.jsonl"), clock=clock)
+    steptrace.instrument(Scheduler, Event, trace)
+    try:
+        Scheduler().run_batch(batch())
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    assert calls == [] and [r[0] for r in trace.records] == ["R"]
+
+
+def with_device(recs, span_ms, gap_ms=lambda i: 0.0):
+    """E records for every launch of `recs`: span_ms(i), gap_ms(i) for the i-th launch."""
+    out = list(recs)
+    for i, r in enumerate(r for r in recs if r[0] == "R"):
+        out.append(["E", r[1], span_ms(i), gap_ms(i)])
+    return out
+
+
+def test_device_side_per_batch_size(tmp_path, capsys):
+    """Both servers' steps last 4.6 ms on the host clock; auto's device span is 25 us longer and its gaps 0,
+    the plain server's span shorter by as much with a 25 us gap every step: the same period, told apart."""
+    plain = with_device(server_records(n_steps=200, period=0.0046, sampling="sampled"),
+                        span_ms=lambda i: 4.575, gap_ms=lambda i: 0.025)
+    auto = with_device(server_records(n_steps=200, period=0.0046, sampling="sampled",
+                                      kinds=lambda i: ["lean", 1, False]), span_ms=lambda i: 4.6)
+    d = step_trace.analyze(plain)["decode"]
+    assert d["gpu_span_median"] == pytest.approx(4.575) and d["gpu_gap_mean"] == pytest.approx(0.025)
+    assert d["gpu_gap_share"] == 1.0 and step_trace.analyze(auto)["decode"]["gpu_gap_share"] == 0.0
+    assert step_trace.main(write_traces(tmp_path, plain=plain, auto=auto)) == 0
+    out = capsys.readouterr().out
+    assert "gpu span median" in out and "gpu gap > 5 us (share)" in out
+    table = by_bs_table(capsys, out)
+    assert table[1][:5] == ["auto", "1", "sampled", "lean", "200"]
+    assert table[1][-4:] == ["4.600", "(+0.5", "%)", "0.000"] and table[0][-2:] == ["4.575", "0.025"]
+
+
+def test_traces_without_device_side_print_no_device_columns(tmp_path, capsys):
+    plain = server_records(n_steps=150, sampling="sampled")
+    assert "gpu_span_median" not in step_trace.analyze(plain)["decode"]
+    assert step_trace.main(write_traces(tmp_path, plain=plain)) == 0
+    assert "gpu" not in capsys.readouterr().out

@@ -19,6 +19,13 @@ reads per iteration, no device synchronisation of its own):
   next launch comes after one waited for new requests, not for itself.
 - ``C``: one Triton kernel compiled (or loaded from Triton's on-disk cache) while serving: start, duration,
   the kernel's name, its compile-time constants and its argument types (what made this call a new one).
+- ``E`` (with ``FASTVERIFY_STEP_TRACE_GPU=1``): the device side of one ``R``: its start (the ``R``'s), the
+  milliseconds the forward stream took from the step's first mark to its last (``span``), and from its last
+  mark to the next step's first (``gap``). Two CUDA events per step, recorded on the scheduler's forward stream
+  (the current stream without one) when ``run_batch`` starts and when it returns, read once the next step's
+  first has passed: while the host launches each step before the GPU finishes the one before (a GPU-bound
+  step), the span is the step's device time and the gap is 0; a host that comes late shows as gap. So two
+  servers whose host periods differ can be told apart: longer device work, or a host that leaves the GPU idle.
 
 Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended whenever
 the scheduler goes idle (no step in flight to delay) and, while it never does, in blocks of ``FLUSH_EVERY``
@@ -40,9 +47,11 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from typing import Callable, List, Optional
 
 ENV = "FASTVERIFY_STEP_TRACE"
+GPU_ENV = "FASTVERIFY_STEP_TRACE_GPU"  # "1": also the device side of each step (E records)
 FLUSH_EVERY = 16384  # records kept in memory at most (~2 per step): a write on the scheduler thread stalls a step
 MARK = "_fastverify_span"  # set on the functions this module wrapped
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
@@ -71,11 +80,56 @@ SPANS = (
 )
 
 
+class GpuMarks:
+    """The ``E`` records: two timing events per step on the forward stream, read without waiting (an event is
+    read once the next step's first event has passed, ``query()``), and reused once read."""
+
+    def __init__(self, event_cls):
+        self.event_cls = event_cls
+        self.pending: deque = deque()  # (start of the R record, first event, last event), oldest first
+        self.free: list = []
+        self._first = None
+
+    def _event(self):
+        return self.free.pop() if self.free else self.event_cls(enable_timing=True)
+
+    @staticmethod
+    def _record(event, stream) -> None:
+        if stream is None:
+            event.record()
+        else:
+            event.record(stream)
+
+    def begin(self, stream) -> None:
+        self._first = self._event()
+        self._record(self._first, stream)
+
+    def end(self, stream, start: float) -> list:
+        """The step launched: its last mark; returns the E records of earlier steps that can be read now."""
+        if self._first is None:
+            return []
+        last = self._event()
+        self._record(last, stream)
+        self.pending.append((start, self._first, last))
+        self._first = None
+        return self.harvest()
+
+    def harvest(self) -> list:
+        out = []
+        while len(self.pending) >= 2 and self.pending[1][1].query():
+            start, first, last = self.pending.popleft()
+            following = self.pending[0][1]  # still the first mark of the step now oldest: not freed yet
+            out.append(["E", start, float(first.elapsed_time(last)), float(last.elapsed_time(following))])
+            self.free += [first, last]
+        return out
+
+
 class StepTrace:
     """Collects the records of one process and appends them to ``path`` when the scheduler goes idle, or
     every ``flush_every`` records when it does not."""
 
-    def __init__(self, path: str, flush_every: int = None, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, path: str, flush_every: int = None, clock: Callable[[], float] = time.perf_counter,
+                 gpu: Optional[GpuMarks] = None):
         flush_every = FLUSH_EVERY if flush_every is None else flush_every
         self.path = path
         self.flush_every = max(int(flush_every), 1)
@@ -87,6 +141,7 @@ class StepTrace:
         self._spans_installed = False
         self.idle_noted = False  # an "I" record was written since the last launch
         self._gc_start: Optional[float] = None
+        self.gpu = gpu  # GpuMarks, or None: no E records
 
     def add(self, record: list) -> None:
         self.records.append(record)
@@ -184,11 +239,17 @@ class StepTrace:
             mode, bs = mode_name(batch), batch_size(batch)  # before the step: a verify step changes the mode
             how = sampling_kind(batch)
             trace.idle_noted = False
+            gpu, stream = trace.gpu, getattr(scheduler, "forward_stream", None)
             t0 = trace.clock()
+            if gpu is not None:
+                gpu.begin(stream)
             result = fn(scheduler, batch, *args, **kwargs)
+            marks = gpu.end(stream, t0) if gpu is not None else ()
             t1 = trace.clock()
             spans, trace.spans = trace.spans, {}
             trace.add(["R", t0, t1, mode, bs, *auto_step(scheduler), spans, how])
+            for rec in marks:
+                trace.add(rec)
             return result
 
         run_batch.__wrapped__ = fn
@@ -296,7 +357,9 @@ def trace_path(directory: str) -> str:
 def _instrument_module(module) -> None:
     import torch
 
-    instrument(module.Scheduler, torch.cuda.Event, StepTrace(trace_path(os.environ[ENV])), torch.cuda.Stream)
+    gpu = GpuMarks(torch.cuda.Event) if os.environ.get(GPU_ENV, "0") == "1" else None
+    instrument(module.Scheduler, torch.cuda.Event, StepTrace(trace_path(os.environ[ENV]), gpu=gpu),
+               torch.cuda.Stream)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

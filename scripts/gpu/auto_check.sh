@@ -20,7 +20,8 @@
 #    Phase 1 ends with a host profile (py-spy, 10 s, TP-0 scheduler) of auto on the
 #    sampled workload (PROFILE=1, the default; PROFILE=torch: GPU timelines of PROFILE_SERVERS instead,
 #    benchmark/gpu_timeline.py; both: the two; 0: none). Phase 1 and phase 2 servers do not run at the same time.
-#    STEPTRACE=1: every scheduler iteration of every server traced (benchmark/step_trace.py -> step_trace.txt).
+#    STEPTRACE=1: every scheduler iteration of every server traced (benchmark/step_trace.py -> step_trace.txt);
+#    STEPTRACE_GPU=1 with it: each step's device time and the GPU's idle gap after it (two CUDA events a step).
 #    WARMUP=1: a round of both loads on every server before the recorded rounds (kept as *_w1, not judged).
 #    MONITOR=1: per-thread CPU use of each server's scheduler processes during its sampled load.
 set -u

@@ -53,6 +53,8 @@ launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" li
     envv="SRV_ENV_$name"
     trace=""  # STEPTRACE=1: every scheduler iteration recorded under $W/steps-NAME (benchmark/step_trace.py)
     [ "${STEPTRACE:-0}" = 1 ] && trace="FASTVERIFY_STEP_TRACE=$W/steps-$name PYTHONPATH=$PWD/scripts/gpu/steptrace:$PYTHONPATH"
+    # STEPTRACE_GPU=1 (with STEPTRACE=1): each step's device span and the forward stream's idle gap after it
+    [ -n "$trace" ] && [ "${STEPTRACE_GPU:-0}" = 1 ] && trace="$trace FASTVERIFY_STEP_TRACE_GPU=1"
     TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env $trace ${!envv:-} python3 -m sglang.launch_server $common \
       --port "$port" --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
     PID[$name]=$!; PORT[$name]=$port
