@@ -56,6 +56,7 @@ PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
 AFTER_PREFILL = 4  # the prefill's own iteration and the next three
 SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
 LONG_MS = 50.0  # decode steps longer than this are listed one by one (stalls)
+GPU_PARTS = ("forward", "sample")  # the labels of steptrace.GPU_SPANS
 GAP_MS = 0.005  # a device gap longer than this between two steps: the forward stream waited for the host
 MIN_GROUP = 100  # a (batch size, sampling, kind) group with fewer steady steps is left out of the per-batch-size table
 
@@ -144,7 +145,9 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
                      "next_mode": nxt[3], "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe),
                      "index": i, "sampling": sampling, "idle": idle, "compiled": compiled,
                      # ms on the forward stream: first to last mark of this launch, last mark to the next's first
-                     "gpu_span": dev[2] if dev else None, "gpu_gap": dev[3] if dev else None})
+                     "gpu_span": dev[2] if dev else None, "gpu_gap": dev[3] if dev else None,
+                     # ms between the events around the model's forward and the sampler (traces that have them)
+                     "gpu_parts": dev[4] if dev and len(dev) > 4 and isinstance(dev[4], dict) else None})
     return rows
 
 
@@ -198,6 +201,17 @@ def summarize(rows) -> dict:
         "gpu_gap_median": statistics.median(gap), "gpu_gap_mean": statistics.fmean(gap),
         "gpu_gap_share": sum(1 for g in gap if g > GAP_MS) / len(gap),
     }
+    parted = [r for r in rows if r.get("gpu_parts") and r.get("gpu_span") is not None]
+    if parted:
+        # the span split: each part's median, and the rest of the span (the glue's and the scheduler's
+        # kernels and copies, waits on other streams) per step
+        for label in GPU_PARTS:
+            vals = [r["gpu_parts"][label] for r in parted if label in r["gpu_parts"]]
+            if vals:
+                device[f"gpu_{label}_median"] = statistics.median(vals)
+        rest = [r["gpu_span"] - sum(r["gpu_parts"].values()) for r in parted]
+        device["gpu_rest_median"] = statistics.median(rest)
+        device["gpu_rest_mean"] = statistics.fmean(rest)
     return {
         **device,
         "steps": n,
@@ -320,7 +334,9 @@ ROWS = [("period_median", "period median"), ("period_mean", "period mean"), ("pe
 # rows of traces with E records (FASTVERIFY_STEP_TRACE_GPU=1): the device side of each step
 GPU_ROWS = [("gpu_span_median", "gpu span median"), ("gpu_span_mean", "gpu span mean"),
             ("gpu_gap_median", "gpu gap median"), ("gpu_gap_mean", "gpu gap mean"),
-            ("gpu_gap_share", "gpu gap > 5 us (share)")]
+            ("gpu_gap_share", "gpu gap > 5 us (share)"), ("gpu_forward_median", "gpu in forward median"),
+            ("gpu_sample_median", "gpu in sample median"), ("gpu_rest_median", "gpu rest of span median"),
+            ("gpu_rest_mean", "gpu rest of span mean")]
 
 
 def _cell(value, base, fmt: str = "{:.3f}") -> str:
@@ -411,11 +427,13 @@ def _render_by_bs(results: dict, labels: list) -> list:
     if not rows:
         return []
     device = any("gpu_span_median" in g for _, g in rows)
+    parts = any("gpu_rest_median" in g for _, g in rows)
     out = ["", f"decode steps by batch size, sampling and kind (steady, {MIN_GROUP}+ steps; vs {labels[0]} at "
            "that batch size and sampling)",
            f"  {'server':<14}{'bs':>4}  {'sampling':<9}{'kind':<11}{'steps':>7}{'period median':>22}"
            f"{'period mean':>22}{'busy median':>13}{'wait median':>13}{'late':>7}"
-           + (f"{'gpu span median':>24}{'gpu gap mean':>14}" if device else "")]
+           + (f"{'gpu span median':>24}{'gpu gap mean':>14}" if device else "")
+           + (f"{'forward':>9}{'sample':>8}{'rest':>8}" if parts else "")]
     for lab, g in sorted(rows, key=lambda x: (x[1]["bs"], x[1].get("sampling", ""), labels.index(x[0]))):
         b = base.get((g["bs"], g.get("sampling", ""))) if lab != labels[0] else None
 
@@ -429,7 +447,10 @@ def _render_by_bs(results: dict, labels: list) -> list:
                    f"{rel('period_mean'):>22}{g['busy_median']:>13.3f}{g['wait_median']:>13.3f}"
                    f"{g['late_share']:>7.3f}"
                    + ((f"{rel('gpu_span_median'):>24}{g['gpu_gap_mean']:>14.3f}" if "gpu_span_median" in g
-                       else f"{'-':>24}{'-':>14}") if device else ""))
+                       else f"{'-':>24}{'-':>14}") if device else "")
+                   + ("".join(f"{_cell(g.get(key), None):>{w}}" for key, w in
+                              (("gpu_forward_median", 9), ("gpu_sample_median", 8), ("gpu_rest_median", 8)))
+                      if parts else ""))
     return out
 
 

@@ -172,8 +172,9 @@ def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
 
 def test_the_span_table_names_functions_that_exist(monkeypatch):
     """Every SPANS entry whose module imports here resolves to a function (a renamed one would silently stop
-    being timed); Triton's compile step among them where this Triton has it."""
-    for module_name, qualname, label in steptrace.SPANS:
+    being timed); Triton's compile step among them where this Triton has it. The same for GPU_SPANS."""
+    assert {m for m, _, _ in steptrace.GPU_SPANS} <= {m for m, _, _ in steptrace.SPANS}
+    for module_name, qualname, label in steptrace.SPANS + steptrace.GPU_SPANS:
         try:
             owner = importlib.import_module(module_name)
         except Exception:  # noqa: BLE001 - SGLang's GPU modules need what this machine lacks
@@ -566,8 +567,8 @@ class FakeGpu:
 
         return Event
 
-    def launch(self):  # the step's device work, queued behind the previous step's
-        self.busy_until = max(self.busy_until, 1000.0 * self.host()) + self.step_ms
+    def launch(self, ms=None):  # device work (default: a whole step's), queued behind what was launched before
+        self.busy_until = max(self.busy_until, 1000.0 * self.host()) + (self.step_ms if ms is None else ms)
 
 
 def test_gpu_marks_tell_device_time_from_a_late_host(tmp_path):
@@ -610,6 +611,63 @@ def test_gpu_marks_tell_device_time_from_a_late_host(tmp_path):
     assert [i for i, g in enumerate(gaps) if g > 0.1] == [i for i in range(len(e)) if i % 5 == 4]
     assert all(g == pytest.approx(2.0) for g in gaps if g > 0.1)
     assert Event.created <= 8  # read events are recorded again, not created anew
+
+
+def test_gpu_marks_split_the_span_into_forward_sample_and_rest(tmp_path, monkeypatch):
+    """A step of 0.5 ms of other device work, then the model's forward (3 ms) and the sampler (0.5 ms), both
+    wrapped: each E record carries forward 3.0 and sample 0.5, and the analysis puts 0.5 ms in the rest.
+    Calls outside a step (a warm-up before serving) record nothing."""
+    clock = Clock()
+    gpu = FakeGpu(clock, step_ms=4.0)
+    Event = gpu.event_cls()
+    helpers = types.ModuleType("fv_gpu_helpers")
+
+    class Runner:
+        def forward(self):
+            gpu.launch(3.0)
+
+        def sample(self):
+            gpu.launch(0.5)
+
+    helpers.Runner = Runner
+    monkeypatch.setitem(sys.modules, "fv_gpu_helpers", helpers)
+    runner = Runner()
+
+    class Scheduler:
+        draft_worker = None
+
+        def run_batch(self, batch):
+            gpu.launch(0.5)
+            runner.forward()
+            runner.sample()
+            clock.advance(0.001)
+
+        def process_batch_result(self, batch, result):
+            clock.t = max(clock.t, (gpu.busy_until - gpu.step_ms) / 1000.0)
+
+    trace = steptrace.StepTrace(str(tmp_path / "steps-7.jsonl"), clock=clock, gpu=steptrace.GpuMarks(Event))
+    trace.span_targets = ()
+    trace.gpu_span_targets = (("fv_gpu_helpers", "Runner.forward", "forward"),
+                              ("fv_gpu_helpers", "Runner.sample", "sample"), ("fv_gpu_helpers", "Runner.no", "x"))
+    steptrace.instrument(Scheduler, Event, trace)
+    try:
+        s = Scheduler()
+        for _ in range(12):
+            s.run_batch(batch(bs=1, greedy=False))
+            s.process_batch_result(None, None)
+        n_recorded = len(gpu.recorded)
+        runner.forward()  # outside a step: no events
+        assert len(gpu.recorded) == n_recorded
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    assert trace.install_spans() == []  # wrapped once
+    e = [r for r in trace.records if r[0] == "E"]
+    assert len(e) >= 9  # (the last steps: read once a later step's first mark has passed)
+    assert all(r[2] == pytest.approx(4.0) and r[4] == {"forward": pytest.approx(3.0), "sample": pytest.approx(0.5)}
+               for r in e)
+    d = step_trace.analyze(trace.records)["decode"]
+    assert d["gpu_forward_median"] == pytest.approx(3.0) and d["gpu_sample_median"] == pytest.approx(0.5)
+    assert d["gpu_rest_median"] == pytest.approx(0.5)
 
 
 def test_gpu_marks_are_off_unless_asked(tmp_path, monkeypatch):

@@ -54,6 +54,7 @@ ENV = "FASTVERIFY_STEP_TRACE"
 GPU_ENV = "FASTVERIFY_STEP_TRACE_GPU"  # "1": also the device side of each step (E records)
 FLUSH_EVERY = 16384  # records kept in memory at most (~2 per step): a write on the scheduler thread stalls a step
 MARK = "_fastverify_span"  # set on the functions this module wrapped
+GPU_MARK = "_fastverify_gpu_span"  # set on the functions GpuMarks wrapped
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 COMPILE_LABEL = "triton_compile"  # the span of Triton's compile step (also written as a C record)
 # Functions timed inside each iteration (module, attribute path, label): SGLang's forward and sampling, the
@@ -78,23 +79,32 @@ SPANS = (
     # a Triton kernel met with new arguments is compiled (or loaded from the on-disk cache) here
     ("triton.runtime.jit", "JITFunction._do_compile", "triton_compile"),
 )
+# Functions between two CUDA events when FASTVERIFY_STEP_TRACE_GPU=1 (the device side of SPANS' two largest)
+GPU_SPANS = (
+    ("sglang.srt.model_executor.model_runner", "ModelRunner.forward", "forward"),
+    ("sglang.srt.model_executor.model_runner", "ModelRunner.sample", "sample"),
+)
 
 
 class GpuMarks:
     """The ``E`` records: two timing events per step on the forward stream, read without waiting (an event is
-    read once the next step's first event has passed, ``query()``), and reused once read."""
+    read once the next step's first event has passed, ``query()``), and reused once read. Functions wrapped by
+    ``wrap_inner`` add a pair of events on the current stream around each call inside a step; the E record
+    then also carries the milliseconds between each pair, summed per label (``GPU_SPANS``: the model's
+    forward, graph replay included, and the sampler), so a step's device span splits into those and the rest."""
 
     def __init__(self, event_cls):
         self.event_cls = event_cls
-        self.pending: deque = deque()  # (start of the R record, first event, last event), oldest first
+        self.pending: deque = deque()  # (start of the R record, first, last, [(label, a, b)]), oldest first
         self.free: list = []
         self._first = None
+        self._inner: list = []  # (label, event before, event after) of the step being launched
 
     def _event(self):
         return self.free.pop() if self.free else self.event_cls(enable_timing=True)
 
     @staticmethod
-    def _record(event, stream) -> None:
+    def _record(event, stream=None) -> None:
         if stream is None:
             event.record()
         else:
@@ -102,6 +112,7 @@ class GpuMarks:
 
     def begin(self, stream) -> None:
         self._first = self._event()
+        self._inner = []
         self._record(self._first, stream)
 
     def end(self, stream, start: float) -> list:
@@ -110,16 +121,44 @@ class GpuMarks:
             return []
         last = self._event()
         self._record(last, stream)
-        self.pending.append((start, self._first, last))
-        self._first = None
+        self.pending.append((start, self._first, last, self._inner))
+        self._first, self._inner = None, []
         return self.harvest()
+
+    def wrap_inner(self, fn, label: str):
+        """``fn`` between two events on the current stream when called inside a step (else untouched)."""
+        marks = self
+
+        def inner(*args, **kwargs):
+            if marks._first is None:
+                return fn(*args, **kwargs)
+            before = marks._event()
+            marks._record(before)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                after = marks._event()
+                marks._record(after)
+                marks._inner.append((label, before, after))
+
+        inner.__wrapped__ = fn
+        setattr(inner, GPU_MARK, True)
+        return inner
 
     def harvest(self) -> list:
         out = []
         while len(self.pending) >= 2 and self.pending[1][1].query():
-            start, first, last = self.pending.popleft()
+            start, first, last, inner = self.pending.popleft()
             following = self.pending[0][1]  # still the first mark of the step now oldest: not freed yet
-            out.append(["E", start, float(first.elapsed_time(last)), float(last.elapsed_time(following))])
+            rec = ["E", start, float(first.elapsed_time(last)), float(last.elapsed_time(following))]
+            if inner:
+                parts: dict = {}
+                for label, a, b in inner:
+                    if a.query() and b.query():  # (on another stream than the forward's: may be running)
+                        parts[label] = parts.get(label, 0.0) + float(a.elapsed_time(b))
+                    self.free += [a, b]
+                rec.append(parts)
+            out.append(rec)
             self.free += [first, last]
         return out
 
@@ -138,6 +177,7 @@ class StepTrace:
         self.waited = 0.0  # seconds waited on CUDA events since the last reset
         self.spans: dict = {}  # label -> seconds spent in that function since the last launch record
         self.span_targets = SPANS
+        self.gpu_span_targets = GPU_SPANS  # with gpu: functions between two events (GpuMarks.wrap_inner)
         self._spans_installed = False
         self.idle_noted = False  # an "I" record was written since the last launch
         self._gc_start: Optional[float] = None
@@ -219,15 +259,17 @@ class StepTrace:
         self._spans_installed = True
         done = []
         for module_name, qualname, label in self.span_targets:
-            owner = sys.modules.get(module_name)
-            *path, attr = qualname.split(".")
-            for part in path:
-                owner = getattr(owner, part, None)
-            fn = getattr(owner, attr, None) if owner is not None else None
+            owner, attr, fn = _resolve(module_name, qualname)
             if fn is None or getattr(fn, MARK, False):  # (SGLang's own decorators set __wrapped__ too)
                 continue
             setattr(owner, attr, self.wrap_compile(fn) if label == COMPILE_LABEL else self.wrap_span(fn, label))
             done.append(label)
+        for module_name, qualname, label in (self.gpu_span_targets if self.gpu is not None else ()):
+            owner, attr, fn = _resolve(module_name, qualname)
+            if fn is None or getattr(fn, GPU_MARK, False):
+                continue
+            setattr(owner, attr, self.gpu.wrap_inner(fn, label))
+            done.append(f"gpu:{label}")
         return done
 
     def wrap_run_batch(self, fn):
@@ -282,6 +324,16 @@ class StepTrace:
 
         on_idle.__wrapped__ = fn
         return on_idle
+
+
+def _resolve(module_name: str, qualname: str) -> tuple:
+    """(owner, attribute, function) of "Class.method" or "function" in an imported module; function None when
+    the module is not imported or lacks it."""
+    owner = sys.modules.get(module_name)
+    *path, attr = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part, None)
+    return owner, attr, (getattr(owner, attr, None) if owner is not None else None)
 
 
 def kernel_name(jit) -> str:
