@@ -184,7 +184,8 @@ def test_kernels_match_the_reference_under_the_interpreter(interpreted):
 def test_warm_up_runs_each_variant_a_server_meets(interpreted):
     """Roots first and gathered, sampled tokens int32 and int64: four launches, outputs as the reference's;
     through warm_spec_kernels when asked for (auto mode)."""
-    assert interpreted["warm"] == {"variants": 4, "mismatches": []}
+    # (the interpreter's JIT entry returns no compiled kernel: every launch goes through it, none directly)
+    assert interpreted["warm"] == {"variants": 4, "mismatches": [], "direct_checked": 0, "direct_off": None}
     ws = interpreted["warm_spec"]
     assert ws["kernels"] == ["plain_step"] and ws["plain_variants"] == 4 and ws["mismatches"] == []
     assert interpreted["switched_off"] is False  # FASTVERIFY_PLAIN_KERNELS=0: the torch reference
@@ -234,6 +235,113 @@ def test_one_compile_per_variant_whatever_the_batch_size():
     assert {v: len(s) for v, s in keys_in.items()} == {(False, True): 1, (True, True): 1, (False, False): 1,
                                                         (True, False): 1}
     assert {v: len(s) for v, s in keys_out.items()} == {torch.int32: 1, torch.int64: 1}
+
+
+# --------------------------------------------------------------------------------------- direct launches
+
+
+class FakeCompiled:
+    """A compiled variant: its launcher takes every parameter positionally (the constexprs last)."""
+
+    def __init__(self, log, variant, wrong=False):
+        self.log, self.variant, self.wrong = log, variant, wrong
+
+    def __getitem__(self, grid):
+        def run(*args):
+            if self.wrong:
+                raise TypeError("function takes 5 positional arguments")
+            self.log.append(("direct", self.variant, grid, args))
+        return run
+
+
+class FakeKernel:
+    """Triton's JIT entry: binds positional and constexpr keyword arguments, returns the compiled variant."""
+
+    def __init__(self, returns=True, wrong=False):
+        self.log, self.returns, self.wrong = [], returns, wrong
+
+    def __getitem__(self, grid):
+        def run(*args, **constexprs):
+            self.log.append(("jit", grid, args, constexprs))
+            return FakeCompiled(self.log, len(self.log), self.wrong) if self.returns else None
+        return run
+
+
+def test_direct_launch_after_the_first_launch_of_each_variant(monkeypatch):
+    monkeypatch.delenv(plain_step.LAUNCH_ENV, raising=False)
+    k = FakeKernel()
+    d = plain_step._Direct(k, ("A", "B"))
+    g1, g2 = (1, 1, 1), (2, 1, 1)
+    d.launch(g1, "v1", (10, 20, 30, True, 128))
+    assert k.log == [("jit", g1, (10, 20, 30), {"A": True, "B": 128})]
+    d.launch(g1, "v1", (11, 21, 31, True, 128))  # the same variant: its compiled kernel, every argument
+    d.launch(g2, "v1", (12, 22, 32, True, 128))  # another grid: the same compiled kernel
+    assert k.log[1:] == [("direct", 1, g1, (11, 21, 31, True, 128)), ("direct", 1, g2, (12, 22, 32, True, 128))]
+    d.launch(g1, "v2", (13, 23, 33, False, 128))  # a new variant: the JIT entry first
+    assert k.log[3][0] == "jit" and d.direct_launches == 2
+    monkeypatch.setenv(plain_step.LAUNCH_ENV, "jit")  # the A/B switch
+    d.launch(g1, "v1", (14, 24, 34, True, 128))
+    assert k.log[4][0] == "jit" and d.direct_launches == 2
+
+
+def test_no_direct_launch_without_a_compiled_kernel_or_once_turned_off(monkeypatch):
+    monkeypatch.delenv(plain_step.LAUNCH_ENV, raising=False)
+    k = FakeKernel(returns=False)  # (the interpreter, or a Triton that compiles asynchronously)
+    d = plain_step._Direct(k, ("A",))
+    for _ in range(3):
+        d.launch((1,), "v", (1, 2, 64))
+    assert [e[0] for e in k.log] == ["jit"] * 3
+    k2 = FakeKernel()
+    d2 = plain_step._Direct(k2, ("A",))
+    d2.launch((1,), "v", (1, 2, 64))
+    d2.launch((1,), "v", (1, 2, 64))
+    d2.turn_off("test")
+    d2.launch((1,), "v", (1, 2, 64))
+    d2.launch((1,), "w", (1, 2, 64))
+    d2.launch((1,), "w", (1, 2, 64))
+    assert [e[0] for e in k2.log] == ["jit", "direct", "jit", "jit", "jit"] and d2.off == "test"
+
+
+def test_warm_up_turns_direct_launches_off_when_they_fail(monkeypatch, caplog):
+    """A launcher that refuses the arguments (another Triton's convention): the warm-up catches it on the
+    variant's second launch, turns direct launches off for both kernels, and the outputs stay right (every
+    later launch through the JIT entry, here the torch reference in its place)."""
+    monkeypatch.delenv(plain_step.LAUNCH_ENV, raising=False)
+    calls = []
+
+    class RefKernel(FakeKernel):
+        """The JIT entry computing the reference into the outputs, so that warm's checks pass."""
+
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                calls.append("jit")
+                if "ROOTS_FIRST" in constexprs:
+                    acc, lens, pool, rpi, seq, orig, ids, loc, new_seq, new_orig, bs = args[:11]
+                    want = plain_step.plain_inputs_ref(acc, lens, bs, constexprs["ROOTS_FIRST"], pool, rpi, seq,
+                                                       orig if constexprs["HAS_ORIG"] else None)
+                    for out, w in zip((ids, loc, new_seq, new_orig), want):
+                        if w is not None:
+                            out.copy_(w)
+                else:
+                    pred, acc, lens, n, kk = args
+                    want = plain_step.plain_outputs_ref(pred, kk)
+                    acc.copy_(want[0])
+                    lens.copy_(want[1])
+                return FakeCompiled(calls, 0, wrong=True)
+            return run
+
+    monkeypatch.setattr(plain_step, "_inputs_launch", plain_step._Direct(RefKernel(), ("ROOTS_FIRST", "HAS_ORIG",
+                                                                                       "BLOCK")))
+    monkeypatch.setattr(plain_step, "_outputs_launch", plain_step._Direct(RefKernel(), ("BLOCK",)))
+    monkeypatch.setattr(plain_step, "uses_kernels", lambda t: True)
+    res = plain_step.warm("cpu", 8)
+    assert res["mismatches"] == [] and res["variants"] == 4
+    assert res["direct_off"].startswith("plain_inputs(roots_first=False): TypeError")
+    assert plain_step._inputs_launch.off and plain_step._outputs_launch.off
+    # the first variant's second launch went to its compiled kernel (refused: no JIT call); after that both of
+    # each variant's launches go through the JIT entry
+    assert calls == ["jit"] * 7
+    assert "launched through Triton's JIT entry from now on" in caplog.text
 
 
 # ------------------------------------------------------------------------------------------------ warm-up
@@ -289,3 +397,17 @@ def test_kernels_match_the_reference_on_the_gpu():
         if caches is None:
             continue  # another Triton's layout
         assert sum(len(c[0]) for c in caches.values()) == variants
+
+
+def test_launch_benchmark_refuses_bad_arguments_and_a_machine_without_gpu(capsys):
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import plain_step_launch
+
+    with pytest.raises(SystemExit) as e:
+        plain_step_launch.main(["--bs", "1,x"])
+    assert e.value.code == 2 and "--bs: comma-separated integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plain_step_launch.main(["--calls", "0"])
+    if not torch.cuda.is_available():
+        assert plain_step_launch.main(["--bs", "1"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err

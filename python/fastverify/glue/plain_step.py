@@ -17,6 +17,15 @@ server's decode batch always carries orig_seq_lens, in the dtypes ``warm`` uses:
 Unlike torch indexing, the kernels do not bounds-check: an accept length of 0 or a length past the
 req_to_token row reads out of range instead of failing a device assert (neither occurs in a decode batch).
 
+Launches: the first call of each variant goes through Triton's JIT entry (``kernel[grid](...)``: it binds the
+arguments, builds the specialisation key, compiles or finds the variant), which returns the compiled kernel;
+later calls of that variant launch the compiled kernel directly (``_Direct``), keyed by what decides the
+variant here (the constexprs, the tensors' dtypes and, on a Triton without alignment exemptions, the inputs'
+16-byte alignment), so the step's host time no longer pays the JIT's binding and key per launch.
+``FASTVERIFY_PLAIN_LAUNCH=jit`` keeps every launch on the JIT entry (an A/B switch); ``warm`` launches each
+variant both ways and checks both against the reference, and turns the direct launch off (logged) if it
+raises or disagrees.
+
 ``plain_inputs_ref`` / ``plain_outputs_ref`` are the torch statements the step ran before, kept as the
 reference the kernels are tested against and as the path for tensors that are not on a GPU (the CPU tests'
 stand-in batches) unless Triton's interpreter is on. ``FASTVERIFY_PLAIN_KERNELS=0`` forces the reference path
@@ -31,6 +40,7 @@ import os
 logger = logging.getLogger("fastverify.plain_step")
 
 ENV = "FASTVERIFY_PLAIN_KERNELS"
+LAUNCH_ENV = "FASTVERIFY_PLAIN_LAUNCH"  # "jit": every launch through Triton's JIT entry (no direct launch)
 BLOCK = 128  # requests (inputs) or accept-token slots (outputs) per program: one program up to bs 128 / 16 x 8
 
 try:
@@ -43,11 +53,54 @@ _INPUT_PTRS = ("acc_ptr", "lens_ptr", "pool_ptr", "rpi_ptr", "seq_ptr", "orig_pt
 _OUTPUT_PTRS = ("pred_ptr",)
 
 
+_ALIGN_EXEMPT = triton is not None and "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters
+
+
 def _jit_options(ints, ptrs) -> dict:
     opts = {"do_not_specialize": list(ints)}
-    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+    if _ALIGN_EXEMPT:
         opts["do_not_specialize_on_alignment"] = list(ptrs)
     return opts
+
+
+class _Direct:
+    """One kernel's launches: the first of each variant key through the JIT entry, which returns the compiled
+    kernel; the next ones through that compiled kernel's own launcher (every parameter positionally, the
+    constexprs last, as the JIT entry passes them). ``off``: why direct launches are not used (None: used)."""
+
+    def __init__(self, kernel, constexprs):
+        self.kernel = kernel
+        self.constexprs = tuple(constexprs)  # names of the kernel's trailing constexpr parameters
+        self.runners: dict = {}  # (variant key, grid) -> the compiled kernel's launcher for that grid
+        self.compiled: dict = {}  # variant key -> compiled kernel
+        self.off = None
+        self.direct_launches = 0
+
+    def launch(self, grid, key, args) -> None:
+        """``grid``: three dimensions (a compiled kernel's launcher reads all three); ``args``: every parameter
+        of the kernel in order, the constexprs' values last."""
+        if self.off is None and os.environ.get(LAUNCH_ENV, "direct") != "jit":
+            run = self.runners.get((key, grid))
+            if run is None and key in self.compiled:
+                run = self.runners[(key, grid)] = self.compiled[key][grid]
+            if run is not None:
+                run(*args)
+                self.direct_launches += 1
+                return
+        n = len(self.constexprs)
+        compiled = self.kernel[grid](*args[:-n], **dict(zip(self.constexprs, args[-n:])))
+        if self.off is None and compiled is not None and hasattr(compiled, "__getitem__"):
+            self.compiled[key] = compiled
+
+    def turn_off(self, reason: str) -> None:
+        self.off = reason
+        self.runners.clear()
+        self.compiled.clear()
+
+
+def _aligned(*tensors) -> tuple:
+    """The 16-byte alignment of each tensor's data, where Triton keys a variant by it (else ())."""
+    return () if _ALIGN_EXEMPT else tuple(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 _plain_inputs_kernel = _plain_outputs_kernel = None
@@ -91,6 +144,8 @@ if triton is not None:
 
 # a kernel built while TRITON_INTERPRET=1 runs on CPU tensors too
 _INTERPRETED = type(_plain_inputs_kernel).__name__ == "InterpretedFunction"
+_inputs_launch = _Direct(_plain_inputs_kernel, ("ROOTS_FIRST", "HAS_ORIG", "BLOCK"))
+_outputs_launch = _Direct(_plain_outputs_kernel, ("BLOCK",))
 
 
 def uses_kernels(t) -> bool:
@@ -147,11 +202,15 @@ def plain_inputs(accept_tokens, accept_lens, bs: int, roots_first: bool, req_to_
     new_seq_lens = torch.empty_like(seq_lens)
     has_orig = orig_seq_lens is not None
     new_orig = torch.empty_like(orig_seq_lens) if has_orig else None
-    _plain_inputs_kernel[((bs + BLOCK - 1) // BLOCK,)](
-        acc, accept_lens, req_to_token, req_pool_indices, seq_lens, orig_seq_lens if has_orig else seq_lens,
-        input_ids, out_cache_loc, new_seq_lens, new_orig if has_orig else new_seq_lens,
-        bs, acc.stride(0), acc.stride(1), req_to_token.stride(0), req_to_token.stride(1),
-        ROOTS_FIRST=bool(roots_first), HAS_ORIG=has_orig, BLOCK=BLOCK)
+    orig = orig_seq_lens if has_orig else seq_lens
+    key = (bool(roots_first), has_orig, acc.dtype, accept_lens.dtype, req_to_token.dtype, req_pool_indices.dtype,
+           seq_lens.dtype, orig.dtype) + _aligned(acc, accept_lens, req_to_token, req_pool_indices, seq_lens, orig)
+    _inputs_launch.launch(
+        ((bs + BLOCK - 1) // BLOCK, 1, 1), key,
+        (acc, accept_lens, req_to_token, req_pool_indices, seq_lens, orig,
+         input_ids, out_cache_loc, new_seq_lens, new_orig if has_orig else new_seq_lens,
+         bs, acc.stride(0), acc.stride(1), req_to_token.stride(0), req_to_token.stride(1),
+         bool(roots_first), has_orig, BLOCK))
     return input_ids, out_cache_loc, new_seq_lens, new_orig
 
 
@@ -166,7 +225,8 @@ def plain_outputs(predict, k: int):
     accept_tokens = torch.empty(bs * k, dtype=torch.int32, device=predict.device)
     accept_lens = torch.empty(bs, dtype=torch.int32, device=predict.device)
     n = bs * k
-    _plain_outputs_kernel[((n + BLOCK - 1) // BLOCK,)](predict, accept_tokens, accept_lens, n, k, BLOCK=BLOCK)
+    _outputs_launch.launch(((n + BLOCK - 1) // BLOCK, 1, 1), (predict.dtype,) + _aligned(predict),
+                           (predict, accept_tokens, accept_lens, n, k, BLOCK))
     return accept_tokens, accept_lens
 
 
@@ -175,8 +235,10 @@ def warm(device, k: int, pool_dtype=None, bs: int = 3) -> dict:
     inputs with the scheduler batch's dtypes (accept tokens and lengths int32, req_to_token ``pool_dtype``
     (int32), req_pool_indices and seq_lens int64, orig_seq_lens int32: a decode batch always carries them),
     roots read first and gathered; the outputs for sampled tokens int32 and int64. One batch size covers them
-    all (it is no compile-time constant). Each output is checked against the reference. Returns {"variants":
-    launches, "mismatches": [names]}, or {"skipped": reason}."""
+    all (it is no compile-time constant). Each variant is launched twice, through the JIT entry and then
+    directly (``_Direct``), and each output is checked against the reference. Returns {"variants": variants,
+    "mismatches": [names], "direct_checked": variants launched directly, "direct_off": why direct launches
+    are off or None}, or {"skipped": reason}."""
     import torch
 
     probe = torch.empty(0, device=device)
@@ -191,19 +253,42 @@ def warm(device, k: int, pool_dtype=None, bs: int = 3) -> dict:
     rpi = torch.randperm(bs + 1, generator=gen)[:bs].to(torch.int64).to(device)
     seq = torch.randint(0, 31, (bs,), generator=gen, dtype=torch.int64).to(device)
     orig = seq.to(torch.int32)
-    mismatches, variants = [], 0
+    mismatches, variants, direct = [], 0, 0
+
+    def check(name, run, want) -> None:
+        """``run`` twice: the JIT entry (the variant's first launch), then the direct launch, each against the
+        reference; a direct launch that raises or disagrees turns direct launches off."""
+        nonlocal variants, direct
+        variants += 1
+        if not _same(run(), want):
+            mismatches.append(name)
+            return
+        before = _inputs_launch.direct_launches + _outputs_launch.direct_launches
+        try:
+            again = run()
+        except Exception as e:  # noqa: BLE001 - another Triton's launcher: the JIT entry stays
+            _turn_off_direct(f"{name}: {type(e).__name__}: {e}")
+            return
+        if _inputs_launch.direct_launches + _outputs_launch.direct_launches > before:
+            direct += 1
+            if not _same(again, want):
+                _turn_off_direct(f"{name}: the direct launch's output differs from the reference")
+
     for roots_first in (False, True):
         args = (acc, lens, bs, roots_first, pool, rpi, seq, orig)
-        got, want = plain_inputs(*args), plain_inputs_ref(*args)
-        variants += 1
-        if not _same(got, want):
-            mismatches.append(f"plain_inputs(roots_first={roots_first})")
+        check(f"plain_inputs(roots_first={roots_first})", lambda: plain_inputs(*args), plain_inputs_ref(*args))
     for dtype in (torch.int32, torch.int64):
         pred = torch.randint(0, 1 << 16, (bs,), generator=gen).to(dtype).to(device)
-        variants += 1
-        if not _same(plain_outputs(pred, width), plain_outputs_ref(pred, width)):
-            mismatches.append(f"plain_outputs({str(dtype).replace('torch.', '')})")
-    return {"variants": variants, "mismatches": mismatches}
+        check(f"plain_outputs({str(dtype).replace('torch.', '')})", lambda: plain_outputs(pred, width),
+              plain_outputs_ref(pred, width))
+    return {"variants": variants, "mismatches": mismatches, "direct_checked": direct,
+            "direct_off": _inputs_launch.off or _outputs_launch.off}
+
+
+def _turn_off_direct(reason: str) -> None:
+    logger.warning("plain step kernels: launched through Triton's JIT entry from now on (%s)", reason)
+    _inputs_launch.turn_off(reason)
+    _outputs_launch.turn_off(reason)
 
 
 def _same(got, want) -> bool:

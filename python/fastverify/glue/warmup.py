@@ -205,6 +205,9 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                 mismatches.extend(("plain_step", m) for m in res["mismatches"])
                 done.append("plain_step")
                 plain_variants = res["variants"]
+                logger.info("kernel warm-up: plain step kernels, %d variants, launched directly after the first: %s",
+                            plain_variants, "off (" + res["direct_off"] + ")" if res.get("direct_off")
+                            else f"checked for {res.get('direct_checked', 0)}")
         except Exception as e:  # noqa: BLE001
             logger.warning("kernel warm-up: plain step kernels failed (%s: %s); they compile on first use instead",
                            type(e).__name__, e)
