@@ -157,6 +157,43 @@ def test_gain_model_floor_forgets_towards_the_pessimistic_prior():
     assert AutoConfig().prior_floor == 1.0 and Controller(AutoConfig(), FLAT).gain.prior_floor == 1.0
 
 
+def test_gain_model_learns_sampled_and_greedy_requests_apart():
+    """A greedy load's accepted full matches say nothing of a sampled request's: the all-requests and the
+    feature bucket's histograms are kept apart by `DraftFeatures.sampled` (a request's own were always its own),
+    so a new sampled request starts from the pessimistic prior while a new greedy one starts from the load."""
+    g = GainModel(max_chain=4, tree_depth=0, half_life_steps=8, prior_floor=1.0)
+    greedy, sampled = DraftFeatures(4, 1), DraftFeatures(4, 1, True)
+    for step in range(1, 30):
+        g.observe(f"g{step % 3}", greedy, step, 4)
+    assert g.expected("new", greedy, 30)[0][3] > 3.0
+    assert g.expected("new", sampled, 30)[0][3] < 0.05
+    for step in range(30, 60):  # sampled requests' rejections do not drag the greedy estimate down
+        g.observe(f"s{step % 3}", sampled, step, 0)
+    assert g.expected("new", sampled, 60)[0][3] < 0.05
+    before = GainModel(max_chain=4, tree_depth=0, half_life_steps=8, prior_floor=1.0)
+    for step in range(1, 30):
+        before.observe(f"g{step % 3}", greedy, step, 4)
+    assert g.expected("new", greedy, 60)[0][3] == pytest.approx(before.expected("new", greedy, 60)[0][3])
+    assert DraftFeatures(4, 1) == DraftFeatures(4, 1, False) and not DraftFeatures(0, 0).sampled
+
+
+def test_a_full_match_wanted_is_judged_by_requests_that_decode_alike():
+    """`_full_match_wanted` (first lookups, lookups behind) asks for each request as it decodes: after a greedy
+    load whose full matches were accepted, a new greedy request's full match is worth verifying, a new sampled
+    one's is not; `finish` forgets what a request was told."""
+    ctl = Controller(AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform"), FLAT)
+    for step in range(6):
+        ctl.observe("old", DraftFeatures(7, 1), step, 7)
+    ctl.note_sampling("s", True)
+    ctl.note_sampling("g", False)
+    assert ctl.samples("s") and not ctl.samples("g") and not ctl.samples("never told")
+    assert ctl._full_match_wanted(["g"]) is True
+    assert ctl._full_match_wanted(["s"]) is False
+    assert ctl.defer_first_lookup(["g"]) is False  # full matches wanted: looked up at once
+    ctl.finish("s")
+    assert not ctl.samples("s")
+
+
 # -------------------------------------------------------------------------------------- decision rule
 def _evals(costs, gains_by_option, bs, shape="ragged"):
     opts = options_for(4, 6)

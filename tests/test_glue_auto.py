@@ -488,6 +488,36 @@ def test_a_token_in_flight_the_corpus_is_unsure_of_is_looked_up_for_real_where_d
     assert found is not None and not found[2]
 
 
+def test_requests_that_sample_are_told_apart_from_greedy_ones(tmp_path):
+    """A request samples when its top_k is over 1 (SGLang turns temperature 0 into top_k 1); `_sync_requests`
+    tells the controller when it joins, and its drafts' features say so. After a greedy load whose full matches
+    were accepted, a greedy request whose token in flight the corpus is unsure of is looked up for real; a
+    sampled one's guess stands (its drafts are judged by sampled requests' only), and its draft is marked."""
+    state = auto.setup(_worker(), _spec(tmp_path, {"decode_ms": {"1": 10}, "verify_ms": {"1": 10, "64": 10.1}}),
+                       plain=PLAIN)
+    ctl = state.controller
+
+    def req(rid, top_k):
+        return SimpleNamespace(rid=rid, origin_input_ids=[1, 2], origin_input_ids_unpadded=[1, 2], output_ids=[3],
+                               sampling_params=SimpleNamespace(top_k=top_k))
+    assert [auto.samples(r) for r in (req("a", 1), req("b", 1 << 30), req("c", 40), SimpleNamespace(rid="d"))] \
+        == [False, True, True, False]
+    worker = SimpleNamespace(max_trie_depth=12, ngram_corpus=_tree_corpus([5, 6]), enable_overlap=True,
+                             _fv=SimpleNamespace(config=SimpleNamespace(match_type="BFS")),
+                             _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
+    for _ in range(8):
+        ctl.observe("x", auto.DraftFeatures(7, 1), 7)  # greedy full matches accepted in full
+    for rid, top_k, for_real in (("g", 1, True), ("s", 1 << 30, False)):
+        batch = SimpleNamespace(reqs=[req(rid, top_k)])
+        auto._sync_requests(state, batch)
+        assert ctl.samples(rid) == (top_k > 1)
+        state.in_flight_rids = frozenset({rid})
+        found = auto.lookup_behind(worker, state, batch)
+        assert (found is None) == for_real
+    assert state.features["s"].sampled and found[4][0].features.sampled
+    assert not ctl.samples("g")  # g left the batch: forgotten
+
+
 def test_metrics_are_exported_as_gauges(tmp_path):
     prom = pytest.importorskip("prometheus_client")
     worker = _worker()

@@ -218,6 +218,24 @@ def test_load_switch_first_lookup_unsure_of_the_token_in_flight():
     assert not paid  # a sure guess: looked up behind, nothing paid
 
 
+def test_load_switch_to_requests_that_say_they_sample():
+    """The GPU check's second load samples at temperature 1 and its requests say so: judged by sampled
+    requests' drafts alone (the pessimistic prior here), no request of it verifies a draft or pays for a
+    lookup after the switch at bs 1, and at bs 4 one lookup is paid, on the first step of the window (requests
+    that pass for greedy, as above: 1 and 5 verify passes, 2 and 6 paid lookups)."""
+    costs = sim.cost_table("h200-dummy24")
+    for bs, greedy_like, told in ((1, (1, 2), (0, 0)), (4, (5, 6), (0, 1))):
+        seen = {}
+        for sampled in (False, True):
+            res, after = sim.load_switch_run(costs, bs, CFG, 8, 200, lookup_ms=1.8, sampled=sampled)
+            auto = res["auto"]
+            start = len(auto.step_ms) - after["steps"]
+            seen[sampled] = (sum(1 for o in auto.options[start:] if o != NONE), after["auto_lookups"],
+                             after["auto_vs_none"])
+        assert seen[False][:2] == greedy_like and seen[True][:2] == told
+        assert seen[True][2] > seen[False][2]
+
+
 def test_measured_table_and_flags():
     t = sim.cost_table("h200-dummy24")
     assert t.decode_ms(1) == pytest.approx(4.4269) and t.verify_ms(8) == pytest.approx(4.8352)

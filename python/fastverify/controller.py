@@ -302,6 +302,9 @@ class DraftFeatures:
 
     match_len: int  # depth of the real (non-padding) draft: how far the corpus continuation reaches
     branches: int  # root children of the real draft (alternatives the corpus offers for the next token)
+    # the request samples (temperature > 0) rather than decoding greedily: the same match is accepted far less
+    # often, so the gain model learns sampled and greedy requests' drafts apart
+    sampled: bool = False
 
 
 _MATCH_EDGES = (0, 1, 2, 4, 8)  # bucket lower edges of match_len
@@ -352,9 +355,12 @@ class GainModel:
 
     Three forgetting histograms, each blended into the next finer one with weight `prior_strength`:
     all requests -> the feature bucket -> the request itself (the first and last kept apart for drafts with
-    and without a corpus match, so that no-match steps do not dilute the estimate for matched ones). The
-    all-requests histogram starts with `prior_mass` pseudo-observations of 0 accepted at step 0 (pessimistic
-    cold start: no speculation until drafts have been seen to match); they are forgotten like any observation.
+    and without a corpus match, so that no-match steps do not dilute the estimate for matched ones). The first
+    two are kept apart for sampled and greedy requests (`DraftFeatures.sampled`): a greedy load's full matches
+    say nothing of what a sampled request's will be accepted, and the first drafts of a sampled load that
+    follows a greedy one would otherwise be judged by it. The all-requests histograms start with `prior_mass`
+    pseudo-observations of 0 accepted at step 0 (pessimistic cold start: no speculation until drafts have been
+    seen to match); they are forgotten like any observation.
     Besides, `prior_floor` pseudo-observations of 0 accepted are never forgotten: what nothing has confirmed
     for many half-lives goes back to the pessimistic prior instead of keeping its old shape (without them a
     histogram whose last observations were a repetitive load's would still say so, scaled up from a vanishing
@@ -369,16 +375,17 @@ class GainModel:
         self.decay = 0.5 ** (1.0 / half_life_steps)
         self.prior_strength = prior_strength
         self.prior_floor = prior_floor
-        self._global = {}  # matched (bool) -> (chain _Hist, tree _Hist)
+        self._global = {}  # (matched, sampled) -> (chain _Hist, tree _Hist)
         for matched in (False, True):
-            self._global[matched] = (_Hist(self.K), _Hist(self.D))
-            for h in self._global[matched]:
-                h.w[0] = prior_mass
-                h.mass = prior_mass
+            for sampled in (False, True):
+                self._global[(matched, sampled)] = pair = (_Hist(self.K), _Hist(self.D))
+                for h in pair:
+                    h.w[0] = prior_mass
+                    h.mass = prior_mass
         self._local: dict = {}  # (req_id, matched) -> (chain _Hist, tree _Hist)
         self.version = 0  # counts observations and drops: what the model says changes only with it (and age)
         self._shared_at, self._shared = None, {}  # (step, version) -> _shared_dist's answers
-        self._bucket: dict = {}  # bucket -> (chain _Hist, tree _Hist)
+        self._bucket: dict = {}  # (bucket, sampled) -> (chain _Hist, tree _Hist)
 
     def _pair(self, table: dict, key) -> tuple:
         if key not in table:
@@ -390,9 +397,9 @@ class GainModel:
         """A resolved draft: it would have had `chain_accept` tokens accepted as a K-chain (capped at K) and
         `tree_accept` as the full tree (None when no tree was drafted)."""
         self.version += 1
-        m = features.match_len > 0
-        for pair in (self._global[m], self._pair(self._local, (req_id, m)),
-                     self._pair(self._bucket, feature_bucket(features))):
+        m, s = features.match_len > 0, bool(features.sampled)
+        for pair in (self._global[(m, s)], self._pair(self._local, (req_id, m)),
+                     self._pair(self._bucket, (feature_bucket(features), s))):
             pair[0].add(chain_accept, step, self.decay)
             if tree_accept is not None and self.D:
                 pair[1].add(tree_accept, step, self.decay)
@@ -409,15 +416,16 @@ class GainModel:
         tot = h.mass + self.prior_strength
         return [(h.w[a] + self.prior_strength * parent[a]) / tot for a in range(len(parent))]
 
-    def _shared_dist(self, m: bool, bucket: tuple, step: int, which: int) -> list:
-        """The all-requests histogram blended with the feature bucket's: the same for every request of a batch
-        with these features, so kept until the model or the step changes."""
+    def _shared_dist(self, m: bool, bucket: tuple, step: int, which: int, sampled: bool = False) -> list:
+        """The all-requests histogram blended with the feature bucket's (of requests that sample, or of greedy
+        ones): the same for every such request of a batch with these features, so kept until the model or the
+        step changes."""
         if self._shared_at != (step, self.version):
             self._shared_at, self._shared = (step, self.version), {}
-        key = (m, bucket, which)
+        key = (m, bucket, which, sampled)
         dist = self._shared.get(key)
         if dist is None:
-            g = self._global[m][which]
+            g = self._global[(m, sampled)][which]
             g._age(step, self.decay)
             floor = self.prior_floor
             if floor > 0:  # the observations, and as many 0s as the floor
@@ -426,13 +434,13 @@ class GainModel:
                 dist = [x / g.mass for x in g.w]
             else:  # everything forgotten (long idle): back to the pessimistic prior
                 dist = [1.0] + [0.0] * (len(g.w) - 1)
-            b = self._bucket.get(bucket)
+            b = self._bucket.get((bucket, sampled))
             dist = self._shared[key] = self._blend(None if b is None else b[which], dist, step)
         return dist
 
     def _dist(self, req_id, features: DraftFeatures, step: int, which: int) -> list:
         m = features.match_len > 0
-        dist = self._shared_dist(m, feature_bucket(features), step, which)
+        dist = self._shared_dist(m, feature_bucket(features), step, which, bool(features.sampled))
         loc = self._local.get((req_id, m))
         return self._blend(None if loc is None else loc[which], dist, step)
 
@@ -591,6 +599,7 @@ class Controller:
         self._probe_gap = 1  # steps between lookups while none is expected to pay (doubles up to probe_max)
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
+        self._sampled: dict = {}  # req_id -> the request samples (note_sampling); absent: greedy
 
     @property
     def costs(self):
@@ -713,8 +722,8 @@ class Controller:
     def _full_match_wanted(self, req_ids: Sequence) -> bool:
         """Would drafts that matched in full (the longest chain) be worth verifying for these requests, with
         what the gain model knows of each (a request without history: all requests' recent acceptance)?"""
-        full = DraftFeatures(self.cfg.max_chain, 1)
-        return self._wanted([RequestView(r, full) for r in req_ids])
+        k = self.cfg.max_chain
+        return self._wanted([RequestView(r, DraftFeatures(k, 1, self._sampled.get(r, False))) for r in req_ids])
 
     def note_probe(self, requests: Sequence[RequestView]) -> Decision:
         """A probe step (`plan_lookup` gave PLAN_PROBE) whose drafts were looked up only to be scored, and which
@@ -801,6 +810,20 @@ class Controller:
 
     def finish(self, req_id) -> None:
         self.gain.drop(req_id)
+        self._sampled.pop(req_id, None)
+
+    def note_sampling(self, req_id, sampled: bool) -> None:
+        """Whether a request samples (temperature > 0) or decodes greedily, told once when it joins: a full
+        match wanted for it (`_full_match_wanted`) is judged by the drafts of requests that decode as it does.
+        Its drafts carry the same in their features (`DraftFeatures.sampled`)."""
+        if sampled:
+            self._sampled[req_id] = True
+        else:
+            self._sampled.pop(req_id, None)
+
+    def samples(self, req_id) -> bool:
+        """What `note_sampling` was told for this request (False: greedy, or not told)."""
+        return self._sampled.get(req_id, False)
 
     def _maybe_log(self, d: Decision, requests, per_req) -> None:
         if self._log is None:

@@ -100,6 +100,8 @@ class SimRequest:
     # positions at which a lookup made behind the step in flight finds the corpus unsure of the token in
     # flight (it offered more than one): the server then looks up for real where full matches are wanted
     unsure: frozenset = frozenset()
+    # the request samples (temperature > 0): told to the policy when it joins (its drafts' features say so too)
+    sampled: bool = False
 
     @property
     def length(self) -> int:
@@ -300,6 +302,10 @@ class AutoPolicy:
     def observe(self, rid, features, chain, tree):
         self.c.observe(rid, features, chain, tree)
 
+    def join(self, rid, sampled: bool) -> None:
+        """A request joins the batch: whether it samples (the glue's `_sync_requests`)."""
+        self.c.note_sampling(rid, sampled)
+
     def finish(self, rid):
         self.c.finish(rid)
         self.last.pop(rid, None)
@@ -339,6 +345,8 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
         while queue and len(active) < bs:
             r = queue.pop()
             active[r.rid] = [r, 0, []]
+            if hasattr(policy, "join"):
+                policy.join(r.rid, r.sampled)
         regime = regime_of_step(step) if regime_of_step else 0
         step += 1
         rids = list(active)
@@ -488,21 +496,23 @@ def switching_run(costs: CostTable, bs: int, cfg: AutoConfig, period: int = 200,
 
 
 def after_load_requests(n: int, length: int, max_chain: int = 7, match_rate: float = 0.05, seed: int = 1,
-                        prefix: str = "b", unsure_first: bool = True) -> list:
+                        prefix: str = "b", unsure_first: bool = True, sampled: bool = False) -> list:
     """A second load on the prompts of a repetitive one, now sampled: at its first position each request's
     lookup matches in full (the corpus holds the first load's continuation of the same prompt) and later only
     now and then, with short matches; nothing is ever accepted (the sampled output diverges at once).
     `unsure_first`: the first position's lookup behind the prefill's token finds the corpus unsure of that
     token (the prompt's end was followed by more than one continuation), as the GPU runs' step traces show for
-    the first decode steps of such a load."""
+    the first decode steps of such a load. `sampled`: the requests say they sample (`SimRequest.sampled`, and
+    their drafts' features), as the server's requests at temperature 1 do; else they pass for greedy ones."""
     rng = random.Random(seed)
     reqs = []
     for r in range(n):
-        feats = [DraftFeatures(max_chain, 1)]
+        feats = [DraftFeatures(max_chain, 1, sampled)]
         for _ in range(length - 1):
-            feats.append(DraftFeatures(rng.randint(1, 3), 1) if rng.random() < match_rate else DraftFeatures(0, 0))
+            feats.append(DraftFeatures(rng.randint(1, 3), 1, sampled) if rng.random() < match_rate
+                         else DraftFeatures(0, 0, sampled))
         reqs.append(SimRequest(f"{prefix}{r}", [(feats, [0] * length, [0] * length)],
-                               frozenset({0}) if unsure_first else frozenset()))
+                               frozenset({0}) if unsure_first else frozenset(), sampled))
     return reqs
 
 
@@ -514,13 +524,14 @@ def window_rate(res: SimResult, start: int) -> float:
 
 def load_switch_run(costs: CostTable, bs: int, cfg: AutoConfig, n_per_load: int = 8, length: int = 200,
                     p_high: float = 0.85, seed: int = 0, lookup_ms: float = 0.0,
-                    probe_max: Optional[int] = None, unsure_first: bool = True) -> tuple:
+                    probe_max: Optional[int] = None, unsure_first: bool = True, sampled: bool = False) -> tuple:
     """A repetitive load (acceptance `p_high`), then a non-repetitive one of new requests whose first lookups
-    still match in full (`after_load_requests`), on one controller. Returns (results, a summary of the second
-    load alone: auto's and no speculation's tokens/s from the step after the last request of the first load
-    finished, and the lookups auto paid for there)."""
+    still match in full (`after_load_requests`; `sampled`: requests that say they sample), on one controller.
+    Returns (results, a summary of the second load alone: auto's and no speculation's tokens/s from the step
+    after the last request of the first load finished, and the lookups auto paid for there)."""
     first = synthetic_requests(n_per_load, length, (p_high,), cfg.max_chain, cfg.tree_width, seed=seed)
-    second = after_load_requests(n_per_load, length, cfg.max_chain, seed=seed + 1, unsure_first=unsure_first)
+    second = after_load_requests(n_per_load, length, cfg.max_chain, seed=seed + 1, unsure_first=unsure_first,
+                                 sampled=sampled)
     res = run_all(first + second, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max)
 
     def start(r: SimResult) -> int:

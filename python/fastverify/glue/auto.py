@@ -223,13 +223,25 @@ def _tick(state: AutoState) -> None:
         state.controller.costs = copy.deepcopy(shared)
 
 
+def samples(req) -> bool:
+    """Whether a request samples rather than decoding greedily, as SGLang's batch sampling info tells them apart:
+    its parameters turn temperature 0 into top_k 1, and top_k <= 1 decodes greedily. A request without
+    sampling parameters counts as greedy."""
+    top_k = getattr(getattr(req, "sampling_params", None), "top_k", None)
+    return top_k is not None and top_k > 1
+
+
 def _sync_requests(state: AutoState, batch) -> None:
-    """Requests that left the batch are forgotten; drafts whose outcome the output now shows are scored."""
+    """Requests that left the batch are forgotten, requests that joined are noted as sampling or greedy (the
+    gain model learns them apart); drafts whose outcome the output now shows are scored."""
     rids = [req.rid for req in batch.reqs]
     for rid in state.prev_rids - set(rids):
         state.controller.finish(rid)
         state.shadow.drop(rid)
         state.features.pop(rid, None)
+    for req in batch.reqs:
+        if req.rid not in state.prev_rids:
+            state.controller.note_sampling(req.rid, samples(req))
     state.prev_rids = frozenset(rids)
     for req in batch.reqs:
         for f, ca, _ in state.shadow.advance(req.rid, req.output_ids):
@@ -275,7 +287,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
         if not look:
             for req, new in zip(batch.reqs, fresh):
                 if new:
-                    state.features[req.rid] = NO_DRAFT
+                    state.features[req.rid] = _no_draft(ctl, req.rid)
         probe = not ones  # first_lookup_behind allowed a probe
     else:
         look = ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX,
@@ -452,13 +464,19 @@ def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
     lens = chain_draft_lengths(tokens, k)  # [bs] real chain tokens per request
     rows = np.asarray(tokens).reshape(-1, k).tolist()
     views = []
+    samples_of = state.controller.samples
     for i, req in enumerate(batch.reqs):
         n = int(lens[i])
-        f = DraftFeatures(n, 1 if n else 0)
+        f = DraftFeatures(n, 1 if n else 0, samples_of(req.rid))
         state.features[req.rid] = f
         state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, rows[i][1:1 + n])
         views.append(RequestView(req.rid, f))
     return lens, views
+
+
+def _no_draft(ctl: Controller, rid) -> DraftFeatures:
+    """NO_DRAFT for a request, sampling as it does."""
+    return DraftFeatures(0, 0, True) if ctl.samples(rid) else NO_DRAFT
 
 
 def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
