@@ -58,6 +58,8 @@ SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new bus
 LONG_MS = 50.0  # decode steps longer than this are listed one by one (stalls)
 GPU_PARTS = ("forward", "sample")  # the labels of steptrace.GPU_SPANS
 GAP_MS = 0.005  # a device gap longer than this between two steps: the forward stream waited for the host
+SLOW_WINDOW = 50  # steps per window when looking for stretches of slow steps
+SLOW_OVER = 0.05  # a window whose steps average this much over their median period is part of a slow stretch
 MIN_GROUP = 100  # a (batch size, sampling, kind) group with fewer steady steps is left out of the per-batch-size table
 
 
@@ -265,6 +267,54 @@ def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
             "idle_ended": idle_ended, "steps": found[:limit]}
 
 
+def slow_stretches(rows, window: int = SLOW_WINDOW, over: float = SLOW_OVER, limit: int = 10) -> dict:
+    """Stretches of steady decode steps that run slow together (a host or a device slowed for a while, which a
+    median hides and a list of single long steps misses): every run of ``window`` consecutive steady steps
+    whose periods average more than ``over`` above their medians (each step against the median of its batch
+    size and sampling) belongs to one; overlapping runs merge. Returns the load's total time over the
+    medians, the part of it inside such stretches, and each stretch (start, steps, ms over, the share of
+    late steps, the median host launch and, with device marks, the median device span)."""
+    steady = [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
+              and r["bs"] == r["next_bs"]]
+    groups: dict = {}
+    for r in steady:
+        groups.setdefault((r["bs"], r["sampling"]), []).append(r["period"])
+    med = {k: statistics.median(v) for k, v in groups.items()}
+    excess = [r["period"] - med[(r["bs"], r["sampling"])] for r in steady]
+    base = [med[(r["bs"], r["sampling"])] for r in steady]
+    marked = [False] * len(steady)
+    if len(steady) >= window:
+        ex, ba = sum(excess[:window]), sum(base[:window])
+        for i in range(len(steady) - window + 1):
+            if i:
+                ex += excess[i + window - 1] - excess[i - 1]
+                ba += base[i + window - 1] - base[i - 1]
+            if ex > over * ba:
+                for j in range(i, i + window):
+                    marked[j] = True
+    found, i = [], 0
+    t0 = rows[0]["start"] if rows else 0.0
+    while i < len(steady):
+        if not marked[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(steady) and marked[j]:
+            j += 1
+        part = steady[i:j]
+        spans = [r["gpu_span"] for r in part if r.get("gpu_span") is not None]
+        found.append({"at_s": round(part[0]["start"] - t0, 3), "steps": j - i,
+                      "over_ms": round(1000.0 * sum(excess[i:j]), 1),
+                      "late_share": round(sum(1 for r in part if r["wait"] < LATE_S) / len(part), 3),
+                      "launch_median_ms": round(1000.0 * statistics.median(r["launch"] for r in part), 3),
+                      "gpu_span_median": round(statistics.median(spans), 3) if spans else None})
+        i = j
+    return {"window": window, "over": over, "count": len(found),
+            "total_over_ms": round(1000.0 * sum(excess), 1),
+            "in_stretches_ms": round(sum(f["over_ms"] for f in found), 1),
+            "stretches": sorted(found, key=lambda f: -f["over_ms"])[:limit]}
+
+
 def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict:
     rows = steps(records, pause_s)
     steady = [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
@@ -304,6 +354,7 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
         "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
         "long_steps": long_steps(rows, long_ms),
+        "slow_stretches": slow_stretches(rows),
         "compiled": compiled_kernels(records),
     }
 
@@ -393,6 +444,19 @@ def render(results: dict) -> str:
             out.append(f"  at {f['at_s']:8.2f} s  {f['ms']:7.1f} ms  {f['mode']} bs {f['bs']} {f['kind']}"
                        f"{'  (first)' if f['first_of_kind'] else ''}  wait {f['wait_ms']} gc {f['gc_ms']}"
                        f"{'  in: ' + where if where else ''}{'  compiled: ' + built if built else ''}")
+    for lab in labels:
+        slow = results[lab].get("slow_stretches") or {}
+        if not slow.get("count"):
+            continue
+        out.append("")
+        out.append(f"{lab}: {slow['count']} slow stretch{'es' if slow['count'] > 1 else ''} "
+                   f"({slow['window']}-step windows over their median period by more than "
+                   f"{100.0 * slow['over']:.0f} %): {slow['in_stretches_ms']} ms over the medians in them, of "
+                   f"{slow['total_over_ms']} ms over the medians in all steady decode steps")
+        for f in slow["stretches"]:
+            span = f"  device span median {f['gpu_span_median']:.3f}" if f["gpu_span_median"] is not None else ""
+            out.append(f"  at {f['at_s']:8.2f} s  {f['steps']:5d} steps  {f['over_ms']:7.1f} ms over  late "
+                       f"{f['late_share']:.2f}  launch median {f['launch_median_ms']:.3f}{span}")
     for lab in labels:
         kernels = results[lab].get("compiled") or {}
         if kernels:

@@ -725,3 +725,28 @@ def test_traces_without_device_side_print_no_device_columns(tmp_path, capsys):
     assert "gpu_span_median" not in step_trace.analyze(plain)["decode"]
     assert step_trace.main(write_traces(tmp_path, plain=plain)) == 0
     assert "gpu" not in capsys.readouterr().out
+
+
+def test_slow_stretches_are_found_and_isolated_long_steps_are_not(tmp_path, capsys):
+    """300 steps of 4.6 ms with 80 of 5.6 ms in a row from step 100: one slow stretch holding the 80 ms those
+    steps lost; a long step every 10th (1 ms more, 2 % a window) makes none."""
+    def periods(i):
+        return 0.0056 if 100 <= i < 180 else 0.0046
+    recs, t = [["R", 0.0, 0.002, "EXTEND", 1, None, None, None]], 0.04
+    for i in range(300):
+        recs.append(["R", t, t + 0.001, "DECODE", 1, None, None, None, {}, "sampled"])
+        recs.append(["P", t + 0.001, t + 0.002, 0.001])
+        t += periods(i)
+    recs.append(["R", t, t + 0.001, "DECODE", 1, None, None, None, {}, "sampled"])
+    slow = step_trace.analyze(recs)["slow_stretches"]
+    assert slow["count"] == 1
+    (s,) = slow["stretches"]
+    # the windows reaching into the slow run from either side (more than 5 % over: 12+ of their 50 steps slow)
+    # widen the stretch by up to 38 steps each way; what it holds is the 80 ms the slow steps lost
+    assert 80 <= s["steps"] <= 80 + 2 * 38 and s["over_ms"] == pytest.approx(80.0, abs=0.5)
+    assert slow["in_stretches_ms"] == pytest.approx(slow["total_over_ms"], abs=0.5)
+    spiky = server_records(n_steps=300, period=0.0046, late_every=10, late_extra=0.0026)  # 3 + 2.6 ms
+    res = step_trace.analyze(spiky)
+    assert res["decode"]["period_max"] == pytest.approx(5.6) and res["slow_stretches"]["count"] == 0
+    assert step_trace.main(write_traces(tmp_path, slow=recs)) == 0
+    assert "1 slow stretch (50-step windows" in capsys.readouterr().out
