@@ -568,6 +568,11 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
                                          lookup_ms=lookup_ms, probe_max=probe_max)
             rows.append({"table": table, "bs": bs, "trace": "load-0.85-then-sampled", "after_switch": after,
                          **summarize(res)})
+            # the same, its requests saying they sample (the server's requests at temperature > 0 do)
+            res, after = load_switch_run(costs, bs, cfg, max(n_requests // 2, bs), length, seed=seed,
+                                         lookup_ms=lookup_ms, probe_max=probe_max, sampled=True)
+            rows.append({"table": table, "bs": bs, "trace": "load-0.85-then-sampled-told", "after_switch": after,
+                         **summarize(res)})
             if replayed is not None:
                 rows.append({"table": table, "bs": bs, "trace": "replay-default", **summarize(
                     run_all(replayed, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max))})
@@ -577,7 +582,7 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
 
 
 def format_rows(rows) -> str:
-    head = f"{'table':<16} {'bs':>3} {'trace':<26} {'none':>8} {'best fixed':>18} {'auto':>8} " \
+    head = f"{'table':<16} {'bs':>3} {'trace':<28} {'none':>8} {'best fixed':>18} {'auto':>8} " \
            f"{'auto/none':>9} {'auto/best':>9}  auto options (steps)"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -588,7 +593,7 @@ def format_rows(rows) -> str:
         if "after_switch" in r:
             a = r["after_switch"]
             extra += f"  second load: {a['auto_vs_none']:.3f}x none, {a['auto_lookups']} lookups in {a['steps']} steps"
-        lines.append(f"{r['table']:<16} {r['bs']:>3} {r['trace']:<26} {tps['none']:>8.1f} {best:>18} "
+        lines.append(f"{r['table']:<16} {r['bs']:>3} {r['trace']:<28} {tps['none']:>8.1f} {best:>18} "
                      f"{tps['auto']:>8.1f} {r['auto_vs_none']:>9.3f} {r['auto_vs_best_fixed']:>9.3f}  {mix}{extra}")
     return "\n".join(lines)
 
