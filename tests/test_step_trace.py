@@ -245,6 +245,24 @@ def test_recorder_reads_auto_step_kind():
     assert steptrace.auto_step(types.SimpleNamespace()) == [None, None, None]
 
 
+def test_a_prefill_record_carries_no_auto_kind(tmp_path):
+    """The worker's last step kind stays its last decode step's through a prefill: the record of the prefill
+    does not take it, the next decode step's does."""
+    clock = Clock()
+    Scheduler, Event = make_classes(clock)
+    state = types.SimpleNamespace(last_step=("lean", 1, 1), controller=types.SimpleNamespace(planned=None))
+    trace = steptrace.StepTrace(str(tmp_path / "steps-8.jsonl"), clock=clock)
+    steptrace.instrument(Scheduler, Event, trace)
+    try:
+        s = Scheduler()
+        s.draft_worker = types.SimpleNamespace(_fv_auto=state)
+        s.run_batch(batch("EXTEND", 1))
+        s.run_batch(batch("DECODE", 2))
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    assert [r[5:8] for r in trace.records] == [[None, None, None], ["lean", 1, False]]
+
+
 def test_recorder_times_garbage_collections(tmp_path):
     clock = Clock()
     trace = steptrace.StepTrace(str(tmp_path / "t.jsonl"), clock=clock)

@@ -55,6 +55,7 @@ GPU_ENV = "FASTVERIFY_STEP_TRACE_GPU"  # "1": also the device side of each step 
 FLUSH_EVERY = 16384  # records kept in memory at most (~2 per step): a write on the scheduler thread stalls a step
 MARK = "_fastverify_span"  # set on the functions this module wrapped
 GPU_MARK = "_fastverify_gpu_span"  # set on the functions GpuMarks wrapped
+AUTO_MODES = ("DECODE", "TARGET_VERIFY")  # forward modes of the batches whose step the auto glue decides
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 COMPILE_LABEL = "triton_compile"  # the span of Triton's compile step (also written as a C record)
 # Functions timed inside each iteration (module, attribute path, label): SGLang's forward and sampling, the
@@ -289,7 +290,9 @@ class StepTrace:
             marks = gpu.end(stream, t0) if gpu is not None else ()
             t1 = trace.clock()
             spans, trace.spans = trace.spans, {}
-            trace.add(["R", t0, t1, mode, bs, *auto_step(scheduler), spans, how])
+            # (a prefill is no auto step: the worker's last step kind is still its last decode step's)
+            kind = auto_step(scheduler) if mode in AUTO_MODES else [None, None, None]
+            trace.add(["R", t0, t1, mode, bs, *kind, spans, how])
             for rec in marks:
                 trace.add(rec)
             return result
