@@ -411,3 +411,10 @@ def test_launch_benchmark_refuses_bad_arguments_and_a_machine_without_gpu(capsys
     if not torch.cuda.is_available():
         assert plain_step_launch.main(["--bs", "1"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_variant_key_follows_what_types_an_integer_argument():
+    """An integer argument outside int32 is typed i64 by Triton (another compiled variant): it must key apart."""
+    assert plain_step._wide(1, 7, 1 << 20) is False
+    assert plain_step._wide(1, 1 << 31) is True and plain_step._wide(-(1 << 31) - 1) is True
+    assert plain_step._wide(-(1 << 31), (1 << 31) - 1) is False

@@ -20,8 +20,8 @@ req_to_token row reads out of range instead of failing a device assert (neither 
 Launches: the first call of each variant goes through Triton's JIT entry (``kernel[grid](...)``: it binds the
 arguments, builds the specialisation key, compiles or finds the variant), which returns the compiled kernel;
 later calls of that variant launch the compiled kernel directly (``_Direct``), keyed by what decides the
-variant here (the constexprs, the tensors' dtypes and, on a Triton without alignment exemptions, the inputs'
-16-byte alignment), so the step's host time no longer pays the JIT's binding and key per launch.
+variant here (the constexprs, the tensors' dtypes, whether an integer argument needs 64 bits and, on a Triton
+without alignment exemptions, the inputs' 16-byte alignment), so the step's host time no longer pays the JIT's binding and key per launch.
 ``FASTVERIFY_PLAIN_LAUNCH=jit`` keeps every launch on the JIT entry (an A/B switch); ``warm`` launches each
 variant both ways and checks both against the reference, and turns the direct launch off (logged) if it
 raises or disagrees.
@@ -101,6 +101,11 @@ class _Direct:
 def _aligned(*tensors) -> tuple:
     """The 16-byte alignment of each tensor's data, where Triton keys a variant by it (else ())."""
     return () if _ALIGN_EXEMPT else tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _wide(*ints) -> bool:
+    """Whether an integer argument falls outside int32 (Triton then types it i64: another variant)."""
+    return any(not -(1 << 31) <= v < (1 << 31) for v in ints)
 
 
 _plain_inputs_kernel = _plain_outputs_kernel = None
@@ -203,14 +208,15 @@ def plain_inputs(accept_tokens, accept_lens, bs: int, roots_first: bool, req_to_
     has_orig = orig_seq_lens is not None
     new_orig = torch.empty_like(orig_seq_lens) if has_orig else None
     orig = orig_seq_lens if has_orig else seq_lens
+    ints = (bs, acc.stride(0), acc.stride(1), req_to_token.stride(0), req_to_token.stride(1))
     key = (bool(roots_first), has_orig, acc.dtype, accept_lens.dtype, req_to_token.dtype, req_pool_indices.dtype,
-           seq_lens.dtype, orig.dtype) + _aligned(acc, accept_lens, req_to_token, req_pool_indices, seq_lens, orig)
+           seq_lens.dtype, orig.dtype, _wide(*ints)) + _aligned(acc, accept_lens, req_to_token, req_pool_indices,
+                                                               seq_lens, orig)
     _inputs_launch.launch(
         ((bs + BLOCK - 1) // BLOCK, 1, 1), key,
         (acc, accept_lens, req_to_token, req_pool_indices, seq_lens, orig,
          input_ids, out_cache_loc, new_seq_lens, new_orig if has_orig else new_seq_lens,
-         bs, acc.stride(0), acc.stride(1), req_to_token.stride(0), req_to_token.stride(1),
-         bool(roots_first), has_orig, BLOCK))
+         *ints, bool(roots_first), has_orig, BLOCK))
     return input_ids, out_cache_loc, new_seq_lens, new_orig
 
 
@@ -225,7 +231,7 @@ def plain_outputs(predict, k: int):
     accept_tokens = torch.empty(bs * k, dtype=torch.int32, device=predict.device)
     accept_lens = torch.empty(bs, dtype=torch.int32, device=predict.device)
     n = bs * k
-    _outputs_launch.launch(((n + BLOCK - 1) // BLOCK, 1, 1), (predict.dtype,) + _aligned(predict),
+    _outputs_launch.launch(((n + BLOCK - 1) // BLOCK, 1, 1), (predict.dtype, _wide(n, k)) + _aligned(predict),
                            (predict, accept_tokens, accept_lens, n, k, BLOCK))
     return accept_tokens, accept_lens
 
