@@ -190,6 +190,7 @@ def test_a_full_match_wanted_is_judged_by_requests_that_decode_alike():
     assert ctl._full_match_wanted(["g"]) is True
     assert ctl._full_match_wanted(["s"]) is False
     assert ctl.defer_first_lookup(["g"]) is False  # full matches wanted: looked up at once
+    assert ctl.no_draft("s") == DraftFeatures(0, 0, True) and ctl.no_draft("g") == DraftFeatures(0, 0)
     ctl.finish("s")
     assert not ctl.samples("s")
 

@@ -723,7 +723,7 @@ class Controller:
         """Would drafts that matched in full (the longest chain) be worth verifying for these requests, with
         what the gain model knows of each (a request without history: all requests' recent acceptance)?"""
         k = self.cfg.max_chain
-        return self._wanted([RequestView(r, DraftFeatures(k, 1, self._sampled.get(r, False))) for r in req_ids])
+        return self._wanted([RequestView(r, DraftFeatures(k, 1, self.samples(r))) for r in req_ids])
 
     def note_probe(self, requests: Sequence[RequestView]) -> Decision:
         """A probe step (`plan_lookup` gave PLAN_PROBE) whose drafts were looked up only to be scored, and which
@@ -824,6 +824,11 @@ class Controller:
     def samples(self, req_id) -> bool:
         """What `note_sampling` was told for this request (False: greedy, or not told)."""
         return self._sampled.get(req_id, False)
+
+    def no_draft(self, req_id) -> DraftFeatures:
+        """A request's features before its first lookup, where that lookup was deferred (`defer_first_lookup`):
+        no draft, sampling as the request does."""
+        return DraftFeatures(0, 0, self.samples(req_id))
 
     def _maybe_log(self, d: Decision, requests, per_req) -> None:
         if self._log is None:

@@ -43,7 +43,7 @@ from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
                                    LEAN, PLAN_PROBE, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
-from fastverify.glue.auto import COST_SYNC_STEPS, NO_DRAFT, PROBE_MAX
+from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _KNEE_TOKENS = 192  # assumed compute knee above the measured 64 tokens (extrapolation)
@@ -266,7 +266,7 @@ class AutoPolicy:
             if ones and self.c.defer_first_lookup([v.req_id for v in views]):
                 # as the server in overlap mode: a first lookup that could only be a probe waits one step
                 for v in fresh:
-                    self.last[v.req_id] = NO_DRAFT
+                    self.last[v.req_id] = self.c.no_draft(v.req_id)
                 return self._lean(len(views))
             if not ones:
                 self.c.first_lookup_behind([v.req_id for v in views])  # sets planned: PLAN_PROBE or None

@@ -86,7 +86,6 @@ HELP_HYSTERESIS = (
 CALIBRATION_BS = (1, 2, 4, 8, 16, 32, 64, 128)
 CALIBRATION_REPEATS = 5
 CALIBRATION_WARMUP = 2
-NO_DRAFT = DraftFeatures(0, 0)  # a request's features before its first lookup, once that lookup was deferred
 PROBE_MAX = 32  # without speculation, drafts are still looked up after 1, 2, 4, ... up to this many steps
 COST_SYNC_STEPS = 64  # rank 0's measured step costs reach every rank this often (in steps)
 
@@ -287,7 +286,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
         if not look:
             for req, new in zip(batch.reqs, fresh):
                 if new:
-                    state.features[req.rid] = _no_draft(ctl, req.rid)
+                    state.features[req.rid] = ctl.no_draft(req.rid)
         probe = not ones  # first_lookup_behind allowed a probe
     else:
         look = ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX,
@@ -472,11 +471,6 @@ def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
         state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, rows[i][1:1 + n])
         views.append(RequestView(req.rid, f))
     return lens, views
-
-
-def _no_draft(ctl: Controller, rid) -> DraftFeatures:
-    """NO_DRAFT for a request, sampling as it does."""
-    return DraftFeatures(0, 0, True) if ctl.samples(rid) else NO_DRAFT
 
 
 def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
