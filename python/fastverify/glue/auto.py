@@ -234,15 +234,15 @@ def _sync_requests(state: AutoState, batch) -> None:
     """Requests that left the batch are forgotten, requests that joined are noted as sampling or greedy (the
     gain model learns them apart); drafts whose outcome the output now shows are scored."""
     rids = [req.rid for req in batch.reqs]
-    for rid in state.prev_rids - set(rids):
+    prev = state.prev_rids
+    for rid in prev - set(rids):
         state.controller.finish(rid)
         state.shadow.drop(rid)
         state.features.pop(rid, None)
-    for req in batch.reqs:
-        if req.rid not in state.prev_rids:
-            state.controller.note_sampling(req.rid, samples(req))
     state.prev_rids = frozenset(rids)
     for req in batch.reqs:
+        if req.rid not in prev:
+            state.controller.note_sampling(req.rid, samples(req))
         for f, ca, _ in state.shadow.advance(req.rid, req.output_ids):
             state.controller.observe(req.rid, f, ca)
 
