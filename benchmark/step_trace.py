@@ -267,15 +267,20 @@ def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
             "idle_ended": idle_ended, "steps": found[:limit]}
 
 
-def slow_stretches(rows, window: int = SLOW_WINDOW, over: float = SLOW_OVER, limit: int = 10) -> dict:
+def steady_steps(rows) -> list:
+    """The steady decode steps: a decode step followed by another of the same batch size."""
+    return [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
+            and r["bs"] == r["next_bs"]]
+
+
+def slow_stretches(steady, t0: float, window: int = SLOW_WINDOW, over: float = SLOW_OVER, limit: int = 10) -> dict:
     """Stretches of steady decode steps that run slow together (a host or a device slowed for a while, which a
     median hides and a list of single long steps misses): every run of ``window`` consecutive steady steps
     whose periods average more than ``over`` above their medians (each step against the median of its batch
     size and sampling) belongs to one; overlapping runs merge. Returns the load's total time over the
     medians, the part of it inside such stretches, and each stretch (start, steps, ms over, the share of
-    late steps, the median host launch and, with device marks, the median device span)."""
-    steady = [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
-              and r["bs"] == r["next_bs"]]
+    late steps, the median host launch and, with device marks, the median device span); ``steady``: the
+    load's steady decode steps (`steady_steps`), ``t0``: the time stretch starts are counted from."""
     groups: dict = {}
     for r in steady:
         groups.setdefault((r["bs"], r["sampling"]), []).append(r["period"])
@@ -293,7 +298,6 @@ def slow_stretches(rows, window: int = SLOW_WINDOW, over: float = SLOW_OVER, lim
                 for j in range(i, i + window):
                     marked[j] = True
     found, i = [], 0
-    t0 = rows[0]["start"] if rows else 0.0
     while i < len(steady):
         if not marked[i]:
             i += 1
@@ -317,8 +321,7 @@ def slow_stretches(rows, window: int = SLOW_WINDOW, over: float = SLOW_OVER, lim
 
 def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict:
     rows = steps(records, pause_s)
-    steady = [r for r in rows if r["mode"] in DECODE_MODES and r["next_mode"] in DECODE_MODES
-              and r["bs"] == r["next_bs"]]
+    steady = steady_steps(rows)
     kinds, by_bs = {}, {}
     for r in steady:
         kinds.setdefault(_kind_label(r), []).append(r)
@@ -354,7 +357,7 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
         "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
         "long_steps": long_steps(rows, long_ms),
-        "slow_stretches": slow_stretches(rows),
+        "slow_stretches": slow_stretches(steady, rows[0]["start"] if rows else 0.0),
         "compiled": compiled_kernels(records),
     }
 
