@@ -65,6 +65,66 @@ def test_no_match_and_partial():
     assert cl.tolist() == [0, 6]
 
 
+def _random_tree(rng, d):
+    """A random BFS-ordered tree of d nodes (parents at smaller indices, children of a node contiguous),
+    random tokens, and a random run of token-0 padding under the root at the end."""
+    pad = int(rng.integers(0, d))
+    real = d - pad
+    parents = [-1]
+    frontier = [0]
+    while len(parents) < real:
+        p = frontier.pop(0) if frontier and rng.random() < 0.5 else parents[-1] if len(parents) > 1 else 0
+        for _ in range(int(rng.integers(1, 4))):
+            if len(parents) == real:
+                break
+            parents.append(p)
+            frontier.append(len(parents) - 1)
+    parents = sorted(parents[1:])  # BFS order: parents never decrease along the output
+    parents = [-1] + parents
+    tokens = [int(x) for x in rng.integers(1, 50, size=d)]
+    for i in range(real, d):
+        parents.append(0) if len(parents) < d else None
+        tokens[i] = 0
+    return tokens[:d], parents[:d]
+
+
+def _brute_best(tokens, parents, match_type):
+    """The documented rule, spelled out: drop the trailing token-0 leaves under the root, then descend from the
+    root to the child with the largest (height, size, -index) for BFS, (size, height, -index) for PROB."""
+    d = len(tokens)
+    end = d
+    while end > 1 and tokens[end - 1] == 0 and parents[end - 1] == 0 and (end - 1) not in parents[:end]:
+        end -= 1
+    kids = {i: [j for j in range(1, end) if parents[j] == i] for i in range(end)}
+
+    def height(i):
+        return max((1 + height(c) for c in kids[i]), default=0)
+
+    def size(i):
+        return 1 + sum(size(c) for c in kids[i])
+
+    key = (lambda c: (height(c), size(c), -c)) if match_type == "BFS" else (lambda c: (size(c), height(c), -c))
+    path, node = [], 0
+    while kids[node]:
+        node = max(kids[node], key=key)
+        path.append(node)
+    return [tokens[0]] + [tokens[j] for j in path] + [0] * (d - 1 - len(path)), len(path), end - 1
+
+
+@pytest.mark.parametrize("match_type", ["BFS", "PROB"])
+def test_random_trees_match_the_rule_spelled_out(match_type):
+    rng = np.random.default_rng(7)
+    d, bs = 8, 64
+    rows = [_random_tree(rng, d) for _ in range(bs)]
+    toks, mask = stack(*[tree(t, p) for t, p in rows])
+    ct, cl = extract_chains(toks, mask, match_type, d=d)
+    want = [_brute_best(t, p, match_type) for t, p in rows]
+    assert ct.tolist() == [w[0] for w in want]
+    assert cl.tolist() == [w[1] for w in want]
+    assert real_draft_lengths(toks, mask, d).tolist() == [w[2] for w in want]
+    assert sum(w[1] == 0 for w in want) > 0 and max(w[1] for w in want) >= 4  # empty and deep drafts both drawn
+
+
 def test_reduce_to_chain_corpus_format():
     toks, mask = stack(T1, NO_MATCH)
     ct, cm, cl = reduce_to_chain(toks, mask.astype(np.int64), 8, "BFS")

@@ -60,6 +60,7 @@ Public API (used by the server glue and by the offline replay tool):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -118,48 +119,56 @@ def tree_parents(mask) -> np.ndarray:
     """[bs, d, d] ancestor-or-self mask -> [bs, d] parent index (the deepest strict ancestor; -1 for node 0)."""
     mask = np.asarray(mask).astype(bool)
     bs, d, _ = mask.shape
-    strict = mask & np.tril(np.ones((d, d), dtype=bool), -1)[None]  # [bs, d, d] strict ancestors (j < i)
+    strict_below, index = _parent_consts(d)
     # In BFS order the parent is the ancestor with the largest index.
-    idx = np.where(strict, np.arange(d)[None, None, :], -1)
-    return idx.max(axis=2)  # [bs, d]
+    return np.where(mask & strict_below, index, -1).max(axis=2)  # [bs, d]
 
 
-def _padding_start(tokens_row: np.ndarray, parent_row: np.ndarray, has_child: np.ndarray) -> int:
-    """Index of the first node of the trailing padding run (d if there is none)."""
-    d = tokens_row.shape[0]
-    start = d
+@lru_cache(maxsize=8)
+def _parent_consts(d: int):
+    """The [1, d, d] strictly-lower-triangular mask (ancestors j < i) and the [1, 1, d] column index."""
+    return np.tril(np.ones((d, d), dtype=bool), -1)[None], np.arange(d)[None, None, :]
+
+
+# The per-request walks below run on Python lists: a tree has d <= 16 nodes, where indexing a numpy array one
+# element at a time costs more than the walk itself (the chain hook and the auto glue run them every lookup).
+def _padding_start(tokens_row: list, parent_row: list) -> int:
+    """Index of the first node of the trailing padding run (d if there is none): token-0 nodes under the root.
+    They are leaves: a child comes after its parent, and every later node of the run hangs from the root."""
+    start = len(tokens_row)
     while start > 1:
         i = start - 1
-        if tokens_row[i] == 0 and parent_row[i] == 0 and not has_child[i]:
+        if tokens_row[i] == 0 and parent_row[i] == 0:
             start = i
         else:
             break
     return start
 
 
+def _rows(tokens, mask, d):
+    """(tokens as lists, parents as lists) per request, from corpus output."""
+    tokens, mask = _as_trees(tokens, mask, d)
+    return tokens, tokens.tolist(), tree_parents(mask).tolist()
+
+
 def real_draft_lengths(tokens, mask, d: int | None = None) -> np.ndarray:
     """[bs] number of real draft nodes (excluding the root and the token-0 padding) per request."""
-    tokens, mask = _as_trees(tokens, mask, d)
-    parents = tree_parents(mask)
-    out = np.zeros(tokens.shape[0], dtype=np.int64)
-    for b in range(tokens.shape[0]):
-        has_child = np.zeros(tokens.shape[1], dtype=bool)
-        has_child[parents[b][parents[b] >= 0]] = True
-        out[b] = _padding_start(tokens[b], parents[b], has_child) - 1
-    return out
+    _, toks, parents = _rows(tokens, mask, d)
+    return np.array([_padding_start(t, p) - 1 for t, p in zip(toks, parents)], dtype=np.int64)
 
 
-def _best_path(tokens_row, parent_row, n_real: int, match_type: str) -> list:
+def _best_path(parent_row: list, n_real: int, match_type: str) -> list:
     """Node indices of the chosen root-to-leaf path (root excluded), over the real nodes 0..n_real."""
     n = n_real + 1
     children = [[] for _ in range(n)]
     for i in range(1, n):
         children[parent_row[i]].append(i)
-    height = np.zeros(n, dtype=np.int64)  # longest path below the node, in edges
-    size = np.ones(n, dtype=np.int64)  # nodes in the subtree, the node included
+    height = [0] * n  # longest path below the node, in edges
+    size = [1] * n  # nodes in the subtree, the node included
     for i in range(n - 1, 0, -1):  # children have larger indices than parents
         p = parent_row[i]
-        height[p] = max(height[p], height[i] + 1)
+        if height[i] + 1 > height[p]:
+            height[p] = height[i] + 1
         size[p] += size[i]
     if match_type == "BFS":
         key = lambda c: (height[c], size[c], -c)  # noqa: E731  deepest branch first (recency, see docstring)
@@ -180,39 +189,38 @@ def extract_chains(tokens, mask, match_type: str = "BFS", d: int | None = None):
     """
     if match_type not in MATCH_TYPES:
         raise ValueError(f"--speculative-ngram-match-type must be one of {', '.join(MATCH_TYPES)}; got {match_type!r}")
-    tokens, mask = _as_trees(tokens, mask, d)
+    tokens, toks, parents = _rows(tokens, mask, d)
     bs, d = tokens.shape
-    parents = tree_parents(mask)
     chain_tokens = np.zeros((bs, d), dtype=np.int64)  # [bs, d]
+    chain_tokens[:, 0] = tokens[:, 0]
     chain_len = np.zeros(bs, dtype=np.int64)  # [bs]
     for b in range(bs):
-        has_child = np.zeros(d, dtype=bool)
-        has_child[parents[b][parents[b] >= 0]] = True
-        n_real = _padding_start(tokens[b], parents[b], has_child) - 1
-        path = _best_path(tokens[b], parents[b], n_real, match_type)
-        chain_tokens[b, 0] = tokens[b, 0]
-        chain_tokens[b, 1 : 1 + len(path)] = tokens[b, path]
+        n_real = _padding_start(toks[b], parents[b]) - 1
+        if n_real <= 0:
+            continue  # no draft: the root alone
+        path = _best_path(parents[b], n_real, match_type)
+        chain_tokens[b, 1 : 1 + len(path)] = [toks[b][j] for j in path]
         chain_len[b] = len(path)
     return chain_tokens, chain_len
 
 
 def root_choices(tokens, mask, d: int | None = None) -> np.ndarray:
     """[bs] how many different next tokens each request's tree offers (distinct real children of the root)."""
-    tokens, mask = _as_trees(tokens, mask, d)
-    bs, d = tokens.shape
-    parents = tree_parents(mask)
-    out = np.zeros(bs, dtype=np.int64)
-    for b in range(bs):
-        has_child = np.zeros(d, dtype=bool)
-        has_child[parents[b][parents[b] >= 0]] = True
-        end = _padding_start(tokens[b], parents[b], has_child)
-        out[b] = len({int(tokens[b, j]) for j in range(1, end) if parents[b, j] == 0})
-    return out
+    _, toks, parents = _rows(tokens, mask, d)
+    out = [len({t[j] for j in range(1, _padding_start(t, p)) if p[j] == 0}) for t, p in zip(toks, parents)]
+    return np.array(out, dtype=np.int64)
 
 
 def chain_mask(bs: int, k: int, dtype=np.int64) -> np.ndarray:
     """Corpus-format mask of ``bs`` chains of ``k`` nodes: lower-triangular, flat [bs*k*k]."""
-    return np.broadcast_to(np.tril(np.ones((k, k), dtype=dtype)), (bs, k, k)).reshape(-1).copy()
+    return np.tile(_tril_flat(k, np.dtype(dtype)), bs)
+
+
+@lru_cache(maxsize=8)
+def _tril_flat(k: int, dtype) -> np.ndarray:
+    out = np.tril(np.ones((k, k), dtype=dtype)).reshape(-1)
+    out.flags.writeable = False  # shared between calls (np.tile copies it)
+    return out
 
 
 def reduce_to_chain(tokens, mask, k: int, match_type: str = "BFS"):

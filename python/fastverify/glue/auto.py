@@ -52,7 +52,7 @@ step, or the prefill of requests that all just joined) a lookup does not wait fo
 speculates verifies them with each root written on the device (`fill_roots`); where the corpus is unsure of
 the token in flight and drafts of the load pay, the worker looks up for real instead. A probe whose drafts
 could not pay even if they matched in full is looked up on the host's tokens after the plain step was
-launched (`probe_behind`: the GPU decodes meanwhile), scored later, and the step stays plain; after a step
+launched and before its corpus put (`probe_behind`: the GPU decodes meanwhile), scored later, and the step stays plain; after a step
 that speculated, a probe that could pay is a real lookup, and a lookup step that then verifies nothing runs
 at width 1. In overlap mode, the first lookup of requests that just joined waits one step where it could
 only be such a probe (`Controller.defer_first_lookup`): the step launched right after their prefill delays
@@ -310,9 +310,14 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             state.synced = False
             return None
     worker._fv.expect([0] * bs)  # its result reaches the verify accounting as a step without drafts
-    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=ones)
-    if probe:  # on the host's tokens (this step's put included), scored later; the step stays plain
-        d = ctl.note_probe(probe_behind(worker, state, batch))
+    probed = []
+    # a probe is looked up on the host's tokens before this step's corpus put (whose insert the lookup would wait
+    # for; it adds only the n-grams that end at each request's last token, none of them a continuation of the
+    # context asked about), scored later; the step stays plain
+    hook = (lambda: probed.append(probe_behind(worker, state, batch))) if probe else None
+    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=ones, before_put=hook)
+    if probe:
+        d = ctl.note_probe(probed[0])
     d = d if d is not None else ctl.note_lean(bs)
     state.last_step = (LEAN, bs, 1)
     state.synced = False
@@ -485,7 +490,7 @@ def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
             and not getattr(batch, "has_grammar", False))
 
 
-def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_first: bool = False):
+def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_first: bool = False, before_put=None):
     """One decode step of SGLang's plain path inside the n-gram worker: each request's last accepted token (the
     root its draft would have had) is decoded with the DECODE graphs and the plain sampler, then the result is
     put in the shape the worker's verify step returns, as a step that accepted no draft (accept length 1).
@@ -497,7 +502,8 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
 
     ``roots_first``: every accept length in the batch is known to be 1 (the last decode step was a plain one;
     a request that joined since comes from a prefill, which accepts one token too), so each root is the first
-    accept token and the accept lengths are not read.
+    accept token and the accept lengths are not read. ``before_put``: called once the pass is launched, before the
+    corpus put.
 
     The tensor work before and after the pass is one Triton launch each (plain_step.plain_inputs /
     plain_outputs) instead of about ten small torch ops."""
@@ -534,6 +540,8 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
     accept_tokens, accept_lens = plain_outputs(result.next_token_ids, k)  # [bs * k], [bs]
     if on_publish is not None:
         on_publish(new_seq_lens)
+    if before_put is not None:
+        before_put()
     # the corpus learns the output as in SGLang's own step, here without the tokens still in flight (they are
     # not on the host: nothing was looked up), and the match state of requests that left is erased
     worker.prev_token_ids = []
