@@ -144,6 +144,8 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
         published = []
         res = w.forward_batch_generation(batch, on_publish=published.append)
         kind = state.last_step[0]
+        probed = kind == "probe"  # a plain step that looked drafts up behind its launch (its own cost kind)
+        kind = "lean" if probed else kind
         lens = res.accept_lens.tolist()
         stride = res.next_draft_input.draft_token_num
         acc = res.next_draft_input.accept_tokens.view(len(reqs), stride)
@@ -153,7 +155,7 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
             else:
                 r.output_ids = r.output_ids + acc[i, :lens[i]].tolist()
         f = forwards[-1]
-        log.append({"kind": kind, "width": f["width"], "input": f["input"], "forward": f,
+        log.append({"kind": kind, "probe": probed, "width": f["width"], "input": f["input"], "forward": f,
                     "accept_lens": lens, "prev_token_ids": list(getattr(w, "prev_token_ids", [])),
                     "puts": puts[n_puts:], "gets": gets[n_gets:], "events": events[n_events:],
                     "after_k": w.draft_token_num, "step_width": res.speculative_num_draft_tokens,

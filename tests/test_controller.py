@@ -605,6 +605,79 @@ def test_probes_that_could_not_pay_are_marked_for_looking_up_behind():
     assert ctl.plan_lookup(none_yet, probe_max=8) and ctl.planned == PLAN_WANTED
 
 
+def _probes_dearer(probe_ms, lean_ms=4.6, bs=4):
+    """Step costs (batch size `bs`) in which a lookup step is dearer than a plain one, and a probe step has
+    been measured at `probe_ms`."""
+    from fastverify.controller import LEAN, PROBE, SPEC, StepCosts
+
+    c = StepCosts(CostTable(((bs, 4.4),), ((bs, 4.4), (8 * bs, 5.0)), "t"))
+    for _ in range(3):
+        c.record(LEAN, bs, 1, lean_ms)
+        c.record(SPEC, bs, 1, lean_ms + 1.8)
+        c.record(PROBE, bs, 1, probe_ms)
+    return c
+
+
+def test_probe_cost_is_measured_probe_steps_less_plain_ones():
+    from fastverify.controller import LEAN, PROBE, StepCosts
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    assert Controller(cfg, _probes_dearer(5.4)).probe_cost(4) == pytest.approx(0.8)
+    assert Controller(cfg, _probes_dearer(4.5)).probe_cost(4) == 0.0  # cheaper (noise): free, never negative
+    assert Controller(cfg, _probes_dearer(5.4)).probe_cost(1) == 0.0  # nothing measured at that size
+    assert Controller(cfg, FLAT).probe_cost(1) == 0.0  # a table measures no whole steps
+    c = StepCosts(CostTable(((4, 4.4),), ((4, 4.4), (32, 5.0)), "t"))
+    for _ in range(3):
+        c.record(LEAN, 4, 1, 4.6)
+    c.record(PROBE, 4, 1, 9.0)
+    c.record(PROBE, 4, 1, 9.0)
+    assert Controller(cfg, c).probe_cost(4) == 0.0  # two probe periods: not measured yet (min_samples 3)
+    c.record(PROBE, 4, 7, 5.1)  # a probe step is width 1 whatever the caller says
+    assert c.samples(PROBE, 4, 1) == 3 and Controller(cfg, c).probe_cost(4) == pytest.approx(4.4)
+
+
+def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
+    """Probes whose drafts could not pay cost host time where the host is busy: they are spread so that their
+    measured cost stays within `probe_budget` of the plain steps' time. Free probes keep the 1, 2, 4, ... gaps."""
+    from fastverify.controller import PLAN_PROBE
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform", probe_budget=0.01)
+    views = [RequestView(r, DraftFeatures(0, 0)) for r in "abcd"]
+
+    def probes(ctl, n, probe_max=8):
+        at = []
+        for i in range(1, n + 1):
+            if ctl.plan_lookup(views, probe_max=probe_max):
+                assert ctl.planned == PLAN_PROBE
+                ctl.note_probe(views)
+                at.append(i)
+            else:
+                ctl.note_lean(4)
+        return at
+
+    free = probes(Controller(cfg, _probes_dearer(4.6)), 200)
+    assert free[:7] == [1, 3, 7, 15, 23, 31, 39] and len(free) == 27
+    ctl = Controller(cfg, _probes_dearer(5.4))  # 0.8 ms each; 1 % of a 4.6 ms step buys one every ~18 steps
+    dear = probes(ctl, 200)
+    gaps = [b - a for a, b in zip(dear, dear[1:])]
+    assert 9 <= len(dear) <= 11 and min(gaps) >= 17
+    assert len(dear) * 0.8 <= 0.01 * 4.6 * 200 + 0.8  # within the budget (and one probe's worth of credit)
+    assert ctl.counters["probes_held"] > 0 and ctl.metrics()["auto_probes_held_total"] > 0
+    # a long stretch without any probe due does not buy a burst: the credit holds one probe at most
+    ctl2 = Controller(cfg, _probes_dearer(5.4))
+    for _ in range(500):
+        ctl2.note_lean(4)
+    ctl2.reset_probe()
+    burst = probes(ctl2, 40, probe_max=1)
+    assert burst[0] == 1 and burst[1] - burst[0] >= 17
+    # probes that could pay (real lookups) are never held
+    ctl3 = Controller(cfg, _probes_dearer(5.4))
+    for _ in range(6):
+        for r in "abcd":
+            ctl3.observe(r, DraftFeatures(7, 1), 7)
+    assert all(ctl3.plan_lookup(views, probe_max=8) for _ in range(5)) and ctl3.counters["probes_held"] == 0
+
+
 def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():
     """A new request's first lookup may be a probe only where a lookup step at that batch size has been
     measured (SPEC periods of width 1), measured dearer than a plain step, and not even a full match would be

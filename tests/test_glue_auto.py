@@ -211,6 +211,7 @@ def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless
     # the first lookup is decided on (it could have been verified at once); the later ones could not pay even
     # if they matched in full, so they are probes made after the step's launch, before its corpus put
     assert run["metrics"]["auto_behind_lookups_total"] == 1 and run["metrics"]["auto_probe_lookups_total"] == 2
+    assert [i for i, s in enumerate(steps) if s["probe"]] == [2, 6]  # their periods measure what a probe costs
     assert steps[0]["events"] == ["get", "forward", "put"]
     assert steps[2]["events"] == steps[6]["events"] == ["forward", "get", "put"]
     assert steps[1]["events"] == ["forward", "put"]

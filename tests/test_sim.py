@@ -236,9 +236,37 @@ def test_load_switch_to_requests_that_say_they_sample():
         assert seen[True][2] > seen[False][2]
 
 
+def test_probes_that_cost_host_time_stay_within_the_probe_budget():
+    """At batch size 4 on the 2x H200 a probe made the step ~0.8 ms longer (the host's share of the step outgrew
+    the GPU's). On a sampled load that never pays, auto measures that cost and spreads its probes so they cost
+    at most `probe_budget` of the load's time (plus the probes that measure it); without the limit it probed
+    four times as often and lost 2 %. Where probes fit in the host's slack (probe_ms 0) nothing is held."""
+    import dataclasses
+
+    costs = sim.cost_table("h200-dummy24")
+    seen = {}
+    for budget in (1.0, CFG.probe_budget):
+        cfg = dataclasses.replace(CFG, probe_budget=budget)
+        res, after = sim.load_switch_run(costs, 4, cfg, 16, 200, lookup_ms=1.8, sampled=True, probe_ms=0.8)
+        auto = res["auto"]
+        start = len(auto.step_ms) - after["steps"]
+        at = [i for i in range(start, len(auto.step_ms)) if auto.step_probes[i] and auto.batch[i] == 4]
+        seen[budget] = (after["auto_probes"], after["auto_vs_none"], at)
+    probes, rate, at = seen[CFG.probe_budget]
+    # the first probes are free until min_samples of them are measured and the costs are next shared
+    # (COST_SYNC_STEPS); from then on one per 0.8 ms / (budget * a 4.44 ms step) ~ 90 steps
+    measured = [b for a, b in zip(at, at[1:]) if a > at[0] + sim.COST_SYNC_STEPS]
+    gaps = [b - a for a, b in zip(at, at[1:]) if a >= measured[0]] if measured else []
+    assert len(gaps) >= 5 and min(gaps) >= 0.8 / (CFG.probe_budget * 4.44) - 1, seen
+    assert seen[1.0][0] >= 3 * probes and rate > seen[1.0][1] + 0.005, seen
+    free, _ = sim.load_switch_run(costs, 4, CFG, 16, 200, lookup_ms=1.8, sampled=True, probe_ms=0.0)
+    assert free["auto"].probe_steps() > 3 * probes
+
+
 def test_measured_table_and_flags():
     t = sim.cost_table("h200-dummy24")
     assert t.decode_ms(1) == pytest.approx(4.4269) and t.verify_ms(8) == pytest.approx(4.8352)
     assert sim.main(["--tables", "h200-dummy24", "--lookup-ms", "-1"]) == 2
     assert sim.main(["--tables", "h200-dummy24", "--probe-max", "0"]) == 2
+    assert sim.main(["--tables", "h200-dummy24", "--probe-ms", "-0.5"]) == 2
     assert sim.main(["--tables", "nope"]) == 2

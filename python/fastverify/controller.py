@@ -209,6 +209,8 @@ def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], 
 PLAN_PROBE, PLAN_WANTED = "probe", "wanted"  # why Controller.plan_lookup looked drafts up
 WANTED_REFRESH_STEPS = 4  # Controller._wanted: an unchanged question is answered again after this many steps
 LEAN, SPEC = "lean", "spec"  # a step that skipped the draft lookup (no speculation) / one that looked drafts up
+PROBE = "probe"  # a step without speculation that looked drafts up behind its launch, only to score them
+STEP_KINDS = (LEAN, SPEC, PROBE)
 
 
 def _median(xs) -> float:
@@ -230,7 +232,8 @@ class StepCosts:
     median of its last `window` periods once it has `min_samples`; otherwise the table's GPU time plus the
     kind's host part, the median of (measured - table) over the kind's recent steps at any size (0 before the
     first measurement). Medians, so the occasional period that contains a prefill or an idle gap does not move
-    the estimate. LEAN is width 1 by definition.
+    the estimate. LEAN is width 1 by definition, and so is PROBE (a LEAN step that also looked drafts up behind
+    its launch: what a probe adds to a plain step, `Controller.probe_cost`).
     """
 
     def __init__(self, table: CostTable, window: int = 32, min_samples: int = 3):
@@ -241,19 +244,19 @@ class StepCosts:
         self.window = window
         self.min_samples = min_samples
         self._periods: dict = {}  # (kind, bs, width) -> recent ms
-        self._host: dict = {LEAN: [], SPEC: []}  # kind -> recent (measured - table) ms
+        self._host: dict = {k: [] for k in STEP_KINDS}  # kind -> recent (measured - table) ms
         self._estimates: dict = {}  # (kind, bs, width) -> step_ms, until the next record
         self.version = 0  # counts records: the estimates change only with it
 
     def graph_ms(self, kind: str, bs: int, width: int) -> float:
-        return self.table.decode_ms(bs) if kind == LEAN or width == 1 else self.table.verify_ms(bs * width)
+        return self.table.decode_ms(bs) if kind != SPEC or width == 1 else self.table.verify_ms(bs * width)
 
     def record(self, kind: str, bs: int, width: int, ms: float) -> None:
-        if kind not in (LEAN, SPEC):
-            raise ValueError(f"step kind must be {LEAN!r} or {SPEC!r}, got {kind!r}")
+        if kind not in STEP_KINDS:
+            raise ValueError(f"step kind must be one of {', '.join(map(repr, STEP_KINDS))}, got {kind!r}")
         if not (bs >= 1 and width >= 1 and math.isfinite(ms) and ms > 0):
             return
-        width = 1 if kind == LEAN else int(width)
+        width = 1 if kind != SPEC else int(width)
         q = self._periods.setdefault((kind, int(bs), width), [])
         q.append(float(ms))
         del q[:-self.window]
@@ -264,14 +267,14 @@ class StepCosts:
         self.version += 1
 
     def samples(self, kind: str, bs: int, width: int) -> int:
-        return len(self._periods.get((kind, int(bs), 1 if kind == LEAN else int(width)), ()))
+        return len(self._periods.get((kind, int(bs), 1 if kind != SPEC else int(width)), ()))
 
     def host_ms(self, kind: str) -> float:
         h = self._host[kind]
         return max(_median(h), 0.0) if h else 0.0
 
     def step_ms(self, kind: str, bs: int, width: int) -> float:
-        key = (kind, int(bs), 1 if kind == LEAN else int(width))
+        key = (kind, int(bs), 1 if kind != SPEC else int(width))
         ms = self._estimates.get(key)
         if ms is None:  # a decision asks for a few estimates many times between two records
             q = self._periods.get(key)
@@ -291,7 +294,7 @@ class StepCosts:
         return self.table.verify_ms(tokens)
 
     def to_json(self) -> dict:
-        return {"table": self.table.to_json(), "host_ms": {k: self.host_ms(k) for k in (LEAN, SPEC)},
+        return {"table": self.table.to_json(), "host_ms": {k: self.host_ms(k) for k in STEP_KINDS},
                 "measured": {f"{k}/bs{bs}/w{w}": round(_median(q), 4) for (k, bs, w), q in sorted(self._periods.items())}}
 
 
@@ -532,6 +535,9 @@ class AutoConfig:
     prior_floor: float = 1.0  # pseudo-observations of 0 accepted the gain model never forgets (GainModel)
     shape: str = "ragged"  # "uniform": every request in a verify pass occupies `width` slots
     log_interval_s: float = 30.0
+    # probes (drafts looked up only to learn from) may add at most this share to the time of the steps without
+    # speculation, by their measured cost (Controller.probe_cost); 1.0: no limit
+    probe_budget: float = 0.002
 
     def __post_init__(self):
         if not isinstance(self.max_chain, int) or self.max_chain < 1:
@@ -545,6 +551,8 @@ class AutoConfig:
             raise ValueError(f"half_life_steps must be > 0, got {self.half_life_steps!r}")
         if self.shape not in SHAPES:
             raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
+        if not (isinstance(self.probe_budget, (int, float)) and 0.0 < self.probe_budget <= 1.0):
+            raise ValueError(f"probe_budget must be in (0, 1], got {self.probe_budget!r}")
 
 
 def follow_bound_steps(cfg: AutoConfig, eps: float = 0.1, probe_max: int = 0) -> int:
@@ -593,10 +601,11 @@ class Controller:
         self._last_log = -math.inf
         self._suppressed = 0
         self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0, "lean_steps": 0,
-                         "probe_lookups": 0, "behind_lookups": 0}
+                         "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0}
         self.planned: Optional[str] = None  # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
         self._since_lookup = 0
         self._probe_gap = 1  # steps between lookups while none is expected to pay (doubles up to probe_max)
+        self._probe_credit = 0.0  # ms that probes may still add (`probe_cost`; grows with each step's cost)
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
         self._sampled: dict = {}  # req_id -> the request samples (note_sampling); absent: greedy
@@ -645,6 +654,7 @@ class Controller:
         self.step += 1
         self.counters["behind_lookups"] += int(behind)
         self._since_lookup = 0
+        self._accrue_probe_credit(len(requests))
         per_req, evals = self._evaluate(requests, self.step)
         chosen = choose(evals, self.current, self.cfg.hysteresis)
         if not any(chosen.speculate):  # an option nobody takes part in is a plain decode step
@@ -689,15 +699,42 @@ class Controller:
             self.planned = PLAN_WANTED
             return True
         if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
-            self._since_lookup = 0
             # a probe that may find drafts worth verifying at once is a real lookup; one whose drafts would not
             # pay even if they matched in full (the requests' own acceptance of matching drafts is low) is for
-            # learning only, and cheaper (PLAN_PROBE: looked up behind, scored, the step stays plain)
+            # learning only, and cheaper (PLAN_PROBE: looked up behind, scored, the step stays plain), but not
+            # free where the host has little time to spare: it waits until the probe credit covers its
+            # measured cost (the next step asks again)
             promising = self._full_match_wanted([r.req_id for r in requests])
+            if not promising:
+                cost = self.probe_cost(len(requests))
+                if cost > self._probe_credit:
+                    self.counters["probes_held"] += 1
+                    self._since_lookup += 1
+                    return False
+                self._probe_credit -= cost
+            self._since_lookup = 0
             self.planned = PLAN_WANTED if promising else PLAN_PROBE
             return True
         self._since_lookup += 1
         return False
+
+    def probe_cost(self, bs: int) -> float:
+        """What a probe adds to a plain step at batch size `bs` (ms): the median period of steps that probed
+        (PROBE) less that of plain steps (LEAN), both measured (`StepCosts`, `min_samples` each); 0 until then
+        (the first probes measure it) and with a cost table that measures no whole steps. A probe's lookup runs
+        on the host while the GPU decodes, so it costs nothing until the host's share of the step outgrows the
+        GPU's (2x H200, 24-layer dummy model, batch size 4: ~0.8 ms of a 4.6 ms step; batch size 1: ~0)."""
+        samples = getattr(self.costs, "samples", None)
+        if samples is None or min(samples(PROBE, bs, 1), samples(LEAN, bs, 1)) < self.costs.min_samples:
+            return 0.0
+        return max(self.costs.step_ms(PROBE, bs, 1) - self.costs.step_ms(LEAN, bs, 1), 0.0)
+
+    def _accrue_probe_credit(self, bs: int) -> None:
+        """Each step adds `probe_budget` of a plain step's cost to the probe credit, kept to at most one probe's
+        cost (a long stretch without probes does not buy a burst of them)."""
+        cap = self.probe_cost(bs)
+        gain = self.cfg.probe_budget * self.costs.decode_ms(bs)
+        self._probe_credit = min(self._probe_credit + gain, max(cap, gain))
 
     def _wanted(self, requests: Sequence[RequestView]) -> bool:
         """Is an option that speculates expected to beat no speculation (by the hysteresis) for `requests`?
@@ -793,6 +830,7 @@ class Controller:
     def note_lean(self, bs: int) -> Decision:
         """A step that ran without a lookup: a decision for no speculation, counted like one."""
         self.step += 1
+        self._accrue_probe_credit(bs)
         if self.current is not None and self.current.kind != NONE:
             self.counters["switches"] += 1
         self.current = self.options[0]
@@ -861,6 +899,7 @@ class Controller:
             "auto_lean_steps_total": float(self.counters["lean_steps"]),
             "auto_probe_lookups_total": float(self.counters["probe_lookups"]),
             "auto_behind_lookups_total": float(self.counters["behind_lookups"]),
+            "auto_probes_held_total": float(self.counters["probes_held"]),
         }
         for lbl, n in self.steps_by_mode.items():
             out[f"auto_steps_{lbl}_total"] = float(n)

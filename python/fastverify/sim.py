@@ -10,6 +10,8 @@ same text). A step:
     time  += decode_ms(bs) or verify_ms(tokens in the pass)  from the TRUE cost table
              + lookup_ms when the step looked drafts up       (host: corpus lookup, its blocking copy, the
                                                               speculative verify path; 0 by default)
+             + probe_ms when auto probed (drafts looked up behind the launch only to be scored: host time
+                                                              the step lacks where the host is busy; 0 by default)
     pos   += 1 + accept
     drafts made at earlier steps resolve once the produced tokens show their first divergence (at most K + 1
     tokens later) and are fed to the controller, verified or not (ShadowTracker does this in the server).
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
-                                   LEAN, PLAN_PROBE, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
+                                   LEAN, PLAN_PROBE, PROBE, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
 from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -243,13 +245,15 @@ class AutoPolicy:
         self.step_costs = step_costs
         self._steps = 0
         self.paid_lookup = True  # this step waited for and ran a lookup (a lookup behind does not)
+        self.probed = False  # this step was a probe (drafts only scored; `simulate`'s probe_ms)
         self.plain_before = True  # the last step gave every request one token
 
     def record(self, bs: int, width: int, ms: float) -> None:
         """The step just simulated took `ms` (width: its verify width, 1 without speculation)."""
         if self.step_costs is None:
             return
-        self.step_costs.record(SPEC if width > 1 or self.paid_lookup else LEAN, bs, width, ms)  # as the server
+        kind = SPEC if width > 1 or self.paid_lookup else PROBE if self.probed else LEAN
+        self.step_costs.record(kind, bs, width, ms)  # as the server
         self._steps += 1
         if self._steps % COST_SYNC_STEPS == 0:
             self.c.costs = copy.deepcopy(self.step_costs)
@@ -260,6 +264,7 @@ class AutoPolicy:
         fresh = [v for v in views if v.req_id not in self.last]
         ones = self.plain_before or len(fresh) == len(views)
         self.paid_lookup = True
+        self.probed = False
         self.c.planned = None
         if fresh:
             self.c.reset_probe()
@@ -285,6 +290,7 @@ class AutoPolicy:
             d = self.c.decide(views, behind=True)
         elif self.c.planned == PLAN_PROBE:  # a probe (made after the step's launch): scored only
             self.paid_lookup = False
+            self.probed = True
             d = self.c.note_probe(views)
         else:
             d = self.c.decide(views)
@@ -295,6 +301,7 @@ class AutoPolicy:
         """A step without a lookup: no speculation, nothing paid, nothing to score later."""
         self.looked_up = False
         self.paid_lookup = False
+        self.probed = False
         self.plain_before = True
         d = self.c.note_lean(bs)
         return d.option, d.speculate
@@ -325,6 +332,10 @@ class SimResult:
     step_tokens: list = field(default_factory=list)  # tokens produced per step
     step_lookups: list = field(default_factory=list)  # per step: it paid for a lookup
     finished: dict = field(default_factory=dict)  # rid -> index of the step in which it finished
+    step_probes: list = field(default_factory=list)  # per step: it looked drafts up only to score them
+
+    def probe_steps(self, start: int = 0) -> int:
+        return sum(self.step_probes[start:])
 
     @property
     def tokens_per_s(self) -> float:
@@ -333,9 +344,12 @@ class SimResult:
 
 def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, shape: str = "ragged",
              max_chain: int = 7, tree_width: int = 8,
-             regime_of_step: Optional[Callable[[int], int]] = None, lookup_ms: float = 0.0) -> SimResult:
+             regime_of_step: Optional[Callable[[int], int]] = None, lookup_ms: float = 0.0,
+             probe_ms: float = 0.0) -> SimResult:
     """Run `requests` through a decode loop of at most `bs` concurrent requests (refilled in order).
-    `lookup_ms`: what a step that looked drafts up costs on top of its pass (0: passes only)."""
+    `lookup_ms`: what a step that looked drafts up costs on top of its pass (0: passes only). `probe_ms`: what a
+    probe (`AutoPolicy.probed`: drafts looked up behind the launch only to be scored) adds to its step, where
+    the host has less time to spare than the lookup takes (0: it fits in the host's slack)."""
     res = SimResult(policy.label)
     queue = list(requests)[::-1]
     active: dict = {}  # rid -> [request, pos, pending drafts [(pos, regime)]]
@@ -366,6 +380,8 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
             res.lookups += 1
         elif policy.looked_up:
             res.probes += 1
+            if getattr(policy, "probed", False):
+                res.time_ms += probe_ms
         tokens_before = res.tokens
         if hasattr(policy, "record"):
             policy.record(len(rids), option.width if n_spec else 1, res.time_ms - t0)
@@ -400,6 +416,7 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
         res.step_ms.append(res.time_ms - t0)
         res.step_tokens.append(res.tokens - tokens_before)
         res.step_lookups.append(paid)
+        res.step_probes.append(bool(policy.looked_up and not paid and getattr(policy, "probed", False)))
     return res
 
 
@@ -408,18 +425,18 @@ def fixed_policies(max_chain: int, tree_width: int) -> list:
 
 
 def run_all(requests, costs, bs, cfg: AutoConfig, regime_of_step=None, controller_costs=None,
-            lookup_ms: float = 0.0, probe_max: int = None) -> dict:
-    """Every fixed option and auto on the same requests; returns label -> SimResult. With `lookup_ms` > 0 the
-    steps cost more than their passes, and auto decides on whole-step costs measured as it runs (as the server
-    does); otherwise on the table (`controller_costs`, default: the true one)."""
+            lookup_ms: float = 0.0, probe_max: int = None, probe_ms: float = 0.0) -> dict:
+    """Every fixed option and auto on the same requests; returns label -> SimResult. With `lookup_ms` or
+    `probe_ms` > 0 the steps cost more than their passes, and auto decides on whole-step costs measured as it
+    runs (as the server does); otherwise on the table (`controller_costs`, default: the true one)."""
     out = {}
     table = controller_costs or costs
-    measured = StepCosts(table) if lookup_ms > 0 else None
+    measured = StepCosts(table) if lookup_ms > 0 or probe_ms > 0 else None
     auto = AutoPolicy(Controller(cfg, StepCosts(table) if measured else table),
                       PROBE_MAX if probe_max is None else probe_max, measured)
     for pol in fixed_policies(cfg.max_chain, cfg.tree_width) + [auto]:
         out[pol.label] = simulate(requests, pol, costs, bs, cfg.shape, cfg.max_chain, cfg.tree_width,
-                                  regime_of_step, lookup_ms)
+                                  regime_of_step, lookup_ms, probe_ms)
     return out
 
 
@@ -471,13 +488,13 @@ def follow_steps(res: SimResult, start: int, end: int, rates_for: Callable[[int]
 
 def switching_run(costs: CostTable, bs: int, cfg: AutoConfig, period: int = 200, p_high: float = 0.85,
                   length: int = 1024, seed: int = 0, tol: float = 0.15, lookup_ms: float = 0.0,
-                  probe_max: Optional[int] = None) -> tuple:
+                  probe_max: Optional[int] = None, probe_ms: float = 0.0) -> tuple:
     """Acceptance switches between 0 and `p_high` every `period` steps (every position matches, so the
     features cannot tell). Returns (results, follow steps per switch that has a full window)."""
     reqs = synthetic_requests(2 * bs + 2, length, (0.0, p_high), cfg.max_chain, cfg.tree_width,
                               match_rate=1.0, seed=seed)
     res = run_all(reqs, costs, bs, cfg, regime_of_step=lambda s: (s // period) % 2, lookup_ms=lookup_ms,
-                  probe_max=probe_max)
+                  probe_max=probe_max, probe_ms=probe_ms)
     auto = res["auto"]
     cache: dict = {}
 
@@ -524,7 +541,8 @@ def window_rate(res: SimResult, start: int) -> float:
 
 def load_switch_run(costs: CostTable, bs: int, cfg: AutoConfig, n_per_load: int = 8, length: int = 200,
                     p_high: float = 0.85, seed: int = 0, lookup_ms: float = 0.0,
-                    probe_max: Optional[int] = None, unsure_first: bool = True, sampled: bool = False) -> tuple:
+                    probe_max: Optional[int] = None, unsure_first: bool = True, sampled: bool = False,
+                    probe_ms: float = 0.0) -> tuple:
     """A repetitive load (acceptance `p_high`), then a non-repetitive one of new requests whose first lookups
     still match in full (`after_load_requests`; `sampled`: requests that say they sample), on one controller.
     Returns (results, a summary of the second load alone: auto's and no speculation's tokens/s from the step
@@ -532,14 +550,15 @@ def load_switch_run(costs: CostTable, bs: int, cfg: AutoConfig, n_per_load: int 
     first = synthetic_requests(n_per_load, length, (p_high,), cfg.max_chain, cfg.tree_width, seed=seed)
     second = after_load_requests(n_per_load, length, cfg.max_chain, seed=seed + 1, unsure_first=unsure_first,
                                  sampled=sampled)
-    res = run_all(first + second, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max)
+    res = run_all(first + second, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms)
 
     def start(r: SimResult) -> int:
         return max(r.finished[q.rid] for q in first) + 1
     auto, none = res["auto"], res[NONE]
     a0 = start(auto)
     after = {"auto_vs_none": round(window_rate(auto, a0) / window_rate(none, start(none)), 4),
-             "auto_lookups": sum(auto.step_lookups[a0:]), "steps": len(auto.step_ms) - a0}
+             "auto_lookups": sum(auto.step_lookups[a0:]), "steps": len(auto.step_ms) - a0,
+             "auto_probes": auto.probe_steps(a0)}
     return res, after
 
 
@@ -549,7 +568,7 @@ SCENARIOS = {"zero": (0.0,), "low": (0.3,), "high": (0.85,)}
 
 def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, length=256, seed=0,
                     cfg: Optional[AutoConfig] = None, replay: bool = False, switch_period: int = 200,
-                    lookup_ms: float = 0.0, probe_max: Optional[int] = None) -> dict:
+                    lookup_ms: float = 0.0, probe_max: Optional[int] = None, probe_ms: float = 0.0) -> dict:
     cfg = cfg or AutoConfig()
     rows = []
     replayed = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width) if replay else None
@@ -559,24 +578,24 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
             for name, ps in SCENARIOS.items():
                 reqs = synthetic_requests(n_requests, length, ps, cfg.max_chain, cfg.tree_width, seed=seed)
                 rows.append({"table": table, "bs": bs, "trace": f"synthetic-{name}", **summarize(
-                    run_all(reqs, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max))})
+                    run_all(reqs, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms))})
             res, follow = switching_run(costs, bs, cfg, switch_period, seed=seed, lookup_ms=lookup_ms,
-                                        probe_max=probe_max)
+                                        probe_max=probe_max, probe_ms=probe_ms)
             rows.append({"table": table, "bs": bs, "trace": f"switch-0/0.85-every-{switch_period}",
                          "follow_steps": follow, "follow_bound": follow_bound_steps(cfg), **summarize(res)})
             res, after = load_switch_run(costs, bs, cfg, max(n_requests // 2, bs), length, seed=seed,
-                                         lookup_ms=lookup_ms, probe_max=probe_max)
+                                         lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms)
             rows.append({"table": table, "bs": bs, "trace": "load-0.85-then-sampled", "after_switch": after,
                          **summarize(res)})
             # the same, its requests saying they sample (the server's requests at temperature > 0 do)
             res, after = load_switch_run(costs, bs, cfg, max(n_requests // 2, bs), length, seed=seed,
-                                         lookup_ms=lookup_ms, probe_max=probe_max, sampled=True)
+                                         lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms, sampled=True)
             rows.append({"table": table, "bs": bs, "trace": "load-0.85-then-sampled-told", "after_switch": after,
                          **summarize(res)})
             if replayed is not None:
                 rows.append({"table": table, "bs": bs, "trace": "replay-default", **summarize(
-                    run_all(replayed, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max))})
-    return {"config": cfg.__dict__, "rows": rows, "lookup_ms": lookup_ms,
+                    run_all(replayed, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms))})
+    return {"config": cfg.__dict__, "rows": rows, "lookup_ms": lookup_ms, "probe_ms": probe_ms,
             "probe_max": PROBE_MAX if probe_max is None else probe_max,
             "cost_tables": {t: cost_table(t).to_json() for t in tables}}
 
@@ -592,7 +611,8 @@ def format_rows(rows) -> str:
         extra = f"  follow {r['follow_steps']} (bound {r['follow_bound']})" if "follow_steps" in r else ""
         if "after_switch" in r:
             a = r["after_switch"]
-            extra += f"  second load: {a['auto_vs_none']:.3f}x none, {a['auto_lookups']} lookups in {a['steps']} steps"
+            extra += (f"  second load: {a['auto_vs_none']:.3f}x none, {a['auto_lookups']} lookups, "
+                      f"{a['auto_probes']} probes in {a['steps']} steps")
         lines.append(f"{r['table']:<16} {r['bs']:>3} {r['trace']:<28} {tps['none']:>8.1f} {best:>18} "
                      f"{tps['auto']:>8.1f} {r['auto_vs_none']:>9.3f} {r['auto_vs_best_fixed']:>9.3f}  {mix}{extra}")
     return "\n".join(lines)
@@ -615,6 +635,9 @@ def _fill_parser(p):
     p.add_argument("--lookup-ms", type=float, default=0.0,
                    help="host time a step that looks drafts up costs on top of its pass (default 0); 1.8 on the "
                         "2x H200 with the 24-layer dummy model (h200-dummy24)")
+    p.add_argument("--probe-ms", type=float, default=0.0,
+                   help="host time a probe adds to its step where the host has less time to spare (default 0); "
+                        "~0.8 at batch size 4 on the 2x H200 with the 24-layer dummy model, ~0 at batch size 1")
     p.add_argument("--probe-max", type=int, default=None,
                    help=f"auto's longest gap between probe lookups without speculation (the server's: {PROBE_MAX})")
     p.add_argument("--json", help="write the report here")
@@ -627,14 +650,15 @@ def run_cli(args, argv=None) -> int:
         if t not in ALL_TABLES:
             print(f"--tables: unknown table {t!r}; choose from {', '.join(ALL_TABLES)}", file=sys.stderr)
             return 2
-    if args.lookup_ms < 0 or (args.probe_max is not None and args.probe_max < 1):
-        print("--lookup-ms must be >= 0 and --probe-max >= 1", file=sys.stderr)
+    if args.lookup_ms < 0 or args.probe_ms < 0 or (args.probe_max is not None and args.probe_max < 1):
+        print("--lookup-ms and --probe-ms must be >= 0 and --probe-max >= 1", file=sys.stderr)
         return 2
     rep = scenario_report(bss, tables, args.requests, args.length, args.seed, replay=args.replay,
-                          lookup_ms=args.lookup_ms, probe_max=args.probe_max)
+                          lookup_ms=args.lookup_ms, probe_max=args.probe_max, probe_ms=args.probe_ms)
     rep["repro_command"] = "python -m fastverify.sim " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"# fastverify.sim: simulated decode loop, real controller; config {json.dumps(rep['config'])}; "
-          f"lookup step +{rep['lookup_ms']} ms; probe gap up to {rep['probe_max']} steps")
+          f"lookup step +{rep['lookup_ms']} ms; probe step +{rep['probe_ms']} ms; probe gap up to "
+          f"{rep['probe_max']} steps")
     for t, tab in rep["cost_tables"].items():
         print(f"# cost table {t} (ms): " + ", ".join(f"{k}:{v:.2f}" for k, v in tab["verify_ms"].items()))
     print(format_rows(rep["rows"]))

@@ -387,8 +387,8 @@ def auto_step(scheduler) -> list:
     step = state.last_step
     if step is None:
         return [None, None, None]
-    planned = getattr(state.controller, "planned", None)
-    return [step[0], int(step[2]), planned == "probe"]
+    # a probe step (its own kind in the cost model) is written as a lean step that probed
+    return ["lean" if step[0] == "probe" else step[0], int(step[2]), step[0] == "probe"]
 
 
 def instrument(scheduler_cls, event_cls, trace: StepTrace, stream_cls=None) -> StepTrace:

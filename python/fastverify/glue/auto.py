@@ -67,7 +67,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from fastverify.controller import (LEAN, NONE, PLAN_PROBE, SPEC, AutoConfig, Controller, CostTable, CostTableError,
+from fastverify.controller import (LEAN, NONE, PLAN_PROBE, PROBE, SPEC, AutoConfig, Controller, CostTable, CostTableError,
                                    DraftFeatures, RequestView, ShadowTracker, StepCosts, calibrate, load_cost_table)
 
 logger = logging.getLogger("fastverify.auto")
@@ -208,7 +208,7 @@ def setup(worker, spec=None, observability=None, plain=None):
 def _tick(state: AutoState) -> None:
     """Start of a decode step: the previous step's period goes to the cost model; rank 0's model is shared."""
     now = state.clock()
-    state.lean_before = state.last_step is not None and state.last_step[0] == LEAN
+    state.lean_before = state.last_step is not None and state.last_step[0] in (LEAN, PROBE)
     if state.last_start is not None and state.last_step is not None:
         kind, bs, width = state.last_step
         state.costs.record(kind, bs, width, 1000.0 * (now - state.last_start))
@@ -319,7 +319,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     if probe:
         d = ctl.note_probe(probed[0])
     d = d if d is not None else ctl.note_lean(bs)
-    state.last_step = (LEAN, bs, 1)
+    state.last_step = (PROBE if probe else LEAN, bs, 1)  # a probe's period measures what it adds (probe_cost)
     state.synced = False
     _export(state, d)
     return result
