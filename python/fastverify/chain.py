@@ -126,12 +126,16 @@ def tree_parents(mask) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def _parent_consts(d: int):
-    """The [1, d, d] strictly-lower-triangular mask (ancestors j < i) and the [1, 1, d] column index."""
-    return np.tril(np.ones((d, d), dtype=bool), -1)[None], np.arange(d)[None, None, :]
+    """The [1, d, d] strictly-lower-triangular mask (ancestors j < i) and the [1, 1, d] column index (read-only:
+    shared between calls)."""
+    below, index = np.tril(np.ones((d, d), dtype=bool), -1)[None], np.arange(d)[None, None, :]
+    below.flags.writeable = index.flags.writeable = False
+    return below, index
 
 
-# The per-request walks below run on Python lists: a tree has d <= 16 nodes, where indexing a numpy array one
-# element at a time costs more than the walk itself (the chain hook and the auto glue run them every lookup).
+# The per-request walks below run on Python lists: a tree has d nodes (the draft token count, 8 by default),
+# where indexing a numpy array one element at a time costs more than the walk itself (the chain hook and the
+# auto glue run them on every lookup).
 def _padding_start(tokens_row: list, parent_row: list) -> int:
     """Index of the first node of the trailing padding run (d if there is none): token-0 nodes under the root.
     They are leaves: a child comes after its parent, and every later node of the run hangs from the root."""

@@ -723,7 +723,8 @@ class Controller:
         (PROBE) less that of plain steps (LEAN), both measured (`StepCosts`, `min_samples` each); 0 until then
         (the first probes measure it) and with a cost table that measures no whole steps. A probe's lookup runs
         on the host while the GPU decodes, so it costs nothing until the host's share of the step outgrows the
-        GPU's (2x H200, 24-layer dummy model, batch size 4: ~0.8 ms of a 4.6 ms step; batch size 1: ~0)."""
+        GPU's (2x H200, 24-layer dummy model, batch size 4: 0-0.8 ms of a 4.6 ms step by the host the machine
+        came with; batch size 1: ~0 by the median)."""
         samples = getattr(self.costs, "samples", None)
         if samples is None or min(samples(PROBE, bs, 1), samples(LEAN, bs, 1)) < self.costs.min_samples:
             return 0.0

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
-                                   LEAN, PLAN_PROBE, PROBE, SPEC, RequestView, StepCosts, follow_bound_steps, options_for)
+                                   LEAN, PLAN_PROBE, PROBE, SPEC, RequestView, StepCosts, follow_bound_steps,
+                                   options_for)
 from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)

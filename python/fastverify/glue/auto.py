@@ -54,11 +54,11 @@ step, or the prefill of requests that all just joined) a lookup does not wait fo
 speculates verifies them with each root written on the device (`fill_roots`); where the corpus is unsure of
 the token in flight and drafts of the load pay, the worker looks up for real instead. A probe whose drafts
 could not pay even if they matched in full is looked up on the host's tokens after the plain step was
-launched and before its corpus put (`probe_behind`: the GPU decodes meanwhile), scored later, and the step stays plain; after a step
-that speculated, a probe that could pay is a real lookup, and a lookup step that then verifies nothing runs
-at width 1. In overlap mode, the first lookup of requests that just joined waits one step where it could
-only be such a probe (`Controller.defer_first_lookup`): the step launched right after their prefill delays
-their first token, the scheduler processing the prefill's result only after that launch.
+launched and before its corpus put (`probe_behind`: the GPU decodes meanwhile), scored later, and the step
+stays plain; after a step that speculated, a probe that could pay is a real lookup, and a lookup step that
+then verifies nothing runs at width 1. In overlap mode, the first lookup of requests that just joined waits
+one step where it could only be such a probe (`Controller.defer_first_lookup`): the step launched right after
+their prefill delays their first token, the scheduler processing the prefill's result only after that launch.
 """
 from __future__ import annotations
 
@@ -69,8 +69,9 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from fastverify.controller import (LEAN, NONE, PLAN_PROBE, PROBE, SPEC, AutoConfig, Controller, CostTable, CostTableError,
-                                   DraftFeatures, RequestView, ShadowTracker, StepCosts, calibrate, load_cost_table)
+from fastverify.controller import (LEAN, NONE, PLAN_PROBE, PROBE, SPEC, AutoConfig, Controller, CostTable,
+                                   CostTableError, DraftFeatures, RequestView, ShadowTracker, StepCosts, calibrate,
+                                   load_cost_table)
 
 logger = logging.getLogger("fastverify.auto")
 
@@ -504,8 +505,8 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
 
     ``roots_first``: every accept length in the batch is known to be 1 (the last decode step was a plain one;
     a request that joined since comes from a prefill, which accepts one token too), so each root is the first
-    accept token and the accept lengths are not read. ``before_put``: called once the pass is launched, before the
-    corpus put.
+    accept token and the accept lengths are not read. ``before_put``: called once the pass is launched, before
+    the corpus put.
 
     The tensor work before and after the pass is one Triton launch each (plain_step.plain_inputs /
     plain_outputs) instead of about ten small torch ops."""
