@@ -16,7 +16,9 @@ collections). This turns a server's records into per-step numbers, the distribut
 over the steady decode steps (a decode step followed by another of the same batch size; gaps longer than
 0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify mode
 (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from, ``spec``: drafts verified),
-for the steps right after each prefill (the time to first token and the next tokens), and per batch size,
+for the steps right after each prefill (the time to first token and the next tokens), the time of every step
+(steady or not) summed by category (prefills, the three steps after each, the other decode steps by kind), so
+that two servers' difference on one load splits into where it arose, and per batch size,
 sampling and kind, each row against the baseline's steps at the same batch size and sampling (a step's GPU
 time depends on the batch size, its sampler's host and GPU time on whether the batch samples greedily, and two
 servers' loads mix them in different shares: an auto server speculates on a greedy repetitive load and runs
@@ -61,6 +63,8 @@ GAP_MS = 0.005  # a device gap longer than this between two steps: the forward s
 SLOW_WINDOW = 50  # steps per window when looking for stretches of slow steps
 SLOW_OVER = 0.05  # a window whose steps average this much over their median period is part of a slow stretch
 MIN_GROUP = 100  # a (batch size, sampling, kind) group with fewer steady steps is left out of the per-batch-size table
+AFTER_LABEL = f"{AFTER_PREFILL - 1} steps after each prefill"  # time_by_category's categories
+OTHER_LABEL = "other decode steps"
 
 
 def trace_files(path) -> list:
@@ -358,8 +362,38 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
         "long_steps": long_steps(rows, long_ms),
         "slow_stretches": slow_stretches(steady, rows[0]["start"] if rows else 0.0),
+        "time_by_category": time_by_category(rows),
         "compiled": compiled_kernels(records),
     }
+
+
+def time_by_category(rows) -> dict:
+    """Every step of the trace (steady or not, pauses left out) by where its period went: the prefills, the
+    three decode steps after each prefill (the time to first token and the first tokens, while the pipeline
+    fills again), and the other decode steps by kind. {category: {"steps": n, "ms": sum of periods}}: two
+    servers on the same load differ in total time by the sum of the categories' differences."""
+    by_index = {r["index"]: r for r in rows}
+    after = set()
+    for r in rows:
+        if r["mode"] in PREFILL_MODES:
+            for k in range(1, AFTER_PREFILL):
+                nxt = by_index.get(r["index"] + k)
+                if nxt is None or nxt["mode"] in PREFILL_MODES:
+                    break
+                after.add(nxt["index"])
+    out: dict = {}
+    for r in rows:
+        if r["mode"] in PREFILL_MODES:
+            cats = ("prefills",)
+        elif r["index"] in after:
+            cats = (AFTER_LABEL,)
+        else:  # and, apart, by kind (a server without auto: "plain")
+            cats = (OTHER_LABEL, f"{OTHER_LABEL}: {_kind_label(r)}")
+        for cat in cats:
+            c = out.setdefault(cat, {"steps": 0, "ms": 0.0})
+            c["steps"] += 1
+            c["ms"] += 1000.0 * r["period"]
+    return {k: {"steps": v["steps"], "ms": round(v["ms"], 3)} for k, v in out.items()}
 
 
 def compiled_kernels(records) -> dict:
@@ -460,6 +494,7 @@ def render(results: dict) -> str:
             span = f"  device span median {f['gpu_span_median']:.3f}" if f["gpu_span_median"] is not None else ""
             out.append(f"  at {f['at_s']:8.2f} s  {f['steps']:5d} steps  {f['over_ms']:7.1f} ms over  late "
                        f"{f['late_share']:.2f}  launch median {f['launch_median_ms']:.3f}{span}")
+    out.extend(_render_time_by_category(results, labels, width))
     for lab in labels:
         kernels = results[lab].get("compiled") or {}
         if kernels:
@@ -481,6 +516,34 @@ def render(results: dict) -> str:
             out.append(f"in {label} (mean ms)".ljust(34) + "".join(f"{v:.3f}".rjust(16) for v in vals))
     out.extend(_render_by_bs(results, labels))
     return "\n".join(out)
+
+
+def _render_time_by_category(results: dict, labels: list, width: int) -> list:
+    """Where each server's time went (ms summed over the steps of each category; steps in brackets), against
+    the baseline: on the same load, the differences add up to the difference in total time."""
+    tables = [results[lab].get("time_by_category") or {} for lab in labels]
+    if not any(tables):
+        return []
+    out = ["", "time by step category (ms [steps])".ljust(34) + "".join(lab.rjust(width) for lab in labels)]
+    main = ("prefills", AFTER_LABEL, OTHER_LABEL)
+    kinds = sorted({c for t in tables for c in t if c not in main})
+
+    def row(name, cat, diff: bool) -> str:
+        cells = []
+        for i, t in enumerate(tables):
+            if cat is None:  # all steps
+                ms, n = (sum(t[c]["ms"] for c in main if c in t), sum(t[c]["steps"] for c in main if c in t))
+                b = sum(tables[0][c]["ms"] for c in main if c in tables[0])
+            else:
+                ms, n = (t[cat]["ms"], t[cat]["steps"]) if cat in t else (0.0, 0)
+                b = tables[0][cat]["ms"] if cat in tables[0] else 0.0
+            cells.append((f"{ms:.1f} [{n}]" + (f" ({ms - b:+.1f})" if diff and i else "")).rjust(width))
+        return name.ljust(34) + "".join(cells)
+
+    out += [row(c, c, True) for c in main]
+    out += [row("  " + c[len(OTHER_LABEL) + 2:], c, False) for c in kinds]
+    out.append(row("all steps but pauses", None, True))
+    return out
 
 
 def _render_by_bs(results: dict, labels: list) -> list:

@@ -402,6 +402,28 @@ def test_steps_by_auto_kind():
     assert res["by_kind"]["lean"]["steps"] == 40
 
 
+def test_time_by_category_splits_a_difference_into_where_it_arose(tmp_path, capsys):
+    """Two servers on one load: the prefill (40 ms), the three steps after it, and the other decode steps, summed
+    over every step (steady or not). The auto server's probe steps (every tenth) come out 2 ms longer; its
+    categories' differences add up to the difference in total time."""
+    plain = server_records(n_steps=40)
+    auto = server_records(n_steps=40, kinds=lambda i: ["lean", 1, i % 10 == 9], late_every=10, late_extra=0.004)
+    t = step_trace.analyze(plain)["time_by_category"]
+    assert t["prefills"] == {"steps": 1, "ms": pytest.approx(40.0)}
+    assert t["3 steps after each prefill"] == {"steps": 3, "ms": pytest.approx(15.0)}
+    assert t["other decode steps"] == {"steps": 37, "ms": pytest.approx(185.0)}
+    assert t["other decode steps: plain"] == t["other decode steps"]
+    a = step_trace.analyze(auto)["time_by_category"]
+    assert a["other decode steps: lean probe"] == {"steps": 4, "ms": pytest.approx(28.0)}  # steps 9, 19, 29, 39
+    assert a["other decode steps: lean"] == {"steps": 33, "ms": pytest.approx(165.0)}
+    assert step_trace.main(write_traces(tmp_path, plain=plain, auto=auto)) == 0
+    lines = {line[:34].strip(): line[34:].split() for line in capsys.readouterr().out.splitlines()}
+    assert lines["prefills"] == ["40.0", "[1]", "40.0", "[1]", "(+0.0)"]
+    assert lines["other decode steps"] == ["185.0", "[37]", "193.0", "[37]", "(+8.0)"]
+    assert lines["lean probe"] == ["0.0", "[0]", "28.0", "[4]"]
+    assert lines["all steps but pauses"] == ["240.0", "[41]", "248.0", "[41]", "(+8.0)"]
+
+
 def test_long_steps_are_listed_with_where_their_time_went():
     """Steps over the threshold, one by one: the first step of a new kind (batch size 3 at width 8) that spent
     its time in the n-gram step, and a later step of a kind seen before whose time is in no recorded function."""
