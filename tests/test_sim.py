@@ -259,8 +259,8 @@ def test_probes_that_cost_host_time_stay_within_the_probe_budget():
     gaps = [b - a for a, b in zip(at, at[1:]) if a >= measured[0]] if measured else []
     assert len(gaps) >= 5 and min(gaps) >= 0.8 / (CFG.probe_budget * 4.44) - 1, seen
     assert seen[1.0][0] >= 3 * probes and rate > seen[1.0][1] + 0.005, seen
-    free, _ = sim.load_switch_run(costs, 4, CFG, 16, 200, lookup_ms=1.8, sampled=True, probe_ms=0.0)
-    assert free["auto"].probe_steps() > 3 * probes
+    _, free = sim.load_switch_run(costs, 4, CFG, 16, 200, lookup_ms=1.8, sampled=True, probe_ms=0.0)
+    assert free["auto_probes"] >= 3 * probes  # probes that cost nothing are not held
 
 
 def test_measured_table_and_flags():
