@@ -12,11 +12,21 @@ m_chain_w, m_auto_sync, ...) are listed and count as candidates for the best. A 
 speculation (m_plain2, the same flags in another process) measures the floor of the comparison: the column
 then shows how far apart two identical servers are, and auto is held to the faster of them. No GPU: it reads
 files.
+
+Paired per request: both servers serve the same prompts in the same order, so each request of auto's round can
+be set against the same request of m_plain's round (same prompt, same position, same number of output tokens):
+its speed ratio is m_plain's latency over auto's. The mean over the requests and a 95 % bootstrap interval
+(resampled requests, fixed seed) say whether auto is below no speculation beyond the spread of the requests
+themselves: "below" when the whole interval is under 1, "above" when it is over 1, "level" otherwise. Next to it
+the same ratio per output token (TPOT) and the mean difference in time to first token. The interval holds the
+requests' spread, not the spread between two server processes: two identical servers without speculation came
+out "above" each other in 2 of 8 such comparisons on the 2x H200 (results/h200x2/auto/run28 r1, c=1 and c=4).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import statistics
 import sys
@@ -25,7 +35,10 @@ from pathlib import Path
 NAME = re.compile(r"^(?P<server>m_\w+?)_(?P<load>greedy|sampled)_r(?P<round>\d+)\.json$")
 LOADS = {"greedy": "repetitive (greedy)", "sampled": "non-repetitive (temperature 1)"}
 AUTO = "m_auto"
+PLAIN = "m_plain"
 PLAINS = re.compile(r"^m_plain\d*$")  # m_plain and its twins (m_plain2, ...): servers without speculation
+BOOTSTRAP = 2000  # resamples of the paired requests
+SEED = 0
 
 
 def collect(folder: Path) -> dict:
@@ -44,6 +57,57 @@ def collect(folder: Path) -> dict:
             if rate:
                 found.setdefault((m["load"], int(lv["concurrency"])), {}).setdefault(m["server"], []).append(rate)
     return found
+
+
+def _requests(path: Path) -> dict:
+    """{concurrency: [request records]} of one client result (levels without per-request records: none)."""
+    levels = json.loads(path.read_text(encoding="utf-8"))["levels"]
+    return {int(lv["concurrency"]): lv.get("requests") or [] for lv in levels}
+
+
+def paired_ratio(auto_reqs: list, plain_reqs: list) -> dict | None:
+    """The same requests on both servers (prompt, position and output tokens alike): mean of m_plain's latency
+    over auto's and its 95 % bootstrap interval, the same per output token (TPOT), and the mean difference in
+    time to first token (auto - m_plain, ms). None without two requests to pair."""
+    def key(r):
+        return r.get("prompt_id"), r.get("index"), r.get("output_tokens")
+
+    plain = {key(r): r for r in plain_reqs if r.get("latency_s")}
+    pairs = [(plain[key(r)], r) for r in auto_reqs if r.get("latency_s") and key(r) in plain]
+    if len(pairs) < 2:
+        return None
+    speed = [p["latency_s"] / a["latency_s"] for p, a in pairs]
+    rng = random.Random(SEED)
+    means = sorted(statistics.fmean(rng.choices(speed, k=len(speed))) for _ in range(BOOTSTRAP))
+    lo, hi = means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]
+    tpot = [p["tpot_s"] / a["tpot_s"] for p, a in pairs if p.get("tpot_s") and a.get("tpot_s")]
+    ttft = [1000.0 * (a["ttft_s"] - p["ttft_s"]) for p, a in pairs
+            if p.get("ttft_s") is not None and a.get("ttft_s") is not None]
+    mean = statistics.fmean(speed)
+    return {"n": len(pairs), "speed": round(mean, 4), "lo": round(lo, 4), "hi": round(hi, 4),
+            "side": "below" if hi < 1.0 else "above" if lo > 1.0 else "level",
+            "tpot": round(statistics.fmean(tpot), 4) if tpot else None,
+            "ttft_ms": round(statistics.fmean(ttft), 1) if ttft else None}
+
+
+def paired(folder: Path) -> dict:
+    """{(load, concurrency): {round: paired_ratio}} for every round in which both m_auto and m_plain ran."""
+    out: dict = {}
+    files = {}
+    for path in sorted(folder.iterdir()):
+        m = NAME.match(path.name)
+        if m and m["server"] in (AUTO, PLAIN):
+            files[(m["server"], m["load"], int(m["round"]))] = path
+    for (server, load, rnd), path in sorted(files.items()):
+        other = files.get((PLAIN, load, rnd))
+        if server != AUTO or other is None:
+            continue
+        a, p = _requests(path), _requests(other)
+        for conc in sorted(set(a) & set(p)):
+            res = paired_ratio(a[conc], p[conc])
+            if res is not None:
+                out.setdefault((load, conc), {})[f"r{rnd}"] = res
+    return out
 
 
 def verdict(found: dict, goal: float = 0.98) -> list:
@@ -80,6 +144,12 @@ def format_rows(rows: list, goal: float) -> str:
             plain = "-" if r["auto_vs_plain"] is None else f"{r['auto_vs_plain']:.3f}"
             out.append(f"  auto: {r['auto_vs_best']:.3f}x the best, {plain}x no speculation -> goal "
                        f"(>= {goal}x best, >= 1x no speculation) {'MET' if r['met'] else 'NOT MET'}")
+        for rnd, v in (r.get("paired") or {}).items():
+            extra = ", ".join(x for x in (
+                None if v["tpot"] is None else f"per token {v['tpot']:.4f}x",
+                None if v["ttft_ms"] is None else f"first token {v['ttft_ms']:+.1f} ms") if x)
+            out.append(f"  paired per request, {rnd}: auto {v['speed']:.4f}x no speculation [{v['lo']:.4f}, "
+                       f"{v['hi']:.4f}] ({v['n']} requests{'; ' + extra if extra else ''}): {v['side']}")
     return "\n".join(out)
 
 
@@ -98,11 +168,21 @@ def main(argv=None) -> int:
         print(f"error: {args.folder}: no <server>_<load>_r<round>.json client results", file=sys.stderr)
         return 2
     rows = verdict(found, args.goal)
+    pairs = paired(args.folder)
+    for r in rows:
+        if (r["load"], r["concurrency"]) in pairs:
+            r["paired"] = pairs[(r["load"], r["concurrency"])]
     print(f"# {args.folder}: median output tok/s over rounds")
     print(format_rows(rows, args.goal))
     judged = [r for r in rows if "met" in r]
     if judged:
         print(f"# goal met in {sum(r['met'] for r in judged)} of {len(judged)} columns")
+    for load, name in LOADS.items():
+        sides = [v["side"] for r in rows if r["load"] == load for v in (r.get("paired") or {}).values()]
+        if sides:
+            print(f"# {name}, paired per request (95 % interval): auto below no speculation in "
+                  f"{sides.count('below')}, level in {sides.count('level')}, above in {sides.count('above')} of "
+                  f"{len(sides)} round columns")
     if args.json_out:
         args.json_out.write_text(json.dumps({"folder": str(args.folder), "goal": args.goal, "rows": rows},
                                             indent=1) + "\n")

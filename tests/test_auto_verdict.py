@@ -70,3 +70,59 @@ def test_a_second_server_without_speculation_gives_the_floor_and_auto_meets_the_
     assert nonrep["auto_vs_plain"] == pytest.approx(101.0 / 102.0, abs=1e-3) and not nonrep["met"]
     assert "plain_spread" not in rows[("greedy", 1)] and rows[("greedy", 1)]["met"]
     assert "the slower at 0.980x the faster" in av.format_rows(list(rows.values()), 0.98)
+
+
+def _req(i, latency, tpot=None, ttft=0.05, tokens=200, prompt=None):
+    return {"prompt_id": prompt or f"p{i}", "index": i, "latency_s": latency, "output_tokens": tokens,
+            "ttft_s": ttft, "tpot_s": tpot if tpot is not None else (latency - ttft) / (tokens - 1)}
+
+
+def test_paired_requests_tell_below_from_level():
+    """Each request of auto set against the same request of m_plain: 2 % slower on every request is below no
+    speculation beyond the requests' spread; +-2 % at random around equal is level. Requests that do not pair
+    (another prompt, another length) are left out."""
+    import random
+
+    plain = [_req(i, 1.0 + 0.01 * i) for i in range(16)]
+    slower = [_req(i, (1.0 + 0.01 * i) * 1.02) for i in range(16)]
+    r = av.paired_ratio(slower, plain)
+    assert r["n"] == 16 and r["speed"] == pytest.approx(1 / 1.02, abs=1e-4) and r["side"] == "below"
+    assert r["hi"] < 1.0 and r["tpot"] < 1.0 and r["ttft_ms"] == pytest.approx(0.0)
+    rng = random.Random(3)
+    noisy = [_req(i, (1.0 + 0.01 * i) * (1 + rng.choice((-0.02, 0.02)))) for i in range(16)]
+    r = av.paired_ratio(noisy, plain)
+    assert r["side"] == "level" and r["lo"] < 1.0 < r["hi"]
+    odd = slower[:2] + [_req(2, 1.0, prompt="other"), _req(3, 1.0, tokens=150)]
+    assert av.paired_ratio(odd, plain)["n"] == 2
+    assert av.paired_ratio(odd[2:], plain) is None
+    faster = [_req(i, (1.0 + 0.01 * i) / 1.02, ttft=0.04) for i in range(16)]
+    r = av.paired_ratio(faster, plain)
+    assert r["side"] == "above" and r["ttft_ms"] == pytest.approx(-10.0)
+
+
+def test_paired_rounds_in_the_cli(tmp_path, capsys):
+    plain = [_req(i, 1.0 + 0.01 * i) for i in range(8)]
+    for rnd, factor in (("r1", 1.02), ("r2", 1.0)):
+        auto = [_req(i, (1.0 + 0.01 * i) * factor) for i in range(8)]
+        for name, reqs in (("m_plain", plain), ("m_auto", auto)):
+            level = dict(_level(1, 100.0), requests=reqs)
+            (tmp_path / f"{name}_sampled_{rnd}.json").write_text(json.dumps({"levels": [level]}))
+    pairs = av.paired(tmp_path)
+    assert set(pairs) == {("sampled", 1)} and pairs[("sampled", 1)]["r1"]["side"] == "below"
+    assert pairs[("sampled", 1)]["r2"]["side"] == "level" and pairs[("sampled", 1)]["r2"]["lo"] == 1.0
+    out = tmp_path / "v.json"
+    assert av.main([str(tmp_path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "paired per request, r1: auto 0.9804x no speculation" in text
+    assert "auto below no speculation in 1, level in 1, above in 0 of 2 round columns" in text
+    assert json.loads(out.read_text())["rows"][0]["paired"]["r1"]["n"] == 8
+
+
+def test_paired_on_recorded_runs():
+    """run40 (before the probe changes): auto below no speculation beyond the requests' spread in both
+    columns; run42 (after, two rounds in both orders): level in all four."""
+    before = av.paired(RUNS / "run40")
+    assert [before[("sampled", c)]["r1"]["side"] for c in (1, 4)] == ["below", "below"]
+    after = av.paired(RUNS / "run42")
+    assert [after[("sampled", c)][r]["side"] for c in (1, 4) for r in ("r1", "r2")] == ["level"] * 4
+    assert after[("greedy", 1)]["r1"]["side"] == "above"
