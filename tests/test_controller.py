@@ -638,7 +638,8 @@ def test_probe_cost_is_measured_probe_steps_less_plain_ones():
 
 def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
     """Probes whose drafts could not pay cost host time where the host is busy: they are spread so that their
-    measured cost stays within `probe_budget` of the plain steps' time. Free probes keep the 1, 2, 4, ... gaps."""
+    measured cost stays within `probe_budget` of the plain steps' time, but never beyond `probe_max` steps
+    apart. Free probes keep the 1, 2, 4, ... gaps."""
     from fastverify.controller import PLAN_PROBE
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform", probe_budget=0.01)
@@ -658,17 +659,21 @@ def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
     free = probes(Controller(cfg, _probes_dearer(4.6)), 200)
     assert free[:7] == [1, 3, 7, 15, 23, 31, 39] and len(free) == 27
     ctl = Controller(cfg, _probes_dearer(5.4))  # 0.8 ms each; 1 % of a 4.6 ms step buys one every ~18 steps
-    dear = probes(ctl, 200)
-    gaps = [b - a for a, b in zip(dear, dear[1:])]
-    assert 9 <= len(dear) <= 11 and min(gaps) >= 17
+    dear = probes(ctl, 200, probe_max=64)
+    # ~18 steps apart while the schedule's own gap (1, 2, ... 16) is shorter, then the schedule's 32 and 64
+    assert dear == [19, 37, 55, 73, 91, 123, 187]
     assert len(dear) * 0.8 <= 0.01 * 4.6 * 200 + 0.8  # within the budget (and one probe's worth of credit)
     assert ctl.counters["probes_held"] > 0 and ctl.metrics()["auto_probes_held_total"] > 0
+    # never held past probe_max steps since the last lookup (the follow bound): with a gap cap of 8 the dear
+    # probes come every 8 steps (the credit running into debt), where the free ones ran 1, 3, 7, 15, 23, ...
+    capped = probes(Controller(cfg, _probes_dearer(5.4)), 200)
+    assert capped == list(range(8, 201, 8))
     # a long stretch without any probe due does not buy a burst: the credit holds one probe at most
     ctl2 = Controller(cfg, _probes_dearer(5.4))
     for _ in range(500):
         ctl2.note_lean(4)
     ctl2.reset_probe()
-    burst = probes(ctl2, 40, probe_max=1)
+    burst = probes(ctl2, 40, probe_max=64)
     assert burst[0] == 1 and burst[1] - burst[0] >= 17
     # probes that could pay (real lookups) are never held
     ctl3 = Controller(cfg, _probes_dearer(5.4))

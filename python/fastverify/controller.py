@@ -536,7 +536,8 @@ class AutoConfig:
     shape: str = "ragged"  # "uniform": every request in a verify pass occupies `width` slots
     log_interval_s: float = 30.0
     # probes (drafts looked up only to learn from) may add at most this share to the time of the steps without
-    # speculation, by their measured cost (Controller.probe_cost); 1.0: no limit
+    # speculation, by their measured cost (Controller.probe_cost), though one still comes every probe_max steps
+    # (plan_lookup); 1.0: no limit
     probe_budget: float = 0.002
 
     def __post_init__(self):
@@ -703,15 +704,16 @@ class Controller:
             # pay even if they matched in full (the requests' own acceptance of matching drafts is low) is for
             # learning only, and cheaper (PLAN_PROBE: looked up behind, scored, the step stays plain), but not
             # free where the host has little time to spare: it waits until the probe credit covers its
-            # measured cost (the next step asks again)
+            # measured cost (the next step asks again), though never past `probe_max` steps since the last
+            # lookup (so that a change in acceptance is still noticed within follow_bound_steps)
             promising = self._full_match_wanted([r.req_id for r in requests])
             if not promising:
                 cost = self.probe_cost(len(requests))
-                if cost > self._probe_credit:
+                if cost > self._probe_credit and self._since_lookup + 1 < probe_max:
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
                     return False
-                self._probe_credit -= cost
+                self._probe_credit -= cost  # below 0 after a probe the credit did not cover: paid back first
             self._since_lookup = 0
             self.planned = PLAN_WANTED if promising else PLAN_PROBE
             return True
@@ -735,7 +737,7 @@ class Controller:
         cost (a long stretch without probes does not buy a burst of them)."""
         cap = self.probe_cost(bs)
         gain = self.cfg.probe_budget * self.costs.decode_ms(bs)
-        self._probe_credit = min(self._probe_credit + gain, max(cap, gain))
+        self._probe_credit = min(self._probe_credit + gain, max(cap, gain))  # a debt is paid back step by step
 
     def _wanted(self, requests: Sequence[RequestView]) -> bool:
         """Is an option that speculates expected to beat no speculation (by the hysteresis) for `requests`?

@@ -46,8 +46,8 @@ receives the request's tokens (as in SGLang's own non-overlap path, without the 
 Without speculation, drafts are still looked up after 1, 2, 4, ... up to `PROBE_MAX` steps (back to 1 when a
 request joins or speculation is chosen), so the gain model keeps learning from real drafts and output that
 starts to repeat is noticed within a few steps; where a probe is measured to lengthen its step (the host has
-less time to spare than the lookup takes), probes are spread to a budget of that cost
-(`Controller.probe_cost`, `AutoConfig.probe_budget`). After a step that gave every request one token (a plain
+less time to spare than the lookup takes), probes are spread to a budget of that cost, never beyond
+`PROBE_MAX` steps apart (`Controller.probe_cost`, `AutoConfig.probe_budget`). After a step that gave every request one token (a plain
 step, or the prefill of requests that all just joined) a lookup does not wait for the step in flight
 (`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked again past the guess
 (`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and a step that
