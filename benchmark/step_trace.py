@@ -330,18 +330,13 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     for r in steady:
         kinds.setdefault(_kind_label(r), []).append(r)
         by_bs.setdefault((r["bs"], r["sampling"] or "", _kind_label(r)), []).append(r)
-    by_index = {r["index"]: r for r in rows}
     after = [[] for _ in range(AFTER_PREFILL)]
     first = []  # the decode step right after each prefill: its host launch (ms) and its kind (auto: spec, lean)
-    for r in rows:
-        if r["mode"] in PREFILL_MODES:
-            for k in range(AFTER_PREFILL):
-                nxt = by_index.get(r["index"] + k)
-                if nxt is None or (k and nxt["mode"] in PREFILL_MODES):
-                    break
-                after[k].append(1000.0 * nxt["period"])
-                if k == 1 and nxt["mode"] in DECODE_MODES:
-                    first.append((1000.0 * nxt["launch"], nxt["kind"]))
+    for run in prefill_runs(rows):
+        for k, nxt in enumerate(run):
+            after[k].append(1000.0 * nxt["period"])
+            if k == 1 and nxt["mode"] in DECODE_MODES:
+                first.append((1000.0 * nxt["launch"], nxt["kind"]))
     return {
         "decode": summarize(steady),
         "by_kind": {k: summarize(v) for k, v in sorted(kinds.items())} if len(kinds) > 1 else {},
@@ -367,20 +362,29 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     }
 
 
+def prefill_runs(rows) -> list:
+    """Per prefill step: it and the steps after it, up to AFTER_PREFILL in all, ending before the next prefill
+    or a step left out (a pause)."""
+    by_index = {r["index"]: r for r in rows}
+    runs = []
+    for r in rows:
+        if r["mode"] in PREFILL_MODES:
+            run = [r]
+            for k in range(1, AFTER_PREFILL):
+                nxt = by_index.get(r["index"] + k)
+                if nxt is None or nxt["mode"] in PREFILL_MODES:
+                    break
+                run.append(nxt)
+            runs.append(run)
+    return runs
+
+
 def time_by_category(rows) -> dict:
     """Every step of the trace (steady or not, pauses left out) by where its period went: the prefills, the
     three decode steps after each prefill (the time to first token and the first tokens, while the pipeline
     fills again), and the other decode steps by kind. {category: {"steps": n, "ms": sum of periods}}: two
     servers on the same load differ in total time by the sum of the categories' differences."""
-    by_index = {r["index"]: r for r in rows}
-    after = set()
-    for r in rows:
-        if r["mode"] in PREFILL_MODES:
-            for k in range(1, AFTER_PREFILL):
-                nxt = by_index.get(r["index"] + k)
-                if nxt is None or nxt["mode"] in PREFILL_MODES:
-                    break
-                after.add(nxt["index"])
+    after = {nxt["index"] for run in prefill_runs(rows) for nxt in run[1:]}
     out: dict = {}
     for r in rows:
         if r["mode"] in PREFILL_MODES:
