@@ -609,7 +609,7 @@ class Controller:
         self._probe_credit = 0.0  # ms that probes may still add (`probe_cost`; grows with each step's cost)
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
-        self._sampled: dict = {}  # req_id -> the request samples (note_sampling); absent: greedy
+        self._sampled: set = set()  # requests that sample (note_sampling); the others decode greedily
 
     @property
     def costs(self):
@@ -851,20 +851,20 @@ class Controller:
 
     def finish(self, req_id) -> None:
         self.gain.drop(req_id)
-        self._sampled.pop(req_id, None)
+        self._sampled.discard(req_id)
 
     def note_sampling(self, req_id, sampled: bool) -> None:
         """Whether a request samples (temperature > 0) or decodes greedily, told once when it joins: a full
         match wanted for it (`_full_match_wanted`) is judged by the drafts of requests that decode as it does.
         Its drafts carry the same in their features (`DraftFeatures.sampled`)."""
         if sampled:
-            self._sampled[req_id] = True
+            self._sampled.add(req_id)
         else:
-            self._sampled.pop(req_id, None)
+            self._sampled.discard(req_id)
 
     def samples(self, req_id) -> bool:
         """What `note_sampling` was told for this request (False: greedy, or not told)."""
-        return self._sampled.get(req_id, False)
+        return req_id in self._sampled
 
     def no_draft(self, req_id) -> DraftFeatures:
         """A request's features before its first lookup, where that lookup was deferred (`defer_first_lookup`):
