@@ -376,12 +376,13 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
             tokens = len(rids) * width if shape == "uniform" else n_spec * width + (len(rids) - n_spec)
             res.time_ms += costs.verify_ms(tokens)
         paid = bool(policy.looked_up and getattr(policy, "paid_lookup", True))
+        probed = bool(policy.looked_up and not paid and getattr(policy, "probed", False))
         if paid:
             res.time_ms += lookup_ms
             res.lookups += 1
         elif policy.looked_up:
             res.probes += 1
-            if getattr(policy, "probed", False):
+            if probed:
                 res.time_ms += probe_ms
         tokens_before = res.tokens
         if hasattr(policy, "record"):
@@ -417,7 +418,7 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int, 
         res.step_ms.append(res.time_ms - t0)
         res.step_tokens.append(res.tokens - tokens_before)
         res.step_lookups.append(paid)
-        res.step_probes.append(bool(policy.looked_up and not paid and getattr(policy, "probed", False)))
+        res.step_probes.append(probed)
     return res
 
 

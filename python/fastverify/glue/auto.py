@@ -47,12 +47,12 @@ Without speculation, drafts are still looked up after 1, 2, 4, ... up to `PROBE_
 request joins or speculation is chosen), so the gain model keeps learning from real drafts and output that
 starts to repeat is noticed within a few steps; where a probe is measured to lengthen its step (the host has
 less time to spare than the lookup takes), probes are spread to a budget of that cost, never beyond
-`PROBE_MAX` steps apart (`Controller.probe_cost`, `AutoConfig.probe_budget`). After a step that gave every request one token (a plain
-step, or the prefill of requests that all just joined) a lookup does not wait for the step in flight
-(`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked again past the guess
-(`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and a step that
-speculates verifies them with each root written on the device (`fill_roots`); where the corpus is unsure of
-the token in flight and drafts of the load pay, the worker looks up for real instead. A probe whose drafts
+`PROBE_MAX` steps apart (`Controller.probe_cost`, `AutoConfig.probe_budget`). After a step that gave every
+request one token (a plain step, or the prefill of requests that all just joined) a lookup does not wait for
+the step in flight (`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked
+again past the guess (`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and
+a step that speculates verifies them with each root written on the device (`fill_roots`); where the corpus is
+unsure of the token in flight and drafts of the load pay, the worker looks up for real instead. A probe whose drafts
 could not pay even if they matched in full is looked up on the host's tokens after the plain step was
 launched and before its corpus put (`probe_behind`: the GPU decodes meanwhile), scored later, and the step
 stays plain; after a step that speculated, a probe that could pay is a real lookup, and a lookup step that

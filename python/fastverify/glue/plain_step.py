@@ -21,7 +21,8 @@ Launches: the first call of each variant goes through Triton's JIT entry (``kern
 arguments, builds the specialisation key, compiles or finds the variant), which returns the compiled kernel;
 later calls of that variant launch the compiled kernel directly (``_Direct``), keyed by what decides the
 variant here (the constexprs, the tensors' dtypes, whether an integer argument needs 64 bits and, on a Triton
-without alignment exemptions, the inputs' 16-byte alignment), so the step's host time no longer pays the JIT's binding and key per launch.
+without alignment exemptions, the inputs' 16-byte alignment), so the step's host time no longer pays the JIT's
+binding and key per launch.
 ``FASTVERIFY_PLAIN_LAUNCH=jit`` keeps every launch on the JIT entry (an A/B switch); ``warm`` launches each
 variant both ways and checks both against the reference, and turns the direct launch off (logged) if it
 raises or disagrees.
