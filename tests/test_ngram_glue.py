@@ -52,6 +52,26 @@ def test_hook_chain_and_accounting():
     assert t2 is toks and m2 is mask
 
 
+def test_steps_without_drafts_count_as_decode_steps_however_announced():
+    """auto's plain steps announce themselves with expect_no_drafts (a plan kept per batch size); the accounting
+    must read as if each had announced all-zero draft lengths, also between steps that did draft."""
+    cfg = ChainConfig(mode="chain", num_draft_tokens=4)
+    a, b = g.NgramVerifyHook(cfg, log_interval=100), g.NgramVerifyHook(cfg, log_interval=100)
+    steps = [(3, None), (2, [2, 0]), (3, None), (1, None), (3, None), (2, [0, 1])]
+    for bs, lens in steps:
+        a.expect(lens if lens is not None else [0] * bs)
+        if lens is None:
+            b.expect_no_drafts(bs)
+        else:
+            b.expect(lens)
+    for bs, lens in steps:
+        accepted = [1] * bs if lens is None else [x + 1 for x in lens]
+        a.on_verify_complete([x - 1 for x in accepted])
+        b.on_verify_complete([x - 1 for x in accepted])
+    assert b.stats.summary() == a.stats.summary()
+    assert b.stats.no_match_steps == a.stats.no_match_steps == 4 and b.stats.tokens_planned == 3 + 8 + 3 + 1 + 3 + 8
+
+
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     from probe_support import patched_sglang, run_probe, tiny_model

@@ -592,6 +592,7 @@ class Controller:
         self.costs = costs
         self._wanted_epoch, self._wanted_cache = None, {}
         self._evaluated = (None, None)  # (question, answer) of the last _evaluate
+        self._step_costs = (None, {})  # (costs key, {bs: (plain step ms, probe cost ms)}): `_plain_and_probe`
         self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
         self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps, cfg.prior_strength,
                               prior_floor=cfg.prior_floor)
@@ -708,7 +709,7 @@ class Controller:
             # lookup (so that a change in acceptance is still noticed within follow_bound_steps)
             promising = self._full_match_wanted([r.req_id for r in requests])
             if not promising:
-                cost = self.probe_cost(len(requests))
+                cost = self._plain_and_probe(len(requests))[1]
                 if cost > self._probe_credit and self._since_lookup + 1 < probe_max:
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
@@ -732,11 +733,21 @@ class Controller:
             return 0.0
         return max(self.costs.step_ms(PROBE, bs, 1) - self.costs.step_ms(LEAN, bs, 1), 0.0)
 
+    def _plain_and_probe(self, bs: int) -> tuple:
+        """(a plain step's cost, `probe_cost`) at batch size `bs`, kept until the costs change (every step asks)."""
+        key = self._costs_key()
+        if key != self._step_costs[0]:
+            self._step_costs = (key, {})
+        hit = self._step_costs[1].get(bs)
+        if hit is None:
+            hit = self._step_costs[1][bs] = (self.costs.decode_ms(bs), self.probe_cost(bs))
+        return hit
+
     def _accrue_probe_credit(self, bs: int) -> None:
         """Each step adds `probe_budget` of a plain step's cost to the probe credit, kept to at most one probe's
         cost (a long stretch without probes does not buy a burst of them)."""
-        cap = self.probe_cost(bs)
-        gain = self.cfg.probe_budget * self.costs.decode_ms(bs)
+        plain, cap = self._plain_and_probe(bs)
+        gain = self.cfg.probe_budget * plain
         self._probe_credit = min(self._probe_credit + gain, max(cap, gain))  # a debt is paid back step by step
 
     def _wanted(self, requests: Sequence[RequestView]) -> bool:
@@ -837,7 +848,7 @@ class Controller:
         if self.current is not None and self.current.kind != NONE:
             self.counters["switches"] += 1
         self.current = self.options[0]
-        t = self.costs.decode_ms(bs)
+        t = self._plain_and_probe(bs)[0]
         d = Decision(self.current, (False,) * bs, {NONE: bs / t}, t, self.step)
         self.last = d
         self.counters["steps"] += 1

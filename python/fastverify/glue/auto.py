@@ -312,7 +312,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             state.behind = Behind(tokens, mask, d, lens, in_flight)
             state.synced = False
             return None
-    worker._fv.expect([0] * bs)  # its result reaches the verify accounting as a step without drafts
+    worker._fv.expect_no_drafts(bs)  # its result reaches the verify accounting as a step without drafts
     probed = []
     # a probe is looked up on the host's tokens before this step's corpus put (whose insert the lookup would wait
     # for; it adds only the n-grams that end at each request's last token, none of them a continuation of the

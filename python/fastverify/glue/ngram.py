@@ -103,6 +103,7 @@ class NgramVerifyHook:
         self.stats = VerifyStats()
         self.window = VerifyStats()
         self._plans = deque(maxlen=64)  # plans of drafted steps whose verify result has not arrived yet
+        self._no_draft_plans: dict = {}  # bs -> the (immutable) plan of a step without drafts
         self._gauges = _make_gauges() if enable_metrics else None
         logger.info("n-gram verify mode %s, k=%d, match type %s", config.mode, self.k, config.match_type)
 
@@ -124,6 +125,14 @@ class NgramVerifyHook:
         """A step whose result will reach `on_verify_complete` (in step order), with these real draft lengths per
         request (all 0: a step without drafts, such as auto's plain steps)."""
         self._plans.append(plan_verify(draft_lens, self.k, self.config.buckets))
+
+    def expect_no_drafts(self, bs: int) -> None:
+        """`expect` for a step without drafts (auto's plain steps: most steps of a load that does not
+        speculate), its plan made once per batch size."""
+        plan = self._no_draft_plans.get(bs)
+        if plan is None:
+            plan = self._no_draft_plans[bs] = plan_verify([0] * bs, self.k, self.config.buckets)
+        self._plans.append(plan)
 
     def on_verify_complete(self, num_correct_drafts_per_req) -> None:
         """Verify results on the host (the scheduler already copied them): record accept lengths and log."""
