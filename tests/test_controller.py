@@ -633,7 +633,25 @@ def test_probe_cost_is_measured_probe_steps_less_plain_ones():
     c.record(PROBE, 4, 1, 9.0)
     assert Controller(cfg, c).probe_cost(4) == 0.0  # two probe periods: not measured yet (min_samples 3)
     c.record(PROBE, 4, 7, 5.1)  # a probe step is width 1 whatever the caller says
-    assert c.samples(PROBE, 4, 1) == 3 and Controller(cfg, c).probe_cost(4) == pytest.approx(4.4)
+    assert c.samples(PROBE, 4, 1) == 3 and Controller(cfg, c).probe_cost(4) == pytest.approx((9.0 + 9.0 + 5.1) / 3 - 4.6)
+
+
+def test_probe_cost_counts_the_probes_that_came_late_and_leaves_prefills_out():
+    """Most probe steps no longer than plain ones, a quarter of them late by ~1 ms: the median says free, the
+    cost is what they add on average. A period that held a prefill (10x a step) is no step's cost."""
+    from fastverify.controller import LEAN, PROBE, StepCosts
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    c = StepCosts(CostTable(((1, 4.4),), ((1, 4.4), (8, 5.0)), "t"))
+    for i in range(32):
+        c.record(LEAN, 1, 1, 46.0 if i == 5 else 4.6)
+        c.record(PROBE, 1, 1, 5.6 if i % 4 == 0 else 4.65)
+    c.record(PROBE, 1, 1, 46.0)  # the window keeps the last 32: 7 late ones, 24 on time, the prefill
+    assert c.step_ms(PROBE, 1, 1) - c.step_ms(LEAN, 1, 1) == pytest.approx(0.05)
+    assert c.mean_ms(LEAN, 1, 1) == pytest.approx(4.6)
+    assert c.mean_ms(PROBE, 1, 1) == pytest.approx((7 * 5.6 + 24 * 4.65) / 31)
+    assert Controller(cfg, c).probe_cost(1) == pytest.approx((7 * 5.6 + 24 * 4.65) / 31 - 4.6)
+    assert c.mean_ms(PROBE, 4, 1) is None  # not measured at that size
 
 
 def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
@@ -681,6 +699,32 @@ def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
         for r in "abcd":
             ctl3.observe(r, DraftFeatures(7, 1), 7)
     assert all(ctl3.plan_lookup(views, probe_max=8) for _ in range(5)) and ctl3.counters["probes_held"] == 0
+
+
+def test_probes_wait_out_the_steps_right_after_a_prefill():
+    """In the steps right after a prefill the host's work is not hidden behind the GPU's (`refill`): a probe
+    that could not pay waits them out, even one measured free, though never past `probe_max` steps since the
+    last lookup; a lookup whose drafts could pay does not wait."""
+    from fastverify.controller import PLAN_PROBE, PLAN_WANTED
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    views = [RequestView(r, DraftFeatures(0, 0)) for r in "abcd"]
+    ctl = Controller(cfg, _probes_dearer(4.6))  # probes measured free: nothing held for the budget
+    ctl.reset_probe()  # a request joined: the next step may probe
+    got = [ctl.plan_lookup(views, probe_max=8, refill=i <= 3) for i in range(1, 5)]
+    assert got == [False, False, False, True] and ctl.planned == PLAN_PROBE and ctl.counters["probes_held"] == 3
+    ctl.note_probe(views)
+    # a host that never stops refilling (a prefill every few steps) still probes every probe_max steps
+    got = [ctl.plan_lookup(views, probe_max=4, refill=True) for _ in range(12)]
+    assert [i + 1 for i, g in enumerate(got) if g] == [4, 8, 12]
+    # drafts of these requests that matched in full have been accepted: their lookup is real, made at once
+    ctl = Controller(cfg, _probes_dearer(4.6))
+    for _ in range(6):
+        for r in "abcd":
+            ctl.observe(r, DraftFeatures(7, 1), 7)
+    ctl.reset_probe()
+    assert ctl.plan_lookup(views, probe_max=8, refill=True) and ctl.planned == PLAN_WANTED
+    assert ctl.counters["probes_held"] == 0
 
 
 def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():

@@ -204,18 +204,19 @@ def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless
     run = step_probe["dear"]  # verify ~200x a decode: no speculation; lookups only as backed-off probes
     steps = run["steps"]
     # every request's last step gave it one token (here: all are new), so drafts are looked up on the host's
-    # tokens without waiting for a step in flight: at once for the new requests, then after gaps of 2 and 4
-    # steps (steps 3 and 7 of 12); none pays, so every step is a plain one
+    # tokens without waiting for a step in flight: at once for the new requests; then the probe due 2 steps
+    # later waits until the 3 steps right after the prefill have passed (step 4 of 12), the next comes 4 steps
+    # after it (step 8); none pays, so every step is a plain one
     assert [s["kind"] for s in steps] == ["lean"] * 12
-    assert [i for i, s in enumerate(steps) if s["gets"]] == [0, 2, 6]
+    assert [i for i, s in enumerate(steps) if s["gets"]] == [0, 3, 7]
     # the first lookup is decided on (it could have been verified at once); the later ones could not pay even
     # if they matched in full, so they are probes made after the step's launch, before its corpus put
     assert run["metrics"]["auto_behind_lookups_total"] == 1 and run["metrics"]["auto_probe_lookups_total"] == 2
-    assert [i for i, s in enumerate(steps) if s["probe"]] == [2, 6]  # their periods measure what a probe costs
+    assert [i for i, s in enumerate(steps) if s["probe"]] == [3, 7]  # their periods measure what a probe costs
     assert steps[0]["events"] == ["get", "forward", "put"]
-    assert steps[2]["events"] == steps[6]["events"] == ["forward", "get", "put"]
-    assert steps[1]["events"] == ["forward", "put"]
-    for i in (0, 2, 6):
+    assert steps[3]["events"] == steps[7]["events"] == ["forward", "get", "put"]
+    assert steps[1]["events"] == steps[2]["events"] == ["forward", "put"]
+    for i in (0, 3, 7):
         (ids, contexts, totals), = steps[i]["gets"]
         assert ids == ["a", "b"]
         out_a = [10] + _plain_greedy(20, i)[:i]  # request a's output before step i: 10, 20, ...
@@ -291,9 +292,9 @@ def test_patched_overlap_lookups_behind_the_token_in_flight_stay_lossless(step_p
     and verified from it (its root written on the device)."""
     dear, cheap = step_probe["dear_overlap"], step_probe["cheap_overlap"]
     assert [s["kind"] for s in dear["steps"]] == ["lean"] * 12
-    (ids, contexts, totals), = dear["steps"][2]["gets"]
-    # before step 3 the host has two tokens of request a (10, 20); 30 is in flight
-    assert contexts[0] == [7, 1, 2, 10, 20] and totals[0] == 5
+    (ids, contexts, totals), = dear["steps"][3]["gets"]
+    # before step 4 the host has three tokens of request a (10, 20, 30); 40 is in flight
+    assert contexts[0] == [7, 1, 2, 10, 20, 30] and totals[0] == 6
     assert dear["outputs"] == step_probe["dear"]["outputs"]
     steps = cheap["steps"]
     first = next(i for i, s in enumerate(steps) if s["kind"] == "spec")
@@ -334,19 +335,20 @@ def test_patched_new_requests_after_speculation_paid_verify_the_right_chain(step
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_patched_first_lookup_that_could_only_probe_waits_a_step(step_probe):
+def test_patched_first_lookup_that_could_only_probe_waits_out_the_steps_after_the_prefill(step_probe):
     """Two requests join a load on which not even full matches would be verified (verify ~200x a decode) after
     the gain model has seen drafts: the decode step launched right after their prefill (before the scheduler
-    processes the prefill's result, so before their first token is sent) makes no lookup, and the next step
-    looks them up behind its token in flight. Output stays the target's."""
+    processes the prefill's result, so before their first token is sent) makes no lookup, nor do the two after
+    it (the host's work of the steps right after a prefill is not hidden behind the GPU's); the fourth looks
+    them up behind its token in flight. Output stays the target's."""
     run = step_probe["dear_overlap_join"]
     steps = run["steps"]
     assert [s["kind"] for s in steps] == ["lean"] * 14
-    assert [i for i, s in enumerate(steps[:8]) if s["gets"]] == [0, 2, 6]  # a cold start looks up at once
-    assert steps[8]["gets"] == [] and steps[9]["gets"]
-    (ids, contexts, totals) = steps[9]["gets"][0]
-    # the host has each prompt and its prefill's token (60); step 8's token is in flight
-    assert ids == ["c", "d"] and contexts == [[7, 50, 60], [5, 50, 60]] and totals == [3, 3]
+    assert [i for i, s in enumerate(steps[:8]) if s["gets"]] == [0, 3, 7]  # a cold start looks up at once
+    assert [i for i, s in enumerate(steps) if s["gets"]][3:] == [11, 13]  # then probes 2, 4, ... steps apart
+    (ids, contexts, totals) = steps[11]["gets"][0]
+    # the host has each prompt, its prefill's token (60) and those of steps 8 and 9; step 10's is in flight
+    assert ids == ["c", "d"] and contexts == [[7, 50, 60, 70, 80], [5, 50, 60, 70, 80]] and totals == [5, 5]
     assert run["outputs"]["c"] == run["outputs"]["d"] == _plain_greedy(60, len(run["outputs"]["c"]))
 
 

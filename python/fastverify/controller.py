@@ -269,6 +269,22 @@ class StepCosts:
     def samples(self, kind: str, bs: int, width: int) -> int:
         return len(self._periods.get((kind, int(bs), 1 if kind != SPEC else int(width)), ()))
 
+    def mean_ms(self, kind: str, bs: int, width: int) -> Optional[float]:
+        """The mean of (kind, bs, width)'s recent periods, those over twice their median left out (a period
+        that held a prefill or an idle wait); None before `min_samples`. Where a kind's periods have a tail (a
+        step that now and then comes late), the mean counts it and the median does not."""
+        key = ("mean", kind, int(bs), 1 if kind != SPEC else int(width))
+        if key in self._estimates:
+            return self._estimates[key]
+        q = self._periods.get(key[1:])
+        ms = None
+        if q is not None and len(q) >= self.min_samples:
+            cut = 2.0 * _median(q)
+            kept = [x for x in q if x <= cut]
+            ms = sum(kept) / len(kept)
+        self._estimates[key] = ms
+        return ms
+
     def host_ms(self, kind: str) -> float:
         h = self._host[kind]
         return max(_median(h), 0.0) if h else 0.0
@@ -675,7 +691,8 @@ class Controller:
         self._maybe_log(d, requests, per_req)
         return d
 
-    def plan_lookup(self, requests: Sequence[RequestView], probe_max: int = 0, behind: bool = False) -> bool:
+    def plan_lookup(self, requests: Sequence[RequestView], probe_max: int = 0, behind: bool = False,
+                    refill: bool = False) -> bool:
         """Before a step's drafts exist: is the draft lookup worth making? `requests` carry each request's
         last known features (the glue looks a request it has not seen up without asking). True when an
         option that speculates is expected to beat no speculation by more than the hysteresis, or when the
@@ -689,7 +706,10 @@ class Controller:
         in full are not expected to pay: drafts only to learn from, see `note_probe`).
         ``behind``: the lookup would not wait for the step in flight (its drafts are looked up on the host's
         tokens and verified at once if `decide` says so): it costs host time only, so it is made when wanted or
-        when the probe gap passed, and never just because a lookup step was not measured dearer."""
+        when the probe gap passed, and never just because a lookup step was not measured dearer.
+        ``refill``: one of the steps right after a prefill, whose host work is not hidden behind the GPU's (the
+        forward before was the prefill, and the host still has the prefill's result to process): a probe that
+        could not pay waits, as it waits for the probe credit (never past `probe_max` steps)."""
         self.planned = None
         if not requests:
             return False
@@ -710,7 +730,7 @@ class Controller:
             promising = self._full_match_wanted([r.req_id for r in requests])
             if not promising:
                 cost = self._plain_and_probe(len(requests))[1]
-                if cost > self._probe_credit and self._since_lookup + 1 < probe_max:
+                if (refill or cost > self._probe_credit) and self._since_lookup + 1 < probe_max:
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
                     return False
@@ -722,16 +742,20 @@ class Controller:
         return False
 
     def probe_cost(self, bs: int) -> float:
-        """What a probe adds to a plain step at batch size `bs` (ms): the median period of steps that probed
-        (PROBE) less that of plain steps (LEAN), both measured (`StepCosts`, `min_samples` each); 0 until then
-        (the first probes measure it) and with a cost table that measures no whole steps. A probe's lookup runs
-        on the host while the GPU decodes, so it costs nothing until the host's share of the step outgrows the
-        GPU's (2x H200, 24-layer dummy model, batch size 4: 0-0.8 ms of a 4.6 ms step by the host the machine
-        came with; batch size 1: ~0 by the median)."""
-        samples = getattr(self.costs, "samples", None)
-        if samples is None or min(samples(PROBE, bs, 1), samples(LEAN, bs, 1)) < self.costs.min_samples:
+        """What a probe adds to a plain step at batch size `bs` (ms): the mean period of steps that probed
+        (PROBE) less that of plain steps (LEAN), both measured (`StepCosts.mean_ms`, `min_samples` each); 0
+        until then (the first probes measure it) and with a cost table that measures no whole steps. A probe's
+        lookup runs on the host while the GPU decodes, so it costs nothing until the host's share of the step
+        outgrows the GPU's, and then first in the steps where the host had little to spare: the mean, not the
+        median (2x H200, 24-layer dummy model: at batch size 4 0-0.8 ms of a 4.6 ms step by the host the machine
+        came with; at batch size 1 the median probe step was 0.06 ms longer, the mean 0.25 ms)."""
+        mean_ms = getattr(self.costs, "mean_ms", None)
+        if mean_ms is None:
             return 0.0
-        return max(self.costs.step_ms(PROBE, bs, 1) - self.costs.step_ms(LEAN, bs, 1), 0.0)
+        probe, plain = mean_ms(PROBE, bs, 1), mean_ms(LEAN, bs, 1)
+        if probe is None or plain is None:
+            return 0.0
+        return max(probe - plain, 0.0)
 
     def _plain_and_probe(self, bs: int) -> tuple:
         """(a plain step's cost, `probe_cost`) at batch size `bs`, kept until the costs change (every step asks)."""
@@ -821,12 +845,12 @@ class Controller:
 
     def defer_first_lookup(self, req_ids: Sequence) -> bool:
         """A step right after new requests' prefill, whose drafts would be looked up behind the token in flight:
-        may that lookup wait one step? True when not even drafts that matched in full would be verified for
-        any request of the batch (`_full_match_wanted`): the lookup can then only be a probe, and made in this
-        step it delays the new requests' first token (the scheduler processes the prefill's result after
-        launching this step), while made in the next one it runs on the host as the GPU decodes. The next
-        `plan_lookup` looks up (the probe gap is 1). False: look up now; always before the gain model observed
-        anything (a cold start learns from these first drafts)."""
+        may that lookup wait? True when not even drafts that matched in full would be verified for any request
+        of the batch (`_full_match_wanted`): the lookup can then only be a probe, and made in this step it
+        delays the new requests' first token (the scheduler processes the prefill's result after launching this
+        step), while made later it runs on the host as the GPU decodes. The probe gap goes to 1: the first
+        `plan_lookup` not in the steps right after the prefill (``refill``) looks up. False: look up now; always
+        before the gain model observed anything (a cold start learns from these first drafts)."""
         if not req_ids or self.gain.version == 0 or self._full_match_wanted(req_ids):
             return False
         self._probe_gap = 1
