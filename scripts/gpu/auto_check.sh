@@ -138,29 +138,35 @@ done
 # step); benchmark/gpu_timeline.py compares them (first =
 # baseline). The traces stay on the machine ($HOME/traces, about 2 MB each gzipped) unless KEEP_TRACES=1.
 if [ "${PROFILE:-1}" = torch ] || [ "${PROFILE:-1}" = both ]; then
+  # TORCH_CONC may list several concurrencies ("1 4"): each server is profiled at each, in the same processes,
+  # and each concurrency gets its own comparison (gpu_timeline_c<N>.txt; gpu_timeline.txt with one)
+  CONCS=(${TORCH_CONC:-1})
+  for conc in "${CONCS[@]}"; do
   TL=()
+  sfx=""; [ ${#CONCS[@]} -gt 1 ] && sfx="_c$conc"
   for n in ${PROFILE_SERVERS:-m_plain m_auto}; do
     up "$n" && [ "$(left)" -gt 40 ] || continue
-    rm -rf "$HOME/traces/$n"
-    ( client "$n" "${n}_torch" --vocab-size 2048 --kinds chat --per-kind ${TORCH_CONC:-1} \
-        --concurrency ${TORCH_CONC:-1} --max-new-tokens 700 --temperature 1.0 --warmup 0 ) &
+    rm -rf "$HOME/traces/$n$sfx"
+    ( client "$n" "${n}_torch$sfx" --vocab-size 2048 --kinds chat --per-kind $conc \
+        --concurrency $conc --max-new-tokens 700 --temperature 1.0 --warmup 0 ) &
     CP=$!
     sleep 1.5
     python3 -c "import json,sys,urllib.request as u; r=u.Request('http://127.0.0.1:${PORT[$n]}/start_profile', \
 data=json.dumps({'output_dir': sys.argv[1], 'num_steps': ${TORCH_STEPS:-120}, 'activities': sys.argv[2].split(',')}).encode(), \
-headers={'Content-Type': 'application/json'}); print(u.urlopen(r, timeout=30).read().decode())" "$HOME/traces/$n" "${TORCH_ACTIVITIES:-GPU}" \
-      > "$W/$n.torch.log" 2>&1
+headers={'Content-Type': 'application/json'}); print(u.urlopen(r, timeout=30).read().decode())" "$HOME/traces/$n$sfx" "${TORCH_ACTIVITIES:-GPU}" \
+      > "$W/$n.torch$sfx.log" 2>&1
     wait $CP
-    for _ in $(seq 1 20); do ls "$HOME/traces/$n"/*TP-0*.trace.json.gz >/dev/null 2>&1 && break; sleep 1; done
-    f=$(ls "$HOME/traces/$n"/*TP-0*.trace.json.gz 2>/dev/null | head -1)
-    log "$n: torch trace ${f:-missing} $(du -h "$f" 2>/dev/null | cut -f1)"
+    for _ in $(seq 1 20); do ls "$HOME/traces/$n$sfx"/*TP-0*.trace.json.gz >/dev/null 2>&1 && break; sleep 1; done
+    f=$(ls "$HOME/traces/$n$sfx"/*TP-0*.trace.json.gz 2>/dev/null | head -1)
+    log "$n: torch trace (concurrency $conc) ${f:-missing} $(du -h "$f" 2>/dev/null | cut -f1)"
     [ -n "$f" ] && TL+=("$n=$f")
     # KEEP_TRACES=1: the TP-0 trace itself comes back too ($OUT/traces/<server>.trace.json.gz), for analyses
     # gpu_timeline.py does not make
-    [ -n "$f" ] && [ "${KEEP_TRACES:-0}" = 1 ] && mkdir -p "$OUT/traces" && cp "$f" "$OUT/traces/$n.trace.json.gz"
+    [ -n "$f" ] && [ "${KEEP_TRACES:-0}" = 1 ] && mkdir -p "$OUT/traces" && cp "$f" "$OUT/traces/$n$sfx.trace.json.gz"
   done
-  [ ${#TL[@]} -gt 0 ] && python3 benchmark/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline.json" \
-    > "$W/gpu_timeline.txt" 2>&1
+  [ ${#TL[@]} -gt 0 ] && python3 benchmark/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline$sfx.json" \
+    > "$W/gpu_timeline$sfx.txt" 2>&1
+  done
 fi
 grep -h "auto verify\|n-gram verify widths" "$W"/m_auto.log | tail -40 > "$W/auto_lines.txt"
 for n in $MODES; do up "$n" && stop_server "$n"; done
