@@ -195,6 +195,8 @@ def setup(worker, spec=None, observability=None, plain=None):
         return None
     obs = observability if observability is not None else spec
     if plain is None:
+        plain = getattr(worker, "_fv_plain_first", None)  # verify_runtime.PLAIN_FIRST_ENV: built already
+    if plain is None:
         from fastverify.glue.verify_runtime import build_plain_runtime
 
         plain = build_plain_runtime(worker)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ from fastverify.widths import (
 logger = logging.getLogger("fastverify.verify_runtime")
 
 SOURCE = "fastverify.verify_widths"
+PLAIN_FIRST_ENV = "FASTVERIFY_PLAIN_FIRST"  # "1": auto's plain decode graphs captured before the extra widths'
 # The n-gram worker's per-batch-size draft buffer views (lists indexed by bs) and how one request sizes them.
 VIEW_LISTS = (
     ("draft_tokens_batch", "draft_tokens", "w", False),
@@ -229,8 +231,12 @@ def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | Non
 
     spec = spec if spec is not None else _spec_of(worker)
     cfg = config_from(spec)
-    warm_spec_kernels(worker, widths=cfg.widths if cfg.enabled else None,
-                      plain=getattr(spec, "speculative_ngram_verify_mode", None) == "auto")
+    auto = getattr(spec, "speculative_ngram_verify_mode", None) == "auto"
+    warm_spec_kernels(worker, widths=cfg.widths if cfg.enabled else None, plain=auto)
+    if auto and os.environ.get(PLAIN_FIRST_ENV) == "1":
+        # an A/B switch for where the plain decode graphs' buffers land in the shared graph memory pool: captured
+        # before the extra widths' graphs instead of after them (auto.setup takes this runtime)
+        worker._fv_plain_first = build_plain_runtime(worker)
     if not cfg.enabled:
         worker._fv_widths = None
         return None
