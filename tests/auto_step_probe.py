@@ -38,10 +38,14 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
 
+BUILT = []  # (width, algorithm) of every graph runner built, in order
+
+
 class Runner:
     def __init__(self, mr, *, attn_backend, speculative_num_steps, speculative_num_draft_tokens):
         self.width = speculative_num_draft_tokens
         self.algorithm = mr.spec_algorithm.name  # what SGLang's runner reads to pick its capture mode
+        BUILT.append((self.width, self.algorithm))
 
 
 ngram_stand_ins.install(nw)  # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch
@@ -172,6 +176,12 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
 
 stream = [10 * i for i in range(1, 40)]
 out["dear"] = run("dear.json", 12, [[9, 9, 9]])
+out["built"] = list(BUILT)  # the graph runners the worker's start-up built, in order
+BUILT.clear()
+os.environ["FASTVERIFY_PLAIN_FIRST"] = "0"  # the earlier order: the plain decode graphs after the extra widths'
+out["plain_last"] = run("dear.json", 12, [[9, 9, 9]])
+out["built_plain_last"] = list(BUILT)
+del os.environ["FASTVERIFY_PLAIN_FIRST"]
 out["cheap"] = run("cheap.json", 16, [stream])
 # patch 0009: chain-shaped verify keeps no host copy of the lengths (the scheduler hands seq_lens_cpu = None)
 out["dear_no_host_lens"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False)

@@ -252,6 +252,20 @@ def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_patched_plain_decode_graphs_are_captured_before_the_extra_widths(step_probe):
+    """Auto's plain decode runtime (DECODE graphs, captured while the runner reads as not speculative) is built
+    first of the worker's own runtimes, before the verify widths 1, 2, 4 (where a graph's buffers land in the
+    shared graph pool moves its kernels' time); FASTVERIFY_PLAIN_FIRST=0 keeps the earlier order. One plain runtime
+    either way, and the same steps and output."""
+    assert step_probe["built"] == [[1, "NONE"], [1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"]]
+    assert step_probe["built_plain_last"] == [[1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"], [1, "NONE"]]
+    last, first = step_probe["plain_last"], step_probe["dear"]
+    assert last["outputs"] == first["outputs"]
+    assert [s["kind"] for s in last["steps"]] == [s["kind"] for s in first["steps"]]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_patched_plain_steps_without_a_host_copy_of_the_lengths(step_probe):
     """With patch 0009 the scheduler hands chain and auto steps no host lengths (seq_lens_cpu and seq_lens_sum
     None): the plain step leaves them None (SGLang's device-only path) and decodes the same tokens."""

@@ -186,8 +186,9 @@ class AutoState:
 def setup(worker, spec=None, observability=None, plain=None):
     """Once per worker, after the verify runtimes per width exist. None unless the mode is auto.
 
-    Builds the plain decode runtime (DECODE graphs; ``plain``: one built already) and then, without a cost
-    table file, calibrates: the plain graphs give the decode costs, the verify graphs of every width the rest."""
+    Takes the plain decode runtime (DECODE graphs) `verify_runtime.build_runtimes` built before the extra widths'
+    (``plain``: another one built already), or builds it, and then, without a cost table file, calibrates: the
+    plain graphs give the decode costs, the verify graphs of every width the rest."""
     spec = spec if spec is not None else _spec_of(worker)
     cfg = config_from(spec)
     if cfg is None:
@@ -195,7 +196,7 @@ def setup(worker, spec=None, observability=None, plain=None):
         return None
     obs = observability if observability is not None else spec
     if plain is None:
-        plain = getattr(worker, "_fv_plain_first", None)  # verify_runtime.PLAIN_FIRST_ENV: built already
+        plain = getattr(worker, "_fv_plain_first", None)  # built by verify_runtime.build_runtimes
     if plain is None:
         from fastverify.glue.verify_runtime import build_plain_runtime
 
