@@ -252,16 +252,15 @@ def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_patched_plain_decode_graphs_are_captured_before_the_extra_widths(step_probe):
+def test_patched_plain_decode_graphs_are_captured_after_the_extra_widths_unless_asked_first(step_probe):
     """Auto's plain decode runtime (DECODE graphs, captured while the runner reads as not speculative) is built
-    first of the worker's own runtimes, before the verify widths 1, 2, 4 (where a graph's buffers land in the
-    shared graph pool moves its kernels' time); FASTVERIFY_PLAIN_FIRST=0 keeps the earlier order. One plain runtime
-    either way, and the same steps and output."""
-    assert step_probe["built"] == [[1, "NONE"], [1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"]]
-    assert step_probe["built_plain_last"] == [[1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"], [1, "NONE"]]
-    last, first = step_probe["plain_last"], step_probe["dear"]
-    assert last["outputs"] == first["outputs"]
-    assert [s["kind"] for s in last["steps"]] == [s["kind"] for s in first["steps"]]
+    after the verify widths 1, 2, 4; FASTVERIFY_PLAIN_FIRST=1 builds it first (where a graph's buffers land in the
+    shared graph pool moves its kernels' time). One plain runtime either way, and the same steps and output."""
+    assert step_probe["built"] == [[1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"], [1, "NONE"]]
+    assert step_probe["built_plain_first"] == [[1, "NONE"], [1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"]]
+    first, last = step_probe["plain_first"], step_probe["dear"]
+    assert first["outputs"] == last["outputs"]
+    assert [s["kind"] for s in first["steps"]] == [s["kind"] for s in last["steps"]]
 
 
 @pytest.mark.sglang

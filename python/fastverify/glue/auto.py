@@ -186,9 +186,9 @@ class AutoState:
 def setup(worker, spec=None, observability=None, plain=None):
     """Once per worker, after the verify runtimes per width exist. None unless the mode is auto.
 
-    Takes the plain decode runtime (DECODE graphs) `verify_runtime.build_runtimes` built before the extra widths'
-    (``plain``: another one built already), or builds it, and then, without a cost table file, calibrates: the
-    plain graphs give the decode costs, the verify graphs of every width the rest."""
+    Builds the plain decode runtime (DECODE graphs; ``plain``: one built already, as is the one
+    `verify_runtime.build_runtimes` builds first with ``FASTVERIFY_PLAIN_FIRST=1``) and then, without a cost
+    table file, calibrates: the plain graphs give the decode costs, the verify graphs of every width the rest."""
     spec = spec if spec is not None else _spec_of(worker)
     cfg = config_from(spec)
     if cfg is None:
@@ -196,7 +196,7 @@ def setup(worker, spec=None, observability=None, plain=None):
         return None
     obs = observability if observability is not None else spec
     if plain is None:
-        plain = getattr(worker, "_fv_plain_first", None)  # built by verify_runtime.build_runtimes
+        plain = getattr(worker, "_fv_plain_first", None)  # verify_runtime.PLAIN_FIRST_ENV: built already
     if plain is None:
         from fastverify.glue.verify_runtime import build_plain_runtime
 

@@ -49,7 +49,7 @@ from fastverify.widths import (
 logger = logging.getLogger("fastverify.verify_runtime")
 
 SOURCE = "fastverify.verify_widths"
-PLAIN_FIRST_ENV = "FASTVERIFY_PLAIN_FIRST"  # "0": auto's plain decode graphs captured after the extra widths'
+PLAIN_FIRST_ENV = "FASTVERIFY_PLAIN_FIRST"  # "1": auto's plain decode graphs captured before the extra widths'
 # The n-gram worker's per-batch-size draft buffer views (lists indexed by bs) and how one request sizes them.
 VIEW_LISTS = (
     ("draft_tokens_batch", "draft_tokens", "w", False),
@@ -233,12 +233,12 @@ def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | Non
     cfg = config_from(spec)
     auto = getattr(spec, "speculative_ngram_verify_mode", None) == "auto"
     warm_spec_kernels(worker, widths=cfg.widths if cfg.enabled else None, plain=auto)
-    if auto and os.environ.get(PLAIN_FIRST_ENV, "1") != "0":
-        # auto's plain decode graphs are captured before the extra widths' graphs (auto.setup takes this runtime):
-        # where a graph's buffers land in SGLang's shared graph memory pool moves the time of the kernels inside
-        # it; captured after the widths', one GEMM of the 24-layer dummy model ran 2 % slower at batch size 1
-        # (1697 against the plain server's 1665 us per step) and 1 % faster at batch size 4, captured first
-        # every kernel in the graph took the plain server's time (2x H200, run47)
+    if auto and os.environ.get(PLAIN_FIRST_ENV) == "1":
+        # an A/B switch: auto's plain decode graphs captured before the extra widths' graphs (auto.setup takes
+        # this runtime), so that their buffers land elsewhere in SGLang's shared graph memory pool. Under the
+        # torch profiler that moved one GEMM of the 24-layer dummy model to the plain server's time (batch size
+        # 1: 1667 against 1697 us per step, the plain server 1665); serving, the plain steps' periods did not
+        # follow (2x H200, run47 and run48): off by default
         worker._fv_plain_first = build_plain_runtime(worker)
     if not cfg.enabled:
         worker._fv_widths = None
@@ -259,8 +259,8 @@ def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | Non
 
 def build_plain_runtime(worker) -> VerifyRuntime:
     """The runtime of a plain decode pass (one token per request, DECODE graphs at the captured batch sizes):
-    what the auto mode runs for a step that verifies nothing. Built once, by `build_runtimes` before the extra
-    widths' runtimes (after them with ``FASTVERIFY_PLAIN_FIRST=0``: then by ``auto.setup``)."""
+    what the auto mode runs for a step that verifies nothing. Built once, by ``auto.setup`` after the verify
+    runtimes (with ``FASTVERIFY_PLAIN_FIRST=1`` by `build_runtimes`, before the extra widths')."""
     rt = _build_one(worker, 1, plain=True)
     logger.info("plain decode runtime built in %.1f s, %.0f MiB of device memory (%s)", rt.build_seconds,
                 rt.build_bytes / 2**20, "CUDA graphs" if rt.graph_runner is not None else "eager")
