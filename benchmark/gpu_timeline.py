@@ -22,7 +22,12 @@ their correlation id is that of a cudaGraphLaunch call (or, in a trace without t
 operations share one correlation id). A server with several graphs (decode and verify passes: graphs of
 different kernel counts) also gets the statistics of each graph's steps.
 
-  python benchmark/gpu_timeline.py TRACE.json.gz [TRACE2 ...] [--json OUT.json] [--top 15]
+  python benchmark/gpu_timeline.py TRACE.json.gz [TRACE2 ...] [--json OUT.json] [--top 15] [--kernel NAME]
+
+``--kernel NAME`` (a part of a kernel's name) also lists that kernel call by call inside the dominant graph:
+the k-th call of each launch (with one call per layer, the layers in order), its median microseconds per
+trace, and the launch configurations (grid, block, registers, shared memory) the trace recorded for it, so two
+servers whose graphs run the same kernel at different speeds can be told apart by layer and by launch.
 
 Several traces (say, the same load on a server without speculation and on one with auto) print side by side
 in one table, the first as the baseline.
@@ -81,9 +86,10 @@ def _union(intervals) -> float:
     return total
 
 
-def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
-    """Per-step statistics of one trace (see the module doc). Raises ValueError when the trace has fewer than
-    two graph launches on its busiest device."""
+def analyze(events, pause_factor: float = PAUSE_FACTOR, kernel: str | None = None) -> dict:
+    """Per-step statistics of one trace (see the module doc); with ``kernel`` (part of a kernel's name) also
+    "kernel_calls": that kernel call by call in the dominant graph (`_kernel_calls`). Raises ValueError when
+    the trace has fewer than two graph launches on its busiest device."""
     api = {}
     for ev in events:
         if ev.get("ph") == "X" and ev.get("cat") in API_CATS:
@@ -104,7 +110,7 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
     per_corr = defaultdict(int)
     for ev in gpu:
         per_corr[_corr(ev)] += 1
-    launches = {}  # correlation -> [start, end, kernels, host launch ts or None, [(start, end, name)]]
+    launches = {}  # correlation -> [start, end, kernels, host launch ts or None, [(start, end, name)], [config]]
     loose = []  # (start, end, name)
     for ev in gpu:
         s = float(ev["ts"])
@@ -112,9 +118,10 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         c = _corr(ev)
         call = api.get(c)
         if c is not None and ((call is not None and "GraphLaunch" in call[0]) or (call is None and per_corr[c] > 1)):
-            g = launches.setdefault(c, [s, e, 0, None if call is None else call[1], []])
+            g = launches.setdefault(c, [s, e, 0, None if call is None else call[1], [], []])
             g[0], g[1], g[2] = min(g[0], s), max(g[1], e), g[2] + 1
             g[4].append((s, e, ev.get("name", "?")))
+            g[5].append(_launch_config(ev))
         else:
             loose.append((s, e, ev.get("name", "?")))
     graphs = sorted(launches.values())
@@ -124,7 +131,7 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
     windows = []
     for g, nxt in zip(graphs, graphs[1:]):
         windows.append({"start": g[0], "graph_end": g[1], "next": nxt[0], "kernels": g[2],
-                        "lead": None if g[3] is None else g[0] - g[3], "inside": g[4]})
+                        "lead": None if g[3] is None else g[0] - g[3], "inside": g[4], "configs": g[5]})
     med_period = statistics.median(w["next"] - w["start"] for w in windows)
     steps = [w for w in windows if w["next"] - w["start"] <= pause_factor * med_period]
 
@@ -162,7 +169,7 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         by_graph[size] = {"steps": len(sel), "median_us": _medians([r for r, _ in sel]),
                           "ops_by_name": _ops_by_name([ops for _, ops in sel]),
                           "kernels_by_name": _kernels_by_name(inside)}
-    return {
+    out = {
         "device": dev, "steps": n, "pauses_dropped": len(windows) - n,
         "graph_sizes": dict(sorted(sizes.items())),
         "median_us": _medians(rows),
@@ -170,6 +177,37 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR) -> dict:
         "ops_by_name": _ops_by_name(per_step_ops),
         "by_graph": by_graph,
     }
+    if kernel:
+        size = max(sizes, key=sizes.get)
+        out["kernel_calls"] = _kernel_calls([w for w, r in zip(steps, rows) if r["kernels"] == size], kernel)
+    return out
+
+
+def _launch_config(ev) -> str:
+    """A kernel's launch configuration as the trace records it (grid, block, registers, shared memory)."""
+    a = ev.get("args") or {}
+    return (f"grid {tuple(a['grid']) if 'grid' in a else '?'} block {tuple(a['block']) if 'block' in a else '?'} "
+            f"regs {a.get('registers per thread', '?')} smem {a.get('shared memory', '?')}")
+
+
+def _kernel_calls(windows, part: str) -> dict:
+    """The kernels whose name contains `part`, call by call over the launches of one graph (`windows`, all of
+    the same kernel count): {"name": the names matched, "calls": calls per launch, "us": [median microseconds
+    of the k-th call], "configs": {launch configuration: calls}}."""
+    per_call = defaultdict(list)
+    configs = defaultdict(int)
+    names = set()
+    for w in windows:
+        k = 0
+        for (s, e, name), cfg in zip(w["inside"], w["configs"]):
+            if part in name:
+                per_call[k].append(e - s)
+                configs[cfg] += 1
+                names.add(name)
+                k += 1
+    calls = len(per_call)
+    return {"name": sorted(names), "calls": calls, "us": [statistics.median(per_call[k]) for k in range(calls)],
+            "configs": dict(sorted(configs.items(), key=lambda kv: -kv[1]))}
 
 
 def _device(ev):
@@ -262,7 +300,34 @@ def render(results: dict, top: int = 15) -> str:
             out.append(f"  {v['per_step']:>10.2f} {v['mean_us']:>8.2f} {v['per_step'] * v['mean_us']:>8.2f}  "
                        f"{_short(name)}")
     out.extend(_graph_kernels(results, labels, top))
+    out.extend(_render_kernel_calls({lb: r for lb, r in results.items() if "/g" not in lb}))
     return "\n".join(out)
+
+
+def _render_kernel_calls(results: dict) -> list:
+    """`--kernel`: the k-th call's median microseconds per trace (the first trace the baseline), their sum,
+    and each trace's launch configurations."""
+    cols = [lb for lb, r in results.items() if r.get("kernel_calls")]
+    if not cols:
+        return []
+    kc = {lb: results[lb]["kernel_calls"] for lb in cols}
+    n = max(v["calls"] for v in kc.values())
+    out = ["", f"kernel call by call in the dominant graph (median us): {', '.join(kc[cols[0]]['name']) or '-'}",
+           f"  {'call':>6}" + "".join(f"{lb[:16]:>18}" for lb in cols)]
+
+    def cell(i, v, base):
+        if v is None:
+            return f"{'-':>18}"
+        return f"{v:>18.2f}" if i == 0 or base is None else f"{f'{v:.2f} ({v - base:+.2f})':>18}"
+
+    for k in range(n):
+        vals = [kc[lb]["us"][k] if k < kc[lb]["calls"] else None for lb in cols]
+        out.append(f"  {k:>6}" + "".join(cell(i, v, vals[0]) for i, v in enumerate(vals)))
+    sums = [sum(kc[lb]["us"]) for lb in cols]
+    out.append(f"  {'sum':>6}" + "".join(cell(i, v, sums[0]) for i, v in enumerate(sums)))
+    for lb in cols:
+        out.append(f"  {lb}: " + "; ".join(f"{cfg} x{c}" for cfg, c in kc[lb]["configs"].items()))
+    return out
 
 
 def _dominant(r: dict) -> dict:
@@ -305,12 +370,13 @@ def main(argv=None) -> int:
                     "LABEL=PATH names a column")
     ap.add_argument("--json", help="write the statistics here")
     ap.add_argument("--top", type=int, default=15, help="outside-graph operations listed per trace")
+    ap.add_argument("--kernel", help="also list the graph's kernels whose name contains this, call by call")
     args = ap.parse_args(argv)
     results = {}
     for spec in args.traces:
         label, path = common.split_label(spec, lambda p: Path(p).name.split(".")[0])
         try:
-            results[label] = analyze(load_events(path))
+            results[label] = analyze(load_events(path), kernel=args.kernel)
         except (OSError, ValueError) as e:
             print(f"gpu_timeline: {path}: {e}", file=sys.stderr)
             return 2

@@ -26,13 +26,17 @@ class Trace:
                             "pid": 100, "tid": 1, "args": {"correlation": self.corr}})
         return self.corr
 
-    def graph(self, host_ts, start, kernel_durs, gap=1.0, device=0, names=None):
+    def graph(self, host_ts, start, kernel_durs, gap=1.0, device=0, names=None, grids=None):
         c = self._call("cudaGraphLaunch", host_ts)
         t = start
         for i, d in enumerate(kernel_durs):
             name = names[i] if names else "gemm"
+            args = {"correlation": c, "device": device}
+            if grids:
+                args.update({"grid": list(grids[i]), "block": [384, 1, 1], "registers per thread": 168,
+                             "shared memory": 221460})
             self.events.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": d, "pid": device,
-                                "tid": 7, "args": {"correlation": c, "device": device}})
+                                "tid": 7, "args": args})
             t += d + gap
         return t - gap  # end of the last kernel
 
@@ -177,3 +181,36 @@ def test_inside_the_graph_slower_kernels_and_gaps_are_told_apart(tmp_path, capsy
     start = next(i for i, line in enumerate(lines) if line.startswith("inside the graph"))
     first = lines[start + 2].split()
     assert first[-1] == "attn" and first[1:4] == ["100.0", "130.0", "(+30.0)"]
+
+
+def test_one_kernel_call_by_call_and_its_launch_configurations():
+    """--kernel: the k-th call of a kernel in each launch of the dominant graph (one per layer), its median over
+    the launches, the sum, and the launch configurations; a second trace whose second call is 3 us slower on
+    every step but one shows it at that call only."""
+    names = ["gemm_big", "norm", "gemm_big", "gemm_small"]
+
+    def trace(second_us):
+        tr = Trace()
+        t = 10_000.0
+        for i in range(7):
+            second = 80.0 if i == 3 else second_us  # one odd launch: the median ignores it
+            tr.graph(t - 300.0, t, [60.0, 5.0, second, 20.0], names=names,
+                     grids=[(4, 24, 1), (1, 1, 1), (4, 24, 1), (2, 24, 1)])
+            t += 1000.0
+        return tr.events
+
+    base = gpu_timeline.analyze(trace(61.0), kernel="gemm_big")
+    slow = gpu_timeline.analyze(trace(64.0), kernel="gemm_big")
+    kc = base["kernel_calls"]
+    assert kc["name"] == ["gemm_big"] and kc["calls"] == 2 and kc["us"] == [60.0, 61.0]
+    # six windows between seven launches, two calls each
+    assert kc["configs"] == {"grid (4, 24, 1) block (384, 1, 1) regs 168 smem 221460": 12}
+    assert slow["kernel_calls"]["us"] == [60.0, 64.0]
+    assert "kernel_calls" not in gpu_timeline.analyze(trace(61.0))
+    text = gpu_timeline.render({"plain": base, "auto": slow})
+    lines = text.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("kernel call by call"))
+    assert lines[i + 2].split() == ["0", "60.00", "60.00", "(+0.00)"]
+    assert lines[i + 3].split() == ["1", "61.00", "64.00", "(+3.00)"]
+    assert lines[i + 4].split() == ["sum", "121.00", "124.00", "(+3.00)"]
+    assert "plain: grid (4, 24, 1) block (384, 1, 1) regs 168 smem 221460 x12" in text
