@@ -49,8 +49,8 @@ trap 'stop_all; pack' EXIT
 if has 1; then
 MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers (or m_auto_sync,
 # m_plain2: a second server without speculation, the noise floor between two processes of the same flags;
-# m_auto_pf: auto with its plain decode graphs captured before the extra widths' graphs, where their buffers land
-# in the graph memory pool):
+# m_auto_pf: auto with its plain decode graphs captured before the extra widths' graphs, which moves where their
+# buffers land in the graph memory pool):
 # (ports below 32768, out of the kernel's ephemeral range: an ephemeral port another server took once made the
 # fixed --nccl-port of the next server fail with EADDRINUSE)
 M_CASES="m_plain|23010|$TMA
@@ -146,30 +146,30 @@ if [ "${PROFILE:-1}" = torch ] || [ "${PROFILE:-1}" = both ]; then
   # and each concurrency gets its own comparison (gpu_timeline_c<N>.txt; gpu_timeline.txt with one)
   CONCS=(${TORCH_CONC:-1})
   for conc in "${CONCS[@]}"; do
-  TL=()
-  sfx=""; [ ${#CONCS[@]} -gt 1 ] && sfx="_c$conc"
-  for n in ${PROFILE_SERVERS:-m_plain m_auto}; do
-    up "$n" && [ "$(left)" -gt 40 ] || continue
-    rm -rf "$HOME/traces/$n$sfx"
-    ( client "$n" "${n}_torch$sfx" --vocab-size 2048 --kinds chat --per-kind $conc \
-        --concurrency $conc --max-new-tokens 700 --temperature 1.0 --warmup 0 ) &
-    CP=$!
-    sleep 1.5
-    python3 -c "import json,sys,urllib.request as u; r=u.Request('http://127.0.0.1:${PORT[$n]}/start_profile', \
+    TL=()
+    sfx=""; [ ${#CONCS[@]} -gt 1 ] && sfx="_c$conc"
+    for n in ${PROFILE_SERVERS:-m_plain m_auto}; do
+      up "$n" && [ "$(left)" -gt 40 ] || continue
+      rm -rf "$HOME/traces/$n$sfx"
+      ( client "$n" "${n}_torch$sfx" --vocab-size 2048 --kinds chat --per-kind $conc \
+          --concurrency $conc --max-new-tokens 700 --temperature 1.0 --warmup 0 ) &
+      CP=$!
+      sleep 1.5
+      python3 -c "import json,sys,urllib.request as u; r=u.Request('http://127.0.0.1:${PORT[$n]}/start_profile', \
 data=json.dumps({'output_dir': sys.argv[1], 'num_steps': ${TORCH_STEPS:-120}, 'activities': sys.argv[2].split(',')}).encode(), \
 headers={'Content-Type': 'application/json'}); print(u.urlopen(r, timeout=30).read().decode())" "$HOME/traces/$n$sfx" "${TORCH_ACTIVITIES:-GPU}" \
-      > "$W/$n.torch$sfx.log" 2>&1
-    wait $CP
-    for _ in $(seq 1 20); do ls "$HOME/traces/$n$sfx"/*TP-0*.trace.json.gz >/dev/null 2>&1 && break; sleep 1; done
-    f=$(ls "$HOME/traces/$n$sfx"/*TP-0*.trace.json.gz 2>/dev/null | head -1)
-    log "$n: torch trace (concurrency $conc) ${f:-missing} $(du -h "$f" 2>/dev/null | cut -f1)"
-    [ -n "$f" ] && TL+=("$n=$f")
-    # KEEP_TRACES=1: the TP-0 trace itself comes back too ($OUT/traces/<server>.trace.json.gz), for analyses
-    # gpu_timeline.py does not make
-    [ -n "$f" ] && [ "${KEEP_TRACES:-0}" = 1 ] && mkdir -p "$OUT/traces" && cp "$f" "$OUT/traces/$n$sfx.trace.json.gz"
-  done
-  [ ${#TL[@]} -gt 0 ] && python3 benchmark/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline$sfx.json" \
-    > "$W/gpu_timeline$sfx.txt" 2>&1
+        > "$W/$n.torch$sfx.log" 2>&1
+      wait $CP
+      for _ in $(seq 1 20); do ls "$HOME/traces/$n$sfx"/*TP-0*.trace.json.gz >/dev/null 2>&1 && break; sleep 1; done
+      f=$(ls "$HOME/traces/$n$sfx"/*TP-0*.trace.json.gz 2>/dev/null | head -1)
+      log "$n: torch trace (concurrency $conc) ${f:-missing} $(du -h "$f" 2>/dev/null | cut -f1)"
+      [ -n "$f" ] && TL+=("$n=$f")
+      # KEEP_TRACES=1: the TP-0 trace itself comes back too ($OUT/traces/<server>.trace.json.gz), for analyses
+      # gpu_timeline.py does not make
+      [ -n "$f" ] && [ "${KEEP_TRACES:-0}" = 1 ] && mkdir -p "$OUT/traces" && cp "$f" "$OUT/traces/$n$sfx.trace.json.gz"
+    done
+    [ ${#TL[@]} -gt 0 ] && python3 benchmark/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline$sfx.json" \
+      > "$W/gpu_timeline$sfx.txt" 2>&1
   done
 fi
 grep -h "auto verify\|n-gram verify widths" "$W"/m_auto.log | tail -40 > "$W/auto_lines.txt"
