@@ -633,7 +633,8 @@ def test_probe_cost_is_measured_probe_steps_less_plain_ones():
     c.record(PROBE, 4, 1, 9.0)
     assert Controller(cfg, c).probe_cost(4) == 0.0  # two probe periods: not measured yet (min_samples 3)
     c.record(PROBE, 4, 7, 5.1)  # a probe step is width 1 whatever the caller says
-    assert c.samples(PROBE, 4, 1) == 3 and Controller(cfg, c).probe_cost(4) == pytest.approx((9.0 + 9.0 + 5.1) / 3 - 4.6)
+    assert c.samples(PROBE, 4, 1) == 3
+    assert Controller(cfg, c).probe_cost(4) == pytest.approx((9.0 + 9.0 + 5.1) / 3 - 4.6)  # the probes' mean
 
 
 def test_probe_cost_counts_the_probes_that_came_late_and_leaves_prefills_out():
