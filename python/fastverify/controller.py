@@ -248,6 +248,11 @@ class StepCosts:
         self._estimates: dict = {}  # (kind, bs, width) -> step_ms, until the next record
         self.version = 0  # counts records: the estimates change only with it
 
+    @staticmethod
+    def _key(kind: str, bs: int, width: int) -> tuple:
+        """(kind, bs, width) as kept: only SPEC steps have a width other than 1."""
+        return kind, int(bs), 1 if kind != SPEC else int(width)
+
     def graph_ms(self, kind: str, bs: int, width: int) -> float:
         return self.table.decode_ms(bs) if kind != SPEC or width == 1 else self.table.verify_ms(bs * width)
 
@@ -256,46 +261,41 @@ class StepCosts:
             raise ValueError(f"step kind must be one of {', '.join(map(repr, STEP_KINDS))}, got {kind!r}")
         if not (bs >= 1 and width >= 1 and math.isfinite(ms) and ms > 0):
             return
-        width = 1 if kind != SPEC else int(width)
-        q = self._periods.setdefault((kind, int(bs), width), [])
+        key = self._key(kind, bs, width)
+        q = self._periods.setdefault(key, [])
         q.append(float(ms))
         del q[:-self.window]
         h = self._host[kind]
-        h.append(float(ms) - self.graph_ms(kind, bs, width))
+        h.append(float(ms) - self.graph_ms(*key))
         del h[:-self.window]
         self._estimates.clear()
         self.version += 1
 
     def samples(self, kind: str, bs: int, width: int) -> int:
-        return len(self._periods.get((kind, int(bs), 1 if kind != SPEC else int(width)), ()))
+        return len(self._periods.get(self._key(kind, bs, width), ()))
 
     def mean_ms(self, kind: str, bs: int, width: int) -> Optional[float]:
         """The mean of (kind, bs, width)'s recent periods, those over twice their median left out (a period
         that held a prefill or an idle wait); None before `min_samples`. Where a kind's periods have a tail (a
         step that now and then comes late), the mean counts it and the median does not."""
-        key = ("mean", kind, int(bs), 1 if kind != SPEC else int(width))
-        if key in self._estimates:
-            return self._estimates[key]
-        q = self._periods.get(key[1:])
-        ms = None
-        if q is not None and len(q) >= self.min_samples:
-            cut = 2.0 * _median(q)
-            kept = [x for x in q if x <= cut]
-            ms = sum(kept) / len(kept)
-        self._estimates[key] = ms
-        return ms
+        q = self._periods.get(self._key(kind, bs, width))
+        if q is None or len(q) < self.min_samples:
+            return None
+        cut = 2.0 * _median(q)
+        kept = [x for x in q if x <= cut]
+        return sum(kept) / len(kept)
 
     def host_ms(self, kind: str) -> float:
         h = self._host[kind]
         return max(_median(h), 0.0) if h else 0.0
 
     def step_ms(self, kind: str, bs: int, width: int) -> float:
-        key = (kind, int(bs), 1 if kind != SPEC else int(width))
+        key = self._key(kind, bs, width)
         ms = self._estimates.get(key)
         if ms is None:  # a decision asks for a few estimates many times between two records
             q = self._periods.get(key)
             ms = (_median(q) if q is not None and len(q) >= self.min_samples
-                  else self.graph_ms(kind, key[1], key[2]) + self.host_ms(kind))
+                  else self.graph_ms(*key) + self.host_ms(kind))
             self._estimates[key] = ms
         return ms
 
