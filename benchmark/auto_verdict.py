@@ -41,28 +41,38 @@ BOOTSTRAP = 2000  # resamples of the paired requests
 SEED = 0
 
 
+def result_files(folder: Path) -> dict:
+    """{(server, load, round): path} of the client results in `folder`, in file-name order."""
+    found = {}
+    for path in sorted(folder.iterdir()):
+        m = NAME.match(path.name)
+        if m:
+            found[(m["server"], m["load"], int(m["round"]))] = path
+    return found
+
+
+def _levels(path: Path) -> list:
+    """The concurrency levels of one client result."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["levels"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"error: {path}: not a serving-client result ({e})") from None
+
+
 def collect(folder: Path) -> dict:
     """{(load, concurrency): {server: [tok/s per round]}} from the client JSONs in `folder`."""
     found: dict = {}
-    for path in sorted(folder.iterdir()):
-        m = NAME.match(path.name)
-        if not m:
-            continue
-        try:
-            levels = json.loads(path.read_text(encoding="utf-8"))["levels"]
-        except (OSError, ValueError, KeyError) as e:
-            raise SystemExit(f"error: {path}: not a serving-client result ({e})") from None
-        for lv in levels:
+    for (server, load, _rnd), path in result_files(folder).items():
+        for lv in _levels(path):
             rate = (lv.get("summary") or {}).get("output_tok_per_s")
             if rate:
-                found.setdefault((m["load"], int(lv["concurrency"])), {}).setdefault(m["server"], []).append(rate)
+                found.setdefault((load, int(lv["concurrency"])), {}).setdefault(server, []).append(rate)
     return found
 
 
 def _requests(path: Path) -> dict:
     """{concurrency: [request records]} of one client result (levels without per-request records: none)."""
-    levels = json.loads(path.read_text(encoding="utf-8"))["levels"]
-    return {int(lv["concurrency"]): lv.get("requests") or [] for lv in levels}
+    return {int(lv["concurrency"]): lv.get("requests") or [] for lv in _levels(path)}
 
 
 def paired_ratio(auto_reqs: list, plain_reqs: list) -> dict | None:
@@ -93,11 +103,7 @@ def paired_ratio(auto_reqs: list, plain_reqs: list) -> dict | None:
 def paired(folder: Path) -> dict:
     """{(load, concurrency): {round: paired_ratio}} for every round in which both m_auto and m_plain ran."""
     out: dict = {}
-    files = {}
-    for path in sorted(folder.iterdir()):
-        m = NAME.match(path.name)
-        if m and m["server"] in (AUTO, PLAIN):
-            files[(m["server"], m["load"], int(m["round"]))] = path
+    files = result_files(folder)
     for (server, load, rnd), path in sorted(files.items()):
         other = files.get((PLAIN, load, rnd))
         if server != AUTO or other is None:
