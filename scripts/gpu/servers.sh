@@ -46,7 +46,8 @@ prepare_machine() {  # multicast off, bundle unpacked, py-spy (if its wheel is i
 }
 
 launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" lines; SRV_ENV_<name>="K=V ..."
-  local common=$1 name port extra envv                  # adds environment variables to that server only
+  local common=$1 name port extra envv                  # adds environment variables to that server only,
+  # SRV_ENV_ALL="K=V ..." to every server (e.g. SGLANG_SET_CPU_AFFINITY=1: each TP rank bound to its own block of CPUs)
   while IFS='|' read -r name port extra; do
     [ -z "$name" ] && continue
     cp -r "$HOME/jitcache" "$HOME/jit-$name"
@@ -55,10 +56,10 @@ launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" li
     [ "${STEPTRACE:-0}" = 1 ] && trace="FASTVERIFY_STEP_TRACE=$W/steps-$name PYTHONPATH=$PWD/scripts/gpu/steptrace:$PYTHONPATH"
     # STEPTRACE_GPU=1 (with STEPTRACE=1): each step's device span and the forward stream's idle gap after it
     [ -n "$trace" ] && [ "${STEPTRACE_GPU:-0}" = 1 ] && trace="$trace FASTVERIFY_STEP_TRACE_GPU=1"
-    TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env $trace ${!envv:-} python3 -m sglang.launch_server $common \
+    TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env $trace ${SRV_ENV_ALL:-} ${!envv:-} python3 -m sglang.launch_server $common \
       --port "$port" --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
     PID[$name]=$!; PORT[$name]=$port
-    echo "$name: $trace ${!envv:-} python3 -m sglang.launch_server $common --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
+    echo "$name: $trace ${SRV_ENV_ALL:-} ${!envv:-} python3 -m sglang.launch_server $common --port $port --nccl-port $((port + 5)) $extra" >> "$W/commands.txt"
   done
   log "launched ${!PID[*]}"
 }
