@@ -74,3 +74,16 @@ def test_a_short_real_run_writes_every_part(tmp_path, capsys):
         assert sorted(int(c) for c in data["pairs"]["0"]) == cpus  # the base alone, then every other CPU
     assert os.sched_getaffinity(0) == set(cpus)  # the probe gives the process its CPUs back
     assert "work alone" in capsys.readouterr().out
+
+
+def test_pick_ranks_each_cpu_by_its_slowest_pass():
+    passes = [{0: 7.0, 1: 15.0, 2: 7.2, 3: 6.9}, {0: 7.1, 1: 7.0, 2: 7.3, 3: 16.0}]
+    assert cpu_probe.pick(passes, 2) == [0, 2]  # 3 was fast once, then slow; 1 the other way round
+    assert cpu_probe.pick(passes, 1) == [0]
+
+
+def test_pick_on_the_command_line_ends_with_the_cpus(tmp_path, capsys):
+    assert cpu_probe.main(["--reps", "1", "--bases", "", "--pick", "1", "--json", str(tmp_path / "p.json")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("CPUS ") and int(last[5:]) in os.sched_getaffinity(0)
+    assert len(json.loads((tmp_path / "p.json").read_text())["pick_passes"]) == 2

@@ -142,6 +142,13 @@ def sharing(alone_ms: float, with_ms: Dict[int, float], slow: float = SLOW) -> L
     return sorted(c for c, t in with_ms.items() if t > slow * alone_ms)
 
 
+def pick(passes: List[Dict[int, float]], n: int) -> List[int]:
+    """The ``n`` CPUs whose slowest pass was fastest (a CPU fast in one pass and slow in another ranks by its
+    slow pass), in order of that time."""
+    worst = {c: max(p[c] for p in passes) for c in passes[0]}
+    return sorted(worst, key=lambda c: (worst[c], c))[:n]
+
+
 def render(result: dict) -> str:
     lines = [f"# python {sys.version.split()[0]}, {result['logical']} logical CPUs, psutil physical: "
              f"{result['physical']}"]
@@ -171,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the numbers here")
     ap.add_argument("--reps", type=int, default=5, help="work repetitions per median")
     ap.add_argument("--bases", default="0", help="CPUs to run the pair test on, comma separated")
+    ap.add_argument("--pick", type=int, default=0,
+                    help="also time every CPU twice more and end with a line 'CPUS a,b,...': the N fastest")
     args = ap.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
     try:
@@ -183,8 +192,16 @@ def main(argv=None) -> int:
               "per_cpu": per_cpu(cpus, args.reps), "sleep_cpu": cpus[0],
               "after_sleep": after_sleep(cpus[0], args.reps),
               "pairs": {b: pairs(b, cpus, args.reps) for b in bases}}
+    if args.pick:
+        passes = [result["per_cpu"]] + [per_cpu(cpus, args.reps) for _ in range(2)]
+        result["pick_passes"] = passes[1:]
+        result["picked"] = pick(passes, args.pick)
     os.sched_setaffinity(0, set(cpus))
     print(render(result))
+    if args.pick:
+        print("picked over three passes (each CPU's slowest): " + ", ".join(
+            f"{c} {max(p[c] for p in passes):.2f} ms" for c in result["picked"]))
+        print("CPUS " + ",".join(map(str, result["picked"])))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)
