@@ -1,4 +1,5 @@
 """Glue of patch 0008 (fastverify.glue.verify_runtime) and the patched SGLang n-gram worker switching verify widths."""
+import contextlib
 import types
 
 import pytest
@@ -125,3 +126,53 @@ def test_patched_worker_switches_per_step(probe):
     assert s["draft"] == [90, 100, 110, 0, 0, 0, 0, 0, 10, 20, 30, 40, 50, 60, 70, 80]
     assert s["accept_lens"] == [3, 8]
     assert probe["stats"]["steps_by_width"] == {"1": 1, "4": 1, "8": 2}
+
+
+@pytest.mark.sglang
+def test_own_graph_pool_gives_a_capture_a_fresh_pool_and_puts_the_shared_one_back(monkeypatch):
+    """On the installed SGLang's pool helpers: inside, a runner that starts capturing makes a new pool (as the
+    plain server's first capture does); after, later captures share SGLang's pool again."""
+    pool = pytest.importorskip("sglang.srt.model_executor.runner_utils.pool")
+    shared = object()
+    made = []
+    device = types.SimpleNamespace(graph_pool_handle=lambda: made.append(object()) or made[-1])
+    pool.set_global_graph_memory_pool(shared)
+    try:
+        with vr.own_graph_pool():
+            assert pool.get_global_graph_memory_pool() is None
+            own = pool.get_or_create_global_graph_memory_pool(device)
+            assert own is made[0] and own is not shared
+            assert pool.get_or_create_global_graph_memory_pool(device) is own  # one pool for all its graphs
+        assert pool.get_global_graph_memory_pool() is shared
+        assert pool.get_or_create_global_graph_memory_pool(device) is shared and len(made) == 1
+        with pytest.raises(RuntimeError):
+            with vr.own_graph_pool():
+                raise RuntimeError("capture failed")
+        assert pool.get_global_graph_memory_pool() is shared  # put back on an error too
+    finally:
+        pool.set_global_graph_memory_pool(None)
+
+
+def test_own_graph_pool_only_for_the_plain_runtime_and_only_when_asked(monkeypatch):
+    entered = []
+
+    @contextlib.contextmanager
+    def fake_pool():
+        entered.append(True)
+        yield
+
+    monkeypatch.setattr(vr, "own_graph_pool", fake_pool)
+    monkeypatch.setattr(vr, "spec_settings", lambda mr, w: contextlib.nullcontext())
+    monkeypatch.setattr(vr, "plain_algorithm", lambda mr: contextlib.nullcontext())
+    mr = types.SimpleNamespace(decode_cuda_graph_runner=None, init_new_workspace=False,
+                               _get_attention_backend=lambda init_new_workspace: "backend")
+    worker = types.SimpleNamespace(model_runner=mr, device="cpu")
+    monkeypatch.delenv(vr.OWN_POOL_ENV, raising=False)
+    vr._build_one(worker, 1, plain=True)
+    assert entered == []
+    monkeypatch.setenv(vr.OWN_POOL_ENV, "1")
+    vr._build_one(worker, 1, plain=True)
+    assert entered == [True]
+    monkeypatch.setattr(vr, "_worker_views", lambda w, width: {})
+    vr._build_one(worker, 2)  # a verify width: the shared pool
+    assert entered == [True]

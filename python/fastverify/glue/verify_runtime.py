@@ -50,6 +50,7 @@ logger = logging.getLogger("fastverify.verify_runtime")
 
 SOURCE = "fastverify.verify_widths"
 PLAIN_FIRST_ENV = "FASTVERIFY_PLAIN_FIRST"  # "1": auto's plain decode graphs captured before the extra widths'
+OWN_POOL_ENV = "FASTVERIFY_PLAIN_OWN_POOL"  # "1": auto's plain decode graphs captured in a graph memory pool of their own
 # The n-gram worker's per-batch-size draft buffer views (lists indexed by bs) and how one request sizes them.
 VIEW_LISTS = (
     ("draft_tokens_batch", "draft_tokens", "w", False),
@@ -176,6 +177,22 @@ def _free_bytes(device) -> int:
 
 
 @contextlib.contextmanager
+def own_graph_pool(pool_module=None):
+    """While inside, SGLang's shared CUDA graph memory pool reads as not made yet, so a graph runner that starts
+    capturing makes a pool of its own (and keeps it); the shared pool is put back on exit. A plain decode graph
+    captured this way lays its buffers out in a fresh pool as the plain server's first capture does, instead of
+    after the verify graphs' buffers."""
+    if pool_module is None:
+        from sglang.srt.model_executor.runner_utils import pool as pool_module
+    saved = pool_module.get_global_graph_memory_pool()
+    pool_module.set_global_graph_memory_pool(None)
+    try:
+        yield
+    finally:
+        pool_module.set_global_graph_memory_pool(saved)
+
+
+@contextlib.contextmanager
 def plain_algorithm(model_runner, batch=None):
     """While inside, the model runner (and ``batch``, when given) read as not speculative: SGLang then builds,
     captures and runs the plain decode pass (one token per request, the decode graphs, the plain sampler)
@@ -202,7 +219,9 @@ def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
     mr = worker.model_runner
     base_runner = mr.decode_cuda_graph_runner
     tic, free0 = time.perf_counter(), _free_bytes(worker.device)
-    with spec_settings(mr, width), (plain_algorithm(mr) if plain else contextlib.nullcontext()):
+    own_pool = plain and os.environ.get(OWN_POOL_ENV) == "1"
+    with spec_settings(mr, width), (plain_algorithm(mr) if plain else contextlib.nullcontext()), \
+            (own_graph_pool() if own_pool else contextlib.nullcontext()):
         saved_flag = mr.init_new_workspace
         try:
             attn_backend = mr._get_attention_backend(init_new_workspace=True)
