@@ -153,7 +153,7 @@ def test_own_graph_pool_gives_a_capture_a_fresh_pool_and_puts_the_shared_one_bac
         pool.set_global_graph_memory_pool(None)
 
 
-def test_own_graph_pool_only_for_the_plain_runtime_and_only_when_asked(monkeypatch):
+def test_own_graph_pool_for_the_plain_runtime_unless_turned_off(monkeypatch):
     entered = []
 
     @contextlib.contextmanager
@@ -167,10 +167,10 @@ def test_own_graph_pool_only_for_the_plain_runtime_and_only_when_asked(monkeypat
     mr = types.SimpleNamespace(decode_cuda_graph_runner=None, init_new_workspace=False,
                                _get_attention_backend=lambda init_new_workspace: "backend")
     worker = types.SimpleNamespace(model_runner=mr, device="cpu")
-    monkeypatch.delenv(vr.OWN_POOL_ENV, raising=False)
+    monkeypatch.setenv(vr.OWN_POOL_ENV, "0")
     vr._build_one(worker, 1, plain=True)
     assert entered == []
-    monkeypatch.setenv(vr.OWN_POOL_ENV, "1")
+    monkeypatch.delenv(vr.OWN_POOL_ENV)  # the default
     vr._build_one(worker, 1, plain=True)
     assert entered == [True]
     monkeypatch.setattr(vr, "_worker_views", lambda w, width: {})

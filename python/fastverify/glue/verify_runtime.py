@@ -50,7 +50,10 @@ logger = logging.getLogger("fastverify.verify_runtime")
 
 SOURCE = "fastverify.verify_widths"
 PLAIN_FIRST_ENV = "FASTVERIFY_PLAIN_FIRST"  # "1": auto's plain decode graphs captured before the extra widths'
-OWN_POOL_ENV = "FASTVERIFY_PLAIN_OWN_POOL"  # "1": auto's plain decode graphs captured in a graph memory pool of their own
+# auto's plain decode graphs are captured in a graph memory pool of their own ("0": in SGLang's shared pool, after
+# the verify graphs). On 2x H200 the bs-1 plain step's forward then came within 4-13 us of the plain server's,
+# against 19-37 us over it in the shared pool (one GEMM; docs/eagle-fast-verify.md, run49-run52)
+OWN_POOL_ENV = "FASTVERIFY_PLAIN_OWN_POOL"
 # The n-gram worker's per-batch-size draft buffer views (lists indexed by bs) and how one request sizes them.
 VIEW_LISTS = (
     ("draft_tokens_batch", "draft_tokens", "w", False),
@@ -219,7 +222,7 @@ def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
     mr = worker.model_runner
     base_runner = mr.decode_cuda_graph_runner
     tic, free0 = time.perf_counter(), _free_bytes(worker.device)
-    own_pool = plain and os.environ.get(OWN_POOL_ENV) == "1"
+    own_pool = plain and os.environ.get(OWN_POOL_ENV, "1") != "0"
     with spec_settings(mr, width), (plain_algorithm(mr) if plain else contextlib.nullcontext()), \
             (own_graph_pool() if own_pool else contextlib.nullcontext()):
         saved_flag = mr.init_new_workspace
