@@ -1,6 +1,6 @@
 """Does auto verify meet its goal in a run of scripts/gpu/auto_check.sh? Reads the client JSONs, prints the verdict.
 
-    python benchmark/auto_verdict.py DIR [--json OUT] [--goal 0.98]
+    python benchmark/auto_verdict.py DIR [--json OUT] [--goal 0.98] [--auto m_auto]
 
 DIR holds the serving client's results named <server>_<load>_r<round>.json (m_plain_sampled_r1.json, ...), as
 auto_check.sh writes them. For every load (greedy = repetitive, sampled = non-repetitive) and concurrency it
@@ -8,7 +8,9 @@ takes each server's median output tok/s over its rounds (the range next to it) a
 speculation (m_plain) and with the best server of that column. The goal (issue: auto >= 0.98x the best mode on
 each load and never below no speculation) is judged per column: "met" only when auto's median is at least
 `--goal` times the best and at least no speculation's. Servers other than m_plain and m_auto (m_tree, m_chain,
-m_chain_w, m_auto_sync, ...) are listed and count as candidates for the best. A second server without
+m_chain_w, ...) are listed and count as candidates for the best; other auto servers (m_auto_sp, m_auto_pf,
+m_auto_sync: the same mode with other settings) are listed and do not. `--auto NAME` judges another of them as
+auto instead (m_auto then is listed as a variant). A second server without
 speculation (m_plain2, the same flags in another process) measures the floor of the comparison: the column
 then shows how far apart two identical servers are, and auto is held to the faster of them. No GPU: it reads
 files.
@@ -100,13 +102,13 @@ def paired_ratio(auto_reqs: list, plain_reqs: list) -> dict | None:
             "ttft_ms": round(statistics.fmean(ttft), 1) if ttft else None}
 
 
-def paired(folder: Path) -> dict:
-    """{(load, concurrency): {round: paired_ratio}} for every round in which both m_auto and m_plain ran."""
+def paired(folder: Path, auto: str = AUTO) -> dict:
+    """{(load, concurrency): {round: paired_ratio}} for every round in which both ``auto`` and m_plain ran."""
     out: dict = {}
     files = result_files(folder)
     for (server, load, rnd), path in sorted(files.items()):
         other = files.get((PLAIN, load, rnd))
-        if server != AUTO or other is None:
+        if server != auto or other is None:
             continue
         a, p = _requests(path), _requests(other)
         for conc in sorted(set(a) & set(p)):
@@ -116,22 +118,32 @@ def paired(folder: Path) -> dict:
     return out
 
 
-def verdict(found: dict, goal: float = 0.98) -> list:
-    """One row per (load, concurrency): medians and ranges per server, auto's ratios and whether the goal holds."""
+def is_variant(server: str, auto: str) -> bool:
+    """Another auto server than the one judged (m_auto_sp, m_auto_pf, ... or m_auto itself when another is
+    judged): the same mode with other settings, listed but not a competitor for the best."""
+    return server != auto and server.startswith(AUTO)
+
+
+def verdict(found: dict, goal: float = 0.98, auto: str = AUTO) -> list:
+    """One row per (load, concurrency): medians and ranges per server, ``auto``'s ratios and whether the goal
+    holds (against the best of the other servers, auto variants left out)."""
     rows = []
     for (load, conc), servers in sorted(found.items()):
         med = {s: statistics.median(v) for s, v in servers.items()}
-        best = max(med, key=med.get)
+        best = max((s for s in med if not is_variant(s, auto)), key=med.get, default=None)
+        if best is None:
+            continue
         row = {"load": load, "concurrency": conc, "servers": {
             s: {"median": round(med[s], 1), "min": round(min(v), 1), "max": round(max(v), 1), "rounds": len(v)}
-            for s, v in sorted(servers.items())}, "best": best}
+            for s, v in sorted(servers.items())}, "best": best, "auto": auto,
+            "variants": sorted(s for s in med if is_variant(s, auto))}
         plains = [s for s in med if PLAINS.match(s)]
         if len(plains) > 1:  # identical servers: how far apart two processes of the same flags land
             row["plain_spread"] = round(min(med[s] for s in plains) / max(med[s] for s in plains), 3)
-        if AUTO in med:
-            row["auto_vs_best"] = round(med[AUTO] / med[best], 3)
+        if auto in med:
+            row["auto_vs_best"] = round(med[auto] / med[best], 3)
             plain = max(plains, key=med.get) if plains else None
-            row["auto_vs_plain"] = round(med[AUTO] / med[plain], 3) if plain else None
+            row["auto_vs_plain"] = round(med[auto] / med[plain], 3) if plain else None
             row["met"] = row["auto_vs_best"] >= goal and (row["auto_vs_plain"] is None or row["auto_vs_plain"] >= 1.0)
         rows.append(row)
     return rows
@@ -142,13 +154,15 @@ def format_rows(rows: list, goal: float) -> str:
     for r in rows:
         out.append(f"{LOADS.get(r['load'], r['load'])}, c={r['concurrency']}: best {r['best']}")
         for s, v in r["servers"].items():
-            out.append(f"  {s:14s} {v['median']:9.1f} tok/s  [{v['min']:.1f} .. {v['max']:.1f}, {v['rounds']} round(s)]")
+            tag = "  (auto, other settings: not a competitor)" if s in r.get("variants", ()) else ""
+            out.append(f"  {s:14s} {v['median']:9.1f} tok/s  [{v['min']:.1f} .. {v['max']:.1f}, {v['rounds']} "
+                       f"round(s)]{tag}")
         if "plain_spread" in r:
             out.append(f"  servers without speculation: the slower at {r['plain_spread']:.3f}x the faster "
                        "(the noise floor between identical processes)")
         if "met" in r:
             plain = "-" if r["auto_vs_plain"] is None else f"{r['auto_vs_plain']:.3f}"
-            out.append(f"  auto: {r['auto_vs_best']:.3f}x the best, {plain}x no speculation -> goal "
+            out.append(f"  auto ({r['auto']}): {r['auto_vs_best']:.3f}x the best, {plain}x no speculation -> goal "
                        f"(>= {goal}x best, >= 1x no speculation) {'MET' if r['met'] else 'NOT MET'}")
         for rnd, v in (r.get("paired") or {}).items():
             extra = ", ".join(x for x in (
@@ -165,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("folder", type=Path, help="a run's folder of <server>_<load>_r<round>.json files")
     ap.add_argument("--goal", type=float, default=0.98, help="auto's required share of the best server (0.98)")
     ap.add_argument("--json", dest="json_out", type=Path, default=None, help="write the rows as JSON here")
+    ap.add_argument("--auto", default=AUTO, help="the server judged as auto (default m_auto; e.g. m_auto_sp); "
+                    "the other m_auto* servers are listed, not counted for the best")
     args = ap.parse_args(argv)
     if not args.folder.is_dir():
         print(f"error: {args.folder}: not a folder", file=sys.stderr)
@@ -173,8 +189,8 @@ def main(argv=None) -> int:
     if not found:
         print(f"error: {args.folder}: no <server>_<load>_r<round>.json client results", file=sys.stderr)
         return 2
-    rows = verdict(found, args.goal)
-    pairs = paired(args.folder)
+    rows = verdict(found, args.goal, args.auto)
+    pairs = paired(args.folder, args.auto)
     for r in rows:
         if (r["load"], r["concurrency"]) in pairs:
             r["paired"] = pairs[(r["load"], r["concurrency"])]

@@ -126,3 +126,24 @@ def test_paired_on_recorded_runs():
     after = av.paired(RUNS / "run42")
     assert [after[("sampled", c)][r]["side"] for c in (1, 4) for r in ("r1", "r2")] == ["level"] * 4
     assert after[("greedy", 1)]["r1"]["side"] == "above"
+
+
+def test_other_auto_servers_are_listed_but_not_competitors():
+    """run51: m_auto (plain decode graphs in SGLang's shared pool) and m_auto_op (in their own pool) on one
+    machine. Judging either, the other is the same mode with other settings, not a rival for the best."""
+    rows = _rows(RUNS / "run51")
+    rep = rows[("greedy", 1)]  # m_auto_op was faster here (964.8 against 904.9 tok/s)
+    assert rep["best"] == "m_auto" and rep["met"] and rep["variants"] == ["m_auto_op"]
+    op = {(r["load"], r["concurrency"]): r for r in av.verdict(av.collect(RUNS / "run51"), auto="m_auto_op")}
+    assert op[("greedy", 1)]["best"] == "m_auto_op" and op[("greedy", 1)]["variants"] == ["m_auto"]
+    assert op[("sampled", 1)]["auto_vs_plain"] == pytest.approx(209.2 / 209.7, abs=1e-3)
+    assert op[("sampled", 4)]["met"] and not rows[("sampled", 4)]["met"]
+    assert av.paired(RUNS / "run51", auto="m_auto_op")[("sampled", 1)]["r1"]["side"] == "level"
+    assert av.paired(RUNS / "run51")[("sampled", 1)]["r1"]["side"] == "below"
+
+
+def test_auto_flag_in_the_cli(capsys):
+    assert av.main([str(RUNS / "run52"), "--auto", "m_auto_op"]) == 0
+    text = capsys.readouterr().out
+    assert "auto (m_auto_op): 0.998x the best, 0.998x no speculation" in text
+    assert "goal met in 2 of 4 columns" in text
