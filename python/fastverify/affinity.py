@@ -1,7 +1,7 @@
 """Pin each SGLang scheduler thread to a CPU of your choosing.
 
 On a virtual machine the CPUs the guest sees are not equal. On the 2x H200 machine the same piece of Python
-work took 7 ms on some CPUs and 14-17 ms on others, and a CPU could change from one to the other within
+work took 6-8 ms on some CPUs and 13-17 ms on others, and a CPU could change from one to the other within
 seconds (``scripts/gpu/cpu_probe.py``). A TP rank's scheduler thread runs wherever the kernel put it, so the
 host side of a step (all of an eager prefill's launch, the part of a decode step not hidden behind the GPU)
 runs up to twice as long in one server process as in another. SGLang's ``SGLANG_SET_CPU_AFFINITY`` binds
