@@ -4,7 +4,8 @@
 #
 #   bash scripts/gpu/auto_check.sh DIR       from the repository root on the GPU machine
 #   DIR as for timing_check.sh (site, overlay, jitcache, serving.py, models/dummy-7168, optional py-spy wheel).
-#   Results: $OUT/auto.tar.xz (logs, client JSON and tables, /metrics, identity checks, the goal verdict of
+#   Results: $OUT/auto.tar.xz (logs, client JSON and tables, /metrics, identity checks, the host's CPUs before
+#   the servers started (cpu_probe.txt), the goal verdict of
 #   benchmark/auto_verdict.py, profiles, microbenchmark) and $OUT/summary.txt.
 #
 # 1. Modes: no speculation, tree, chain, chain + widths 1,2,4,8 and auto on a 2-layer random-weight model

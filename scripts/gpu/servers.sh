@@ -42,7 +42,10 @@ prepare_machine() {  # multicast off, bundle unpacked, py-spy (if its wheel is i
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'
     env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
-  log "unpacked; py-spy: ${SPY:-none}; commit $(cat "$D/commit.txt" 2>/dev/null || echo unknown)"
+  # the host's CPUs before any server starts (their speed varies by CPU and over seconds on a shared host:
+  # scripts/gpu/cpu_probe.py), so that each run's host-side numbers can be read against the host it had
+  python3 scripts/gpu/cpu_probe.py --bases "" --reps 3 --json "$W/cpu_probe.json" > "$W/cpu_probe.txt" 2>&1
+  log "unpacked; py-spy: ${SPY:-none}; commit $(cat "$D/commit.txt" 2>/dev/null || echo unknown); $(grep '^work alone' "$W/cpu_probe.txt")"
 }
 
 launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" lines; SRV_ENV_<name>="K=V ..."
