@@ -1,0 +1,202 @@
+"""Pass-cost profiles: what one forward pass of N tokens costs on a deployment, as data.
+
+A profile says how many all-reduces one pass of the target model makes, what one all-reduce costs (us) at each
+token count of the pass, and optionally the compute of the pass (ms) at each token count:
+
+    pass_ms(n) = allreduces_per_pass * allreduce_us(n) / 1000 + compute_ms(n)
+
+The same files feed the offline tools (`fastverify advise`, `fastverify sim`, `fastverify replay`) and the pass-cost
+emulator of the patched server, so a prediction and an emulated server are compared on one set of numbers.
+
+File format (JSON; keys of the point maps are token counts, values positive numbers):
+
+    {"name": "...", "source": ["where each number comes from", ...], "derivation": "how the curve is built",
+     "allreduces_per_pass": 122,
+     "allreduce_us": {"1": 59.0, "4": 205.0, "8": 230.0},
+     "compute_ms": {"1": 5.0, "64": 5.0}}            (optional; without it the profile is communication only)
+
+Between two given token counts a value is interpolated linearly; below the smallest it is the smallest's value;
+above the largest it is extrapolated with the slope of the last two points (never below the last value), and
+`extrapolated(n)` says so. Built-in profiles live in fastverify/data/profiles/ and are named without ".json".
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+PROFILE_DIR = Path(__file__).resolve().parent / "data" / "profiles"
+
+
+class PassCostError(ValueError):
+    """A pass-cost profile that cannot be read; the message names the file and the field."""
+
+
+def _interp(pts: tuple, x: float) -> float:
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if len(pts) == 1:
+        return pts[0][1]
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    return max(y1, y1 + (y1 - y0) * (x - x1) / (x1 - x0))
+
+
+def _points(obj, key: str, source: str) -> tuple:
+    if not isinstance(obj, Mapping) or not obj:
+        raise PassCostError(f"{source}: '{key}' must be a non-empty object of token count -> number "
+                            f"(e.g. {{\"1\": 59.0, \"8\": 230.0}})")
+    pts = []
+    for k, v in obj.items():
+        try:
+            n = int(k)
+        except (TypeError, ValueError):
+            raise PassCostError(f"{source}: '{key}' has key {k!r}; keys are token counts (integers >= 1)") from None
+        if n < 1 or str(n) != str(k).strip():
+            raise PassCostError(f"{source}: '{key}' has key {k!r}; keys are token counts (integers >= 1)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise PassCostError(f"{source}: '{key}'[{k}] = {v!r}; values are finite numbers >= 0")
+        pts.append((n, float(v)))
+    return tuple(sorted(pts))
+
+
+@dataclass(frozen=True)
+class PassCostProfile:
+    name: str
+    allreduces_per_pass: int
+    allreduce_us: tuple  # ((tokens, us per all-reduce), ...) sorted by tokens
+    compute_ms: tuple = ()  # ((tokens, ms per pass), ...); empty: communication only
+    source: tuple = ()  # citations, one string each
+    derivation: str = ""
+    path: str = ""  # the file it came from ("" when built in code)
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def has_compute(self) -> bool:
+        return bool(self.compute_ms)
+
+    def ar_us(self, tokens: int) -> float:
+        """Cost of one all-reduce of a pass of `tokens` tokens, in us."""
+        return _interp(self.allreduce_us, tokens)
+
+    def comm_ms(self, tokens: int) -> float:
+        """All-reduce time of one pass of `tokens` tokens, in ms."""
+        return self.allreduces_per_pass * self.ar_us(tokens) / 1000.0
+
+    def compute_pass_ms(self, tokens: int) -> float:
+        return _interp(self.compute_ms, tokens) if self.compute_ms else 0.0
+
+    def pass_ms(self, tokens: int, compute: bool = True) -> float:
+        """One forward pass of `tokens` tokens: communication, plus compute when the profile has it and
+        `compute` is true."""
+        return self.comm_ms(tokens) + (self.compute_pass_ms(tokens) if compute else 0.0)
+
+    def extrapolated(self, tokens: int) -> bool:
+        top = self.allreduce_us[-1][0]
+        if self.compute_ms:
+            top = min(top, self.compute_ms[-1][0])
+        return tokens > top
+
+    def with_allreduce_us(self, us: float) -> "PassCostProfile":
+        """The same profile with one flat per-call all-reduce cost (what-if sweeps)."""
+        return PassCostProfile(f"{self.name}@{us:g}us", self.allreduces_per_pass, ((1, float(us)),),
+                               self.compute_ms, self.source, f"flat {us:g} us per all-reduce", self.path, self.meta)
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "source": list(self.source), "derivation": self.derivation,
+               "allreduces_per_pass": self.allreduces_per_pass,
+               "allreduce_us": {str(n): v for n, v in self.allreduce_us}}
+        if self.compute_ms:
+            out["compute_ms"] = {str(n): v for n, v in self.compute_ms}
+        return out
+
+
+def parse_profile(obj, source: str = "<profile>") -> PassCostProfile:
+    if not isinstance(obj, Mapping):
+        raise PassCostError(f"{source}: expected a JSON object with 'allreduces_per_pass' and 'allreduce_us'")
+    for key in ("allreduces_per_pass", "allreduce_us"):
+        if key not in obj:
+            raise PassCostError(f"{source}: missing key '{key}' (format: {{\"allreduces_per_pass\": 122, "
+                                f"\"allreduce_us\": {{\"1\": 59.0, \"8\": 230.0}}, \"compute_ms\": {{\"1\": 5.0}}}})")
+    n = obj["allreduces_per_pass"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise PassCostError(f"{source}: 'allreduces_per_pass' = {n!r}; expected an integer >= 0")
+    compute = _points(obj["compute_ms"], "compute_ms", source) if obj.get("compute_ms") is not None else ()
+    src = obj.get("source", ())
+    src = (src,) if isinstance(src, str) else tuple(str(s) for s in src)
+    known = {"name", "source", "derivation", "allreduces_per_pass", "allreduce_us", "compute_ms"}
+    return PassCostProfile(str(obj.get("name") or Path(source).stem), n, _points(obj["allreduce_us"], "allreduce_us",
+                           source), compute, src, str(obj.get("derivation", "")), source,
+                           {k: v for k, v in obj.items() if k not in known})
+
+
+def builtin_names() -> list:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str, flag: str = "--profile") -> PassCostProfile:
+    """A profile by built-in name (fastverify/data/profiles/NAME.json) or from a file path. A
+    `fastverify bench allreduce --json` result is read too (`PATH#backend` picks its backend)."""
+    text = str(name_or_path)
+    path_part, _, backend = text.partition("#")
+    p = Path(path_part)
+    if not p.is_file():
+        if (PROFILE_DIR / f"{text}.json").is_file():
+            p, backend = PROFILE_DIR / f"{text}.json", ""
+        else:
+            raise PassCostError(f"{flag} {text}: no such file and no built-in profile of that name "
+                                f"(built in: {', '.join(builtin_names()) or 'none'})")
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as e:
+        raise PassCostError(f"{flag} {p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except OSError as e:
+        raise PassCostError(f"{flag} {p}: cannot be read ({e.strerror})") from None
+    if isinstance(obj, Mapping) and isinstance(obj.get("summary"), Mapping) and "rows" in obj["summary"]:
+        return from_microbenchmark(obj, f"{flag} {p}", backend or None)
+    return parse_profile(obj, f"{flag} {p}")
+
+
+def from_microbenchmark(obj: Mapping, source: str, backend: Optional[str] = None,
+                        with_compute: bool = True) -> PassCostProfile:
+    """A profile from `fastverify bench allreduce --json`: per-call all-reduce time in a CUDA graph
+    (`ar_graph_us`) per token count of one backend, the plan's all-reduces per pass, and the compute column
+    (`compute_us`, measured once per token count, found on the NCCL rows)."""
+    rows = [r for r in obj["summary"]["rows"] if isinstance(r, Mapping) and not r.get("error")]
+    backends = sorted({str(r.get("backend")) for r in rows if r.get("ar_graph_us")})
+    if not backends:
+        raise PassCostError(f"{source}: the microbenchmark result has no rows with a per-call time (ar_graph_us)")
+    if backend is None:
+        backend = "nccl" if "nccl" in backends else backends[0]
+    if backend not in backends:
+        raise PassCostError(f"{source}: backend {backend!r} not in the file; allowed: {', '.join(backends)} "
+                            f"(name one as PATH#backend)")
+    ar = {int(r["tokens"]): float(r["ar_graph_us"]) for r in rows
+          if r.get("backend") == backend and r.get("ar_graph_us")}
+    compute = {}
+    if with_compute:
+        compute = {int(r["tokens"]): float(r["compute_us"]) / 1000.0 for r in rows if r.get("compute_us")}
+    plan = obj.get("plan") or {}
+    n = int(plan.get("allreduces_per_pass") or 0)
+    if n <= 0:
+        raise PassCostError(f"{source}: the result's plan does not say how many all-reduces a pass makes")
+    env = obj.get("env") or {}
+    cite = (f"fastverify bench allreduce --json {source.split()[-1]} (backend {backend}; "
+            f"{', '.join(env.get('gpus', [])) or 'GPUs not recorded'}; {env.get('date_utc', 'date not recorded')})")
+    return PassCostProfile(f"{Path(source.split()[-1]).stem}#{backend}", n, tuple(sorted(ar.items())),
+                           tuple(sorted(compute.items())), (cite,), "measured: medians in CUDA graphs", source)
+
+
+def describe(profile: PassCostProfile, tokens: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> str:
+    """A fixed-width table of the profile: us per all-reduce, comm ms, compute ms and pass ms per token count."""
+    lines = [f"# profile {profile.name}: {profile.allreduces_per_pass} all-reduces per pass"
+             + ("" if profile.has_compute else " (communication only)")]
+    lines.append(f"{'tokens':>7} {'us/all-reduce':>14} {'comm ms':>9} {'compute ms':>11} {'pass ms':>9}")
+    for t in tokens:
+        lines.append(f"{t:>7} {profile.ar_us(t):>14.1f} {profile.comm_ms(t):>9.2f} {profile.compute_pass_ms(t):>11.2f}"
+                     f" {profile.pass_ms(t):>9.2f}" + ("  (extrapolated)" if profile.extrapolated(t) else ""))
+    return "\n".join(lines)
