@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STUBS = ROOT / "tests" / "stubs"
 if str(STUBS) not in sys.path:
     sys.path.append(str(STUBS))
+# the lab's tools (lab/README.md), tested under tests/lab/, import by their file names
+for _lab in (ROOT / "lab", ROOT / "lab" / "gpu", ROOT / "lab" / "steptrace"):
+    if str(_lab) not in sys.path:
+        sys.path.append(str(_lab))
 
 os.environ.setdefault("TVM_FFI_CACHE_DIR", str(ROOT / ".cache" / "tvm-ffi"))
 os.environ.setdefault("SGLANG_JIT_CACHE_DIR", str(ROOT / ".cache" / "sglang-jit"))

@@ -400,8 +400,7 @@ def test_kernels_match_the_reference_on_the_gpu():
 
 
 def test_launch_benchmark_refuses_bad_arguments_and_a_machine_without_gpu(capsys):
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    import plain_step_launch
+    import plain_step_launch  # lab/ is on sys.path (tests/conftest.py)
 
     with pytest.raises(SystemExit) as e:
         plain_step_launch.main(["--bs", "1,x"])

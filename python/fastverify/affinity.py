@@ -2,7 +2,7 @@
 
 On a virtual machine the CPUs the guest sees are not equal. On the 2x H200 machine the same piece of Python
 work took 6-8 ms on some CPUs and 13-17 ms on others, and a CPU could change from one to the other within
-seconds (``scripts/gpu/cpu_probe.py``). A TP rank's scheduler thread runs wherever the kernel put it, so the
+seconds (``lab/gpu/cpu_probe.py``). A TP rank's scheduler thread runs wherever the kernel put it, so the
 host side of a step (all of an eager prefill's launch, the part of a decode step not hidden behind the GPU)
 runs up to twice as long in one server process as in another. SGLang's ``SGLANG_SET_CPU_AFFINITY`` binds
 each rank to a block of CPUs; that does not say which CPU of the block.
@@ -12,7 +12,7 @@ CUDA device) to CPU ``cpus[i % len(cpus)]``, as its event loop starts. Only that
 process started before (NCCL's, the n-gram corpus' worker, torch's) keep the process's CPUs, so they do not
 queue behind it. Threads the scheduler thread starts later inherit its CPU.
 
-Turned on like the step trace: ``scripts/gpu/steptrace/sitecustomize.py`` installs the import hook when the
+Turned on like the step trace: ``lab/steptrace/sitecustomize.py`` installs the import hook when the
 variable is set and its folder is on ``PYTHONPATH``. Linux only (``sched_setaffinity`` of the calling thread).
 """
 
@@ -92,7 +92,7 @@ def install_import_hook(env=None) -> bool:
     True if installed. A malformed value raises at once (before SGLang starts)."""
     import sys
 
-    from fastverify.steptrace import _AfterImport
+    from steptrace import _AfterImport  # lab/steptrace/, on PYTHONPATH with sitecustomize.py
 
     env = os.environ if env is None else env
     text = env.get(ENV)

@@ -175,7 +175,7 @@ stage_repatch() {
   stage_prebuild "$P"
   mkdir -p "$OV/flashinfer/data"; cp -r "$BUILD/aot" "$OV/flashinfer/data/aot"
   # every server command line of run_e2e.sh must parse with the patched SGLang
-  HOME=/nonexistent bash "$HERE/run_e2e.sh" --print-commands | PYTHONPATH="$ROOT/python:$ROOT/tests/stubs" \
+  HOME=/nonexistent bash "$ROOT/lab/gpu/run_e2e.sh" --print-commands | PYTHONPATH="$ROOT/python:$ROOT/tests/stubs" \
       "${PREBUILD_PY:-$ROOT/.venv-$VER/bin/python}" "$HERE/check_args.py" "$P" 2>/dev/null | sed 's/^/  args /'
   (cd "$OV" && tar -cf - .) | xz -6 -T0 > "$DEST/overlay.tar.xz"
   (cd "$BUILD/jitcache" && tar -cf - $(find . -name '*.so' | sort)) | xz -6 -T0 > "$DEST/jitcache.tar.xz"
@@ -213,7 +213,7 @@ stage_pack() {
 # the small, often-changing part of the bundle: run scripts, client, model configs
 stage_small() {
   mkdir -p "$DEST/models"
-  cp "$HERE"/run_e2e.sh "$HERE"/device_env.sh "$HERE"/stage_chunks.py "$HERE"/convert_smollm2.py "$DEST/"
+  cp "$ROOT"/lab/gpu/run_e2e.sh "$HERE"/device_env.sh "$HERE"/stage_chunks.py "$HERE"/convert_smollm2.py "$DEST/"
   cp "$ROOT/benchmark/serving.py" "$DEST/"
   for m in smollm2-135m-tp1 smollm2-135m-tp2; do
     rm -rf "$DEST/models/$m"; mkdir -p "$DEST/models/$m"

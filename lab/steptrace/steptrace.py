@@ -30,11 +30,11 @@ reads per iteration, no device synchronisation of its own):
 Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended whenever
 the scheduler goes idle (no step in flight to delay) and, while it never does, in blocks of ``FLUSH_EVERY``
 records (writing 512 records took a step ~10 ms, so blocks are rare: about one per 8000 decode steps). A
-server killed mid-load loses what it recorded since it last went idle. ``benchmark/step_trace.py`` turns the
+server killed mid-load loses what it recorded since it last went idle. ``lab/step_trace.py`` turns the
 files into per-step statistics.
 
 Turned on by ``FASTVERIFY_STEP_TRACE=DIR`` in a process that imports SGLang's scheduler after
-``install_import_hook()`` ran (``scripts/gpu/steptrace/sitecustomize.py`` does it at interpreter start, when
+``install_import_hook()`` ran (``lab/steptrace/sitecustomize.py`` does it at interpreter start, when
 its folder is on ``PYTHONPATH``). Nothing in the patch series depends on it.
 """
 

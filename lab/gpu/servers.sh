@@ -43,8 +43,8 @@ prepare_machine() {  # multicast off, bundle unpacked, py-spy (if its wheel is i
     python3 -c 'import torch,sglang;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), sglang.__version__)'
     env | grep -E '^(NCCL|TORCH)' | sort; } > "$W/env.txt" 2>&1
   # the host's CPUs before any server starts (their speed varies by CPU and over seconds on a shared host:
-  # scripts/gpu/cpu_probe.py), so that each run's host-side numbers can be read against the host it had
-  python3 scripts/gpu/cpu_probe.py --bases "" --reps 3 --json "$W/cpu_probe.json" > "$W/cpu_probe.txt" 2>&1
+  # lab/gpu/cpu_probe.py), so that each run's host-side numbers can be read against the host it had
+  python3 lab/gpu/cpu_probe.py --bases "" --reps 3 --json "$W/cpu_probe.json" > "$W/cpu_probe.txt" 2>&1
   log "unpacked; py-spy: ${SPY:-none}; commit $(cat "$D/commit.txt" 2>/dev/null || echo unknown); $(grep '^work alone' "$W/cpu_probe.txt")"
 }
 
@@ -55,14 +55,14 @@ launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" li
     [ -z "$name" ] && continue
     cp -r "$HOME/jitcache" "$HOME/jit-$name"
     envv="SRV_ENV_$name"
-    trace=""  # STEPTRACE=1: every scheduler iteration recorded under $W/steps-NAME (benchmark/step_trace.py)
-    [ "${STEPTRACE:-0}" = 1 ] && trace="FASTVERIFY_STEP_TRACE=$W/steps-$name PYTHONPATH=$PWD/scripts/gpu/steptrace:$PYTHONPATH"
+    trace=""  # STEPTRACE=1: every scheduler iteration recorded under $W/steps-NAME (lab/step_trace.py)
+    [ "${STEPTRACE:-0}" = 1 ] && trace="FASTVERIFY_STEP_TRACE=$W/steps-$name PYTHONPATH=$PWD/lab/steptrace:$PYTHONPATH"
     # STEPTRACE_GPU=1 (with STEPTRACE=1): each step's device span and the forward stream's idle gap after it
     [ -n "$trace" ] && [ "${STEPTRACE_GPU:-0}" = 1 ] && trace="$trace FASTVERIFY_STEP_TRACE_GPU=1"
     # SCHED_CPUS=a,b: the scheduler thread of the rank on GPU i pinned to the i-th CPU (python/fastverify/affinity.py;
     # every server the same CPUs: one server runs a load at a time)
     if [ -n "${SCHED_CPUS:-}" ]; then
-      [ -z "$trace" ] && trace="PYTHONPATH=$PWD/scripts/gpu/steptrace:$PYTHONPATH"
+      [ -z "$trace" ] && trace="PYTHONPATH=$PWD/lab/steptrace:$PYTHONPATH"
       trace="$trace FASTVERIFY_SCHED_CPUS=$SCHED_CPUS"
     fi
     TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env $trace ${SRV_ENV_ALL:-} ${!envv:-} python3 -m sglang.launch_server $common \

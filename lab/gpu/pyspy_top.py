@@ -1,6 +1,6 @@
 """Summarise a py-spy raw profile (`py-spy record --format raw`): each function's inclusive and self share.
 
-    python scripts/gpu/pyspy_top.py PROFILE.txt [--top 40]
+    python lab/gpu/pyspy_top.py PROFILE.txt [--top 40]
 
 A raw profile has one line per distinct stack, "frame;frame;...;frame COUNT". A function's inclusive share is
 the fraction of samples whose stack contains it (counted once per stack), its self share the fraction where it

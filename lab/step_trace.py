@@ -1,6 +1,6 @@
 """Per-step statistics of SGLang's scheduler loop, from the traces of ``FASTVERIFY_STEP_TRACE``.
 
-``python/fastverify/steptrace.py`` records every iteration of a server's scheduler (the host launching a
+``lab/steptrace/steptrace.py`` records every iteration of a server's scheduler (the host launching a
 step, the host processing the last step's result and how long it waited there for the GPU, garbage
 collections). This turns a server's records into per-step numbers, the distribution and not only the mean:
 
@@ -24,7 +24,7 @@ time depends on the batch size, its sampler's host and GPU time on whether the b
 servers' loads mix them in different shares: an auto server speculates on a greedy repetitive load and runs
 plain steps on a sampled one, so its plain steps are compared with the plain server's sampled ones).
 
-  python benchmark/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
+  python lab/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
 
 `--segments` lists each trace's busy stretches (one per load a client ran), `--segment [LABEL:]I` keeps one of
 them, so that two servers are compared on the same load. Decode steps longer than `--long-ms` (50) are listed
@@ -47,10 +47,10 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 import common  # noqa: E402
 
-SCRIPT = "benchmark/step_trace.py"
+SCRIPT = "lab/step_trace.py"
 PAUSE_S = 0.5  # a longer period between two launches is a pause between requests, not a step
 LATE_S = 0.0002  # a step whose host waited less than this for the GPU had the host as its bottleneck
 DECODE_MODES = ("DECODE", "TARGET_VERIFY", "IDLE")

@@ -1,16 +1,10 @@
-"""benchmark/gpu_timeline.py on made-up torch-profiler traces whose step anatomy is known by construction."""
+"""lab/gpu_timeline.py on made-up torch-profiler traces whose step anatomy is known by construction."""
 
 import gzip
 import json
-import sys
-from pathlib import Path
 
+import gpu_timeline  # lab/ is on sys.path (tests/conftest.py)
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmark"))
-
-import gpu_timeline  # noqa: E402
 
 
 class Trace:
@@ -129,7 +123,7 @@ def test_cli_reads_gzip_compares_and_writes_json(tmp_path, capsys):
     assert around.split()[1:] == ["15.0", "55.0", "(+40.0)"]
     data = json.loads(out.read_text())
     assert data["results"]["auto"]["ops_by_name"]["gather_kernel"]["per_step"] == pytest.approx(2.0)
-    assert data["repro_command"].startswith("python benchmark/gpu_timeline.py plain=")
+    assert data["repro_command"].startswith("python lab/gpu_timeline.py plain=")
     assert data["repro_command"].endswith(f"--json {out}")
 
 

@@ -1,7 +1,7 @@
 """Host time of the auto mode's plain-step tensor work per call: the torch ops, Triton's JIT entry, and the
 compiled kernel launched directly (glue/plain_step.py).
 
-    python benchmark/plain_step_launch.py [--bs 1,4] [--k 8] [--calls 400] [--repeats 7] [--json OUT]
+    python lab/plain_step_launch.py [--bs 1,4] [--k 8] [--calls 400] [--repeats 7] [--json OUT]
 
 At a GPU-bound decode step the host's time per step is the margin that keeps the GPU fed; in auto mode each
 plain step calls ``plain_inputs`` before its forward and ``plain_outputs`` after it. This times each on the
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmark"))
 from common import (NoGpuError, collect_env, exit_no_gpu, format_preamble, format_table,  # noqa: E402
                     repro_command, write_json)
 
-SCRIPT = "benchmark/plain_step_launch.py"
+SCRIPT = "lab/plain_step_launch.py"
 PATHS = ("torch", "jit", "direct")  # the reference's torch ops; Triton's JIT entry; the compiled kernel
 
 

@@ -1,4 +1,4 @@
-"""scripts/gpu/cpu_probe.py: topology read from a made-up sysfs tree, the pair verdict, and a real short run."""
+"""lab/gpu/cpu_probe.py: topology read from a made-up sysfs tree, the pair verdict, and a real short run."""
 import importlib.util
 import json
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu" / "cpu_probe.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "gpu" / "cpu_probe.py"
 spec = importlib.util.spec_from_file_location("cpu_probe", SCRIPT)
 cpu_probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cpu_probe)

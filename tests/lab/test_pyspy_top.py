@@ -1,9 +1,9 @@
-"""scripts/gpu/pyspy_top.py: inclusive and self shares from a raw py-spy profile."""
+"""lab/gpu/pyspy_top.py: inclusive and self shares from a raw py-spy profile."""
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("pyspy_top", ROOT / "scripts" / "gpu" / "pyspy_top.py")
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("pyspy_top", ROOT / "lab" / "gpu" / "pyspy_top.py")
 pyspy_top = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pyspy_top)
 

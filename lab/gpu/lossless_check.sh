@@ -1,7 +1,7 @@
 #!/bin/bash
 # Greedy-identity check of every verify mode of the patched SGLang 0.5.16, TP=2, in one GPU-machine command.
 #
-#   bash scripts/gpu/lossless_check.sh DIR        DIR holds site.tar.xz (build_bundle.sh), overlay.tar.xz and
+#   bash lab/gpu/lossless_check.sh DIR        DIR holds site.tar.xz (build_bundle.sh), overlay.tar.xz and
 #                                                  jitcache.tar.xz (--repatch), serving.py, and a model folder
 #                                                  tiny-random/ (make_random_model.py); results go to $OUT.
 #

@@ -1,6 +1,6 @@
-"""Does auto verify meet its goal in a run of scripts/gpu/auto_check.sh? Reads the client JSONs, prints the verdict.
+"""Does auto verify meet its goal in a run of lab/gpu/auto_check.sh? Reads the client JSONs, prints the verdict.
 
-    python benchmark/auto_verdict.py DIR [--json OUT] [--goal 0.98] [--auto m_auto]
+    python lab/auto_verdict.py DIR [--json OUT] [--goal 0.98] [--auto m_auto]
 
 DIR holds the serving client's results named <server>_<load>_r<round>.json (m_plain_sampled_r1.json, ...), as
 auto_check.sh writes them. For every load (greedy = repetitive, sampled = non-repetitive) and concurrency it

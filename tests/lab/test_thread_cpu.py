@@ -1,4 +1,4 @@
-"""scripts/gpu/thread_cpu.py: per-thread CPU use read from /proc (Linux), checked against a thread that spins."""
+"""lab/gpu/thread_cpu.py: per-thread CPU use read from /proc (Linux), checked against a thread that spins."""
 import importlib.util
 import os
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu" / "thread_cpu.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "gpu" / "thread_cpu.py"
 spec = importlib.util.spec_from_file_location("thread_cpu", SCRIPT)
 thread_cpu = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(thread_cpu)

@@ -1,7 +1,7 @@
 """The host's CPUs as a scheduler thread sees them: topology, speed per CPU, speed right after an idle sleep,
 and which CPUs slow each other down when both are busy.
 
-    python3 scripts/gpu/cpu_probe.py [--json FILE] [--reps 5] [--bases 0,16]
+    python3 lab/gpu/cpu_probe.py [--json FILE] [--reps 5] [--bases 0,16]
 
 An eager prefill of a 24-layer model is launched by one Python thread per TP rank, and the step lasts as long as
 the slower rank's launch; on the 2x H200 machine that launch took 20-25 ms in some server processes and 40-60 ms

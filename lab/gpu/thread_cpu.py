@@ -2,7 +2,7 @@
 and on which CPUs, while a load runs (a host step that runs twice as long as usual for seconds at a time is
 either other work on its core or a slower core; this tells them apart).
 
-    python3 scripts/gpu/thread_cpu.py PID [PID ...] --interval 1 --samples 20 > threads.txt
+    python3 lab/gpu/thread_cpu.py PID [PID ...] --interval 1 --samples 20 > threads.txt
 
 Every interval, for each process: the threads that used more than --min-pct of one CPU in it (thread id, name,
 share of one CPU, the CPU it last ran on, and that CPU's hyperthread siblings' busy share), then each CPU of

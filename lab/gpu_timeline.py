@@ -22,7 +22,7 @@ their correlation id is that of a cudaGraphLaunch call (or, in a trace without t
 operations share one correlation id). A server with several graphs (decode and verify passes: graphs of
 different kernel counts) also gets the statistics of each graph's steps.
 
-  python benchmark/gpu_timeline.py TRACE.json.gz [TRACE2 ...] [--json OUT.json] [--top 15] [--kernel NAME]
+  python lab/gpu_timeline.py TRACE.json.gz [TRACE2 ...] [--json OUT.json] [--top 15] [--kernel NAME]
 
 ``--kernel NAME`` (a part of a kernel's name) also lists that kernel call by call inside the dominant graph:
 the k-th call of each launch (with one call per layer, the layers in order), its median microseconds per
@@ -44,10 +44,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 import common  # noqa: E402
 
-SCRIPT = "benchmark/gpu_timeline.py"
+SCRIPT = "lab/gpu_timeline.py"
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")

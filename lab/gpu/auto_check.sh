@@ -2,11 +2,11 @@
 # Auto verify against every fixed mode, and the verify-timing overhead at the default interval, on the
 # 2x H200 machine in one command (TP=2, patched SGLang 0.5.16).
 #
-#   bash scripts/gpu/auto_check.sh DIR       from the repository root on the GPU machine
+#   bash lab/gpu/auto_check.sh DIR       from the repository root on the GPU machine
 #   DIR as for timing_check.sh (site, overlay, jitcache, serving.py, models/dummy-7168, optional py-spy wheel).
 #   Results: $OUT/auto.tar.xz (logs, client JSON and tables, /metrics, identity checks, the host's CPUs before
 #   the servers started (cpu_probe.txt), the goal verdict of
-#   benchmark/auto_verdict.py, profiles, microbenchmark) and $OUT/summary.txt.
+#   lab/auto_verdict.py, profiles, microbenchmark) and $OUT/summary.txt.
 #
 # 1. Modes: no speculation, tree, chain, chain + widths 1,2,4,8 and auto on a 2-layer random-weight model
 #    (host-bound like SmolLM2-135M: the decode step is mostly host time). Two workloads, the same requests for
@@ -20,8 +20,8 @@
 #    PHASE1_MODEL=dummy runs phase 1 on the dummy 7168-hidden model instead (GPU-heavier steps).
 #    Phase 1 ends with a host profile (py-spy, 10 s, TP-0 scheduler) of auto on the
 #    sampled workload (PROFILE=1, the default; PROFILE=torch: GPU timelines of PROFILE_SERVERS instead,
-#    benchmark/gpu_timeline.py; both: the two; 0: none). Phase 1 and phase 2 servers do not run at the same time.
-#    STEPTRACE=1: every scheduler iteration of every server traced (benchmark/step_trace.py -> step_trace.txt);
+#    lab/gpu_timeline.py; both: the two; 0: none). Phase 1 and phase 2 servers do not run at the same time.
+#    STEPTRACE=1: every scheduler iteration of every server traced (lab/step_trace.py -> step_trace.txt);
 #    STEPTRACE_GPU=1 with it: each step's device time and the GPU's idle gap after it (two CUDA events a step).
 #    WARMUP=1: a round of both loads on every server before the recorded rounds (kept as *_w1, not judged).
 #    MONITOR=1: per-thread CPU use of each server's scheduler processes during its sampled load.
@@ -96,11 +96,11 @@ for tag in $ROUND_TAGS; do
     [ "$(left)" -lt 40 ] && { log "skip $n round $tag: time"; continue; }
     client "$n" "${n}_greedy_$tag" $GREEDY
     # MONITOR=1: per-thread CPU of the server's scheduler processes while the sampled load runs (which
-    # threads are busy on which CPUs; scripts/gpu/thread_cpu.py), $W/<server>_threads_<round>.txt
+    # threads are busy on which CPUs; lab/gpu/thread_cpu.py), $W/<server>_threads_<round>.txt
     MON=""
     if [ "${MONITOR:-0}" = 1 ]; then
       pids=$(ps -eo pid=,pgid=,args= | awk -v g="${PID[$n]}" '$2 == g && /scheduler_TP/ {print $1}')
-      [ -n "$pids" ] && { python3 scripts/gpu/thread_cpu.py $pids --interval 0.5 --samples 24 \
+      [ -n "$pids" ] && { python3 lab/gpu/thread_cpu.py $pids --interval 0.5 --samples 24 \
         > "$W/${n}_threads_$tag.txt" 2>&1 & MON=$!; }
     fi
     client "$n" "${n}_sampled_$tag" $SAMPLED
@@ -115,12 +115,12 @@ for n in m_tree m_chain m_chain_w m_auto m_auto_sync m_auto_pf m_auto_sp; do
   done
 done > "$W/identity.txt" 2>&1
 # the goal per load and concurrency (auto >= 0.98x the best server and >= no speculation), from the client JSONs
-python3 benchmark/auto_verdict.py "$W" --json "$W/verdict.json" > "$W/verdict.txt" 2>&1
+python3 lab/auto_verdict.py "$W" --json "$W/verdict.json" > "$W/verdict.txt" 2>&1
 # STEPTRACE=1: per-step host statistics of every server (launch, wait for the GPU, garbage collections; the
 # servers' step traces are written when they go idle between loads, so the last load's are complete)
 if [ "${STEPTRACE:-0}" = 1 ]; then
   traced=""; for n in $MODES; do [ -d "$W/steps-$n" ] && traced="$traced $n=$W/steps-$n"; done
-  [ -n "$traced" ] && python3 benchmark/step_trace.py $traced --json "$W/step_trace.json" > "$W/step_trace.txt" 2>&1
+  [ -n "$traced" ] && python3 lab/step_trace.py $traced --json "$W/step_trace.json" > "$W/step_trace.txt" 2>&1
 fi
 # host profiles on the sampled workload (nothing to speculate on); PYSPY_ARGS adds py-spy options (--idle:
 # waiting threads too, --native: C/C++ frames such as the CUDA driver's); PROF_CONC=4: four requests at once
@@ -137,13 +137,13 @@ for n in ${PROFILE_SERVERS:-m_auto}; do
   [ -n "$pid" ] && timeout 30 "$SPY" record --pid "$pid" --duration 10 --rate 250 --format raw $NB ${PYSPY_ARGS:-} \
     --output "$W/$n.pyspy.txt" > "$W/$n.pyspy.log" 2>&1
   log "$n: py-spy rc=$? pid ${pid:-none}"
-  [ -s "$W/$n.pyspy.txt" ] && python3 scripts/gpu/pyspy_top.py "$W/$n.pyspy.txt" --top 70 > "$W/$n.pyspy_top.txt" 2>&1
+  [ -s "$W/$n.pyspy.txt" ] && python3 lab/gpu/pyspy_top.py "$W/$n.pyspy.txt" --top 70 > "$W/$n.pyspy_top.txt" 2>&1
   wait $CP
 done
 # GPU timelines (PROFILE=torch, or both): SGLang's torch profiler (TORCH_ACTIVITIES, default GPU only: the
 # host-side recording of CPU would slow the host enough to change the step) for TORCH_STEPS decode steps of
 # each PROFILE_SERVERS server, well into one sampled request (TORCH_CONC=4: four at once, the batch-size-4
-# step); benchmark/gpu_timeline.py compares them (first =
+# step); lab/gpu_timeline.py compares them (first =
 # baseline). The traces stay on the machine ($HOME/traces, about 2 MB each gzipped) unless KEEP_TRACES=1.
 if [ "${PROFILE:-1}" = torch ] || [ "${PROFILE:-1}" = both ]; then
   # TORCH_CONC may list several concurrencies ("1 4"): each server is profiled at each, in the same processes,
@@ -172,7 +172,7 @@ headers={'Content-Type': 'application/json'}); print(u.urlopen(r, timeout=30).re
       # gpu_timeline.py does not make
       [ -n "$f" ] && [ "${KEEP_TRACES:-0}" = 1 ] && mkdir -p "$OUT/traces" && cp "$f" "$OUT/traces/$n$sfx.trace.json.gz"
     done
-    [ ${#TL[@]} -gt 0 ] && python3 benchmark/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline$sfx.json" \
+    [ ${#TL[@]} -gt 0 ] && python3 lab/gpu_timeline.py "${TL[@]}" --json "$W/gpu_timeline$sfx.json" \
       > "$W/gpu_timeline$sfx.txt" 2>&1
   done
 fi

@@ -1,13 +1,11 @@
-"""benchmark/auto_verdict.py on recorded GPU runs (benchmark/results/h200x2/auto) and on made-up folders."""
+"""lab/auto_verdict.py on recorded GPU runs (benchmark/results/h200x2/auto) and on made-up folders."""
 import json
-import sys
 from pathlib import Path
 
+import auto_verdict as av  # lab/ is on sys.path (tests/conftest.py)
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmark"))
-import auto_verdict as av  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 RUNS = ROOT / "benchmark" / "results" / "h200x2" / "auto"
 

@@ -2,7 +2,7 @@
 # Verify-pass timing on the 2x H200 machine, in one command: its overhead, its split against the
 # microbenchmark, and host profiles of the decode step with and without n-gram speculation.
 #
-#   bash scripts/gpu/timing_check.sh DIR     from the repository root on the GPU machine
+#   bash lab/gpu/timing_check.sh DIR     from the repository root on the GPU machine
 #   DIR holds site.tar.xz (build_bundle.sh), overlay.tar.xz and jitcache.tar.xz (--repatch), serving.py,
 #   models/dummy-7168/config.json, and optionally a py-spy wheel (host profiles are skipped without it).
 #   Results: $OUT/timing.tar.xz (logs, client JSON, /metrics, profiles, microbenchmark JSON) and

@@ -1,5 +1,5 @@
-"""The scheduler step trace: the recorder (python/fastverify/steptrace.py) on a stand-in scheduler driven by a
-fake clock, its import hook on a throwaway module, and benchmark/step_trace.py on records whose statistics
+"""The scheduler step trace: the recorder (lab/steptrace/steptrace.py) on a stand-in scheduler driven by a
+fake clock, its import hook on a throwaway module, and lab/step_trace.py on records whose statistics
 are known by construction."""
 
 import gc
@@ -8,16 +8,10 @@ import importlib
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
-
-from fastverify import steptrace
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmark"))
-
-import step_trace  # noqa: E402
+import step_trace  # lab/ and lab/steptrace/ are on sys.path (tests/conftest.py)
+import steptrace
 
 
 @pytest.fixture(autouse=True)
@@ -482,7 +476,7 @@ def test_cli_compares_servers_and_writes_json(tmp_path, capsys):
     assert "period mean" in text and "(+" in text
     data = json.loads(out.read_text())
     assert data["files"]["auto"].endswith("steps-9.jsonl.gz")
-    assert data["repro_command"].startswith("python benchmark/step_trace.py")
+    assert data["repro_command"].startswith("python lab/step_trace.py")
     # every fifth step is late: 3 ms of host work (plain: shorter than the 5 ms step) against 3 + 4 ms
     # (auto): the auto server's mean period is 0.2 * 4 = 0.8 ms longer
     delta = data["results"]["auto"]["decode"]["period_mean"] - data["results"]["plain"]["decode"]["period_mean"]
