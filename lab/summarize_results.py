@@ -141,7 +141,7 @@ def client_levels(path: Path) -> dict | None:
     out = {}
     for lv in data["levels"]:
         s = lv.get("summary") or {}
-        out[f"c={lv.get('concurrency')}"] = {
+        out[lv.get("name") or f"c={lv.get('concurrency')}"] = {
             k: (round(s[k], 3) if isinstance(s.get(k), float) else s.get(k))
             for k in ("requests", "errors", "output_tok_per_s", "ttft_ms_median", "tpot_ms_median",
                       "accept_length_mean", "verify_steps")}
