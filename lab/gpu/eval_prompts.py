@@ -1,7 +1,8 @@
 """Prompt sets of the evaluation command (lab/gpu/evaluate.py), written for it.
 
-grounded: the answer repeats much of the prompt (code edits that return the whole code, format conversions,
-          fixing a text, log reformatting): n-gram drafts taken from the prompt can match.
+grounded: the answer repeats much of the prompt (code edits that return the whole code, format
+          conversions, fixing a text, log reformatting): n-gram drafts taken from the prompt can
+          match.
 open:     stories and explanations: little of the answer is in the prompt.
 Each prompt has a stable id (set-index), which pairs the requests of two servers.
 """
@@ -47,7 +48,8 @@ GROUNDED = [
     ' "database": {"url": "postgres://db:5432/app", "pool_size": 10, "timeout_s": 30},\n'
     ' "logging": {"level": "info", "file": "/var/log/app.log"}}\n',
     # fixing a text
-    "Fix the spelling and grammar mistakes in this paragraph and return the corrected paragraph:\n\n"
+    "Fix the spelling and grammar mistakes in this paragraph and return the corrected "
+    "paragraph:\n\n"
     "Yesterday we was going to the libary to returne the books we borowed last month. The weather "
     "were nice, so we desided to walk insted of taking the bus. On the way we meet our neighbour, "
     "who tell us that the libary is closed on mondays.\n",
@@ -80,7 +82,7 @@ SETS = {"grounded": GROUNDED, "open": OPEN}
 
 
 def build(sets, per_set):
-    """[{'id', 'set', 'text'}] for the named sets, at most per_set prompts of each (in file order)."""
+    """[{'id', 'set', 'text'}] for the named sets, at most per_set prompts of each, in order."""
     out = []
     for name in sets:
         if name not in SETS:

@@ -45,10 +45,15 @@ class H(BaseHTTPRequestHandler):
         self._json({}, 404)
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        if self.path == "/flush_cache":
+            return self._json("Cache flushed (rehearsal).\n", ctype="text/plain")
         served[0] += 1
         n = body["sampling_params"]["max_new_tokens"]
         seed = sum(body.get("input_ids") or [ord(c) for c in body.get("text", "")])
+        if not body["sampling_params"].get("ignore_eos", False):   # a stand-in for an early EOS
+            n = max(1, n - seed % (n // 2 + 1))
         ids = [(seed + 7 * i) % 997 for i in range(n)]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

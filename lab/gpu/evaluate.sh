@@ -1,0 +1,206 @@
+#!/bin/bash
+# The evaluation command: every server of every profile started together on the GPU machine, then
+# each profile measured in interleaved, flushed, paired rounds (lab/gpu/evaluate.py), in one command
+# of <= 600 s.
+#
+#   bash lab/gpu/evaluate.sh [BUNDLE_DIR]      from the repository root on the GPU machine;
+#                                              BUNDLE_DIR: the carried .scratch/gpu-bundle
+#                                              (docs/gpu-staging.md), the large parts already
+#                                              received into STORE (default /root/stage)
+#   bash lab/gpu/evaluate.sh --print-commands  every server command line (name|args), for
+#                                              scripts/gpu/check_args.py
+#
+# Environment:
+#   PROFILES      server sets measured one after the other (default "none"). A profile other than
+#                 "none" is an emulated deployment: its servers get FLAGS_<profile> ('-' read as
+#                 '_'), by default "$EMU_FLAG <profile>" (the pass-cost emulator's profile flag)
+#   SERVERS       servers of each profile (default "A P tree chain_w auto_w"; table: cases())
+#   TP            ranks per server (default: the number of GPUs); the SmolLM2 model padded for it
+#   EVAL_ARGS     extra arguments of `evaluate.py run` for every profile (--max-new-tokens,
+#                 --per-set, ...); EVAL_ARGS_<profile> for one profile, after EVAL_ARGS
+#   STAGGER=1     start the profiles one after the other (each healthy before the next starts),
+#                 so that no server calibrates while another one captures graphs on the same GPU
+#   DEADLINE_S    (default 570) the whole command, with ANALYZE_S (default 35) kept for analysis
+#   HEALTH_WAIT_S (default 170) how long to wait for servers to answer /health
+#   SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; the rehearsal puts a stand-in here)
+#   OUT           results (default $HOME/eval-out): summary.json, summary.txt, eval_<profile>.png,
+#                 evaluate.tar.xz (raw records, server logs, command lines, timeline), timeline.txt
+set -u
+set +m
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+EV=$ROOT/lab/gpu/evaluate.py
+PROFILES=${PROFILES:-none}
+SERVERS=${SERVERS:-"A P tree chain_w auto_w"}
+EMU_FLAG=${EMU_FLAG:-"--emulate-pass-cost"}
+DEADLINE_S=${DEADLINE_S:-570}
+ANALYZE_S=${ANALYZE_S:-35}
+if [ -z "${TP:-}" ]; then
+  TP=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$TP" -ge 1 ] || TP=1
+fi
+MODEL=${MODEL:-$HOME/models/smollm2-135m-tp$TP}
+NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
+COMMON="--model-path $MODEL --tp $TP --attention-backend triton --sampling-backend pytorch
+  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
+  --mem-fraction-static ${MEM_FRACTION:-0.05} --decode-log-interval 40 --enable-metrics
+  --sleep-on-idle --incremental-streaming-output --log-level info"
+COMMON=$(echo $COMMON)
+
+cases() {  # name|role|server flags
+  cat <<EOF
+A|plain|
+P|noise|
+tree|fixed|$NG
+chain|fixed|$NG --speculative-ngram-verify-mode chain
+chain_w|fixed|$NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
+auto|auto|$NG --speculative-ngram-verify-mode auto
+auto_w|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
+EOF
+}
+group_flags() {  # the extra server flags of a profile
+  [ "$1" = none ] && return 0
+  local v="FLAGS_$(echo "$1" | tr -- '-.' '__')"
+  echo "${!v-$EMU_FLAG $1}"
+}
+servers_of() {  # index profile -> "name|role|port|args" lines
+  local gi=$1 g=$2 si=0 name role flags
+  for want in $SERVERS; do
+    IFS='|' read -r name role flags < <(cases | grep "^$want|") || {
+      echo "evaluate.sh: unknown server $want; allowed: $(cases | cut -d'|' -f1 | tr '\n' ' ')" >&2
+      return 2; }
+    echo "$name|$role|$((24000 + 200 * gi + 10 * si))|$COMMON $flags $(group_flags "$g")"
+    si=$((si + 1))
+  done
+}
+all_servers() {
+  local gi=0 g
+  for g in $PROFILES; do servers_of $gi "$g" || return 2; gi=$((gi + 1)); done
+}
+if [ "${1:-}" = --print-commands ]; then
+  gi=0
+  for g in $PROFILES; do
+    servers_of $gi "$g" | while IFS='|' read -r n r port args; do
+      echo "$g.$n|$args --port $port --nccl-port $((port + 5))"; done
+    gi=$((gi + 1))
+  done
+  exit 0
+fi
+all_servers > /dev/null || exit 2
+
+B=$(cd "${1:-$ROOT/.scratch/gpu-bundle}" && pwd) || exit 2
+OUT=${OUT:-$HOME/eval-out}
+W=$HOME/eval
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( DEADLINE_S - $(el) )); }
+log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
+pack() { cp "$W/timeline.txt" "$OUT/"; tar -C "$HOME" -cJf "$OUT/evaluate.tar.xz.tmp" eval \
+           && mv "$OUT/evaluate.tar.xz.tmp" "$OUT/evaluate.tar.xz"; }
+REPRO="PROFILES=\"$PROFILES\" SERVERS=\"$SERVERS\" TP=$TP EVAL_ARGS=\"${EVAL_ARGS:-}\""
+for g in $PROFILES; do
+  v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v:-}" ] && REPRO="$REPRO $v=\"${!v}\""
+  v="FLAGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
+done
+REPRO="$REPRO bash lab/gpu/evaluate.sh"
+mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw"; : > "$W/timeline.txt"
+log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+# shellcheck disable=SC1091
+source "$B/device_env.sh" "$B" "${STORE:-/root/stage}" > "$W/prepare.log" 2>&1 || {
+  log "prepare FAILED"; tail -30 "$W/prepare.log" | tee -a "$W/timeline.txt"; pack; exit 1; }
+log "prepared: jit modules $(ls "$HOME/jitcache" | wc -l), model $MODEL"
+COMMIT=$(sed -n 's/^# bundle built .* from \([0-9a-f+dirty]*\).*/\1/p' "$B/MANIFEST.txt" \
+  2>/dev/null)
+
+declare -A PID PORT ROLE UP
+launch_group() {  # index profile
+  local n r port args cmd
+  while IFS='|' read -r n r port args; do
+    local key="$2.$n"
+    cp -r "$HOME/jitcache" "$HOME/jit-$key"
+    cmd="${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $args --port $port"
+    cmd="$cmd --nccl-port $((port + 5))"
+    echo "$key: TVM_FFI_CACHE_DIR=$HOME/jit-$key $cmd" >> "$W/commands.txt"
+    TVM_FFI_CACHE_DIR="$HOME/jit-$key" setsid $cmd > "$W/logs/$key.log" 2>&1 &
+    PID[$key]=$!; PORT[$key]=$port; ROLE[$key]=$r
+  done < <(servers_of "$1" "$2")
+  log "launched profile $2: $(servers_of "$1" "$2" | cut -d'|' -f1 | tr '\n' ' ')"
+}
+healthy() {
+  python3 -c "import sys, urllib.request as u
+sys.exit(u.urlopen(sys.argv[1], timeout=2).status != 200)" \
+    "http://127.0.0.1:$1/health" >/dev/null 2>&1
+}
+wait_up() {  # until every launched server answers, died, or HEALTH_WAIT_S passed since $1
+  local n pending
+  while :; do
+    pending=0
+    for n in "${!PID[@]}"; do
+      [ -n "${UP[$n]:-}" ] && continue
+      if ! kill -0 "${PID[$n]}" 2>/dev/null; then UP[$n]=dead; log "$n: exited"
+        tail -4 "$W/logs/$n.log" | cut -c1-300 >> "$W/timeline.txt"; continue; fi
+      if healthy "${PORT[$n]}"; then UP[$n]=ok; log "$n: healthy"; else pending=$((pending + 1)); fi
+    done
+    [ $pending -eq 0 ] && return 0
+    if [ $(( $(el) - $1 )) -gt "${HEALTH_WAIT_S:-170}" ]; then
+      log "giving up on $pending server(s)"; return 1; fi
+    sleep 2
+  done
+}
+trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
+python3 "$EV" env --out "$W/env.json" --commit "${COMMIT:-unknown}" --repro "$REPRO" \
+  > /dev/null 2>&1 &
+ENVJOB=$!
+gi=0; t_launch=$(el)
+for g in $PROFILES; do
+  launch_group $gi "$g"; gi=$((gi + 1))
+  [ "${STAGGER:-0}" = 1 ] && { wait_up "$t_launch"; t_launch=$(el); }
+done
+wait_up "$t_launch"
+nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader \
+  >> "$W/timeline.txt" 2>&1
+wait $ENVJOB
+pack
+
+gi=0; ngroups=$(echo $PROFILES | wc -w); RAWS=()
+for g in $PROFILES; do
+  args=(); skip=""
+  while IFS='|' read -r n r port _; do
+    if [ "${UP[$g.$n]:-}" != ok ]; then
+      [ "$r" = plain ] && skip="plain server $g.$n is not up"; continue; fi
+    args+=(--server "$n,$r,http://127.0.0.1:$port")
+  done < <(servers_of $gi "$g")
+  budget=$(( ($(left) - ANALYZE_S) / (ngroups - gi) ))
+  gi=$((gi + 1))
+  if [ -n "$skip" ] || [ "$budget" -lt 30 ]; then
+    log "profile $g skipped: ${skip:-$budget s left}"; continue; fi
+  v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"
+  log "profile $g: ${#args[@]} args, budget $budget s"
+  # shellcheck disable=SC2086
+  timeout $((budget + 60)) python3 "$EV" run "${args[@]}" --group "$g" \
+    --group-flags "$(group_flags "$g")" --time-budget-s "$budget" --repro "$REPRO" \
+    --out "$W/raw/$g.json" ${EVAL_ARGS:-} ${!v:-} > "$W/run_$g.txt" 2>&1
+  log "profile $g: rc=$?; $(tail -1 "$W/run_$g.txt" | cut -c1-200)"
+  [ -f "$W/raw/$g.json" ] && RAWS+=("$W/raw/$g.json")
+  # this profile's servers are done: stop them (the next profile then runs beside idle processes)
+  while IFS='|' read -r n _; do kill -TERM -- -"${PID[$g.$n]}" 2>/dev/null
+  done < <(servers_of $((gi - 1)) "$g")
+  pack
+done
+{ for f in "$W"/logs/*.log; do
+    echo "=== $f"
+    grep -E "emulat|pass.cost|auto verify|n-gram verify|verify width|accept len|Traceback|Error" \
+      "$f" \
+      | grep -vE "Fail to set RLIMIT|helion|openai_harmony" | cut -c1-400 | head -40
+  done; } > "$W/log_excerpts.txt" 2>&1
+if [ ${#RAWS[@]} -gt 0 ]; then
+  python3 "$EV" analyze "${RAWS[@]}" --env "$W/env.json" --repro "$REPRO" --out-dir "$OUT" \
+    > "$W/analyze.txt" 2>&1
+  log "analysis rc=$?: $(ls "$OUT" | tr '\n' ' ')"
+  grep -E "^(##|###|GOAL|# rounds|A |P |tree|chain|auto)" "$OUT/summary.txt" | cut -c1-160 \
+    | tail -60
+else
+  log "no profile measured"
+fi
+log "done"
+pack

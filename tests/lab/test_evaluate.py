@@ -1,0 +1,291 @@
+"""The evaluation command's analysis (lab/gpu/evaluate.py) on made-up records with known answers."""
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import evaluate as ev
+
+SETS = ("grounded", "open")
+
+
+def rec(pid, tokens, ttft, decode_s, ids=None, verify_ct=None):
+    """A request record: `tokens` output tokens, the first after ttft, the rest over decode_s."""
+    r = {"prompt_id": pid, "output_tokens": tokens, "ttft_s": ttft, "latency_s": ttft + decode_s,
+         "output_ids": ids if ids is not None else list(range(tokens)), "finish": "length"}
+    if verify_ct:
+        r["spec_verify_ct"] = verify_ct
+        r["accept_length"] = tokens / verify_ct
+    return r
+
+
+def make_raw(speed, rounds=4, prompts=6, cells=((1, True),), noise=None, jitter=0.0, ids=None,
+             accept=None):
+    """Servers A (plain), P (noise) and those in `speed` (name -> (role, decode speed vs A or a
+    function (set, prompt index, round) -> speed)). A decodes 101 tokens in 1.0 s with TTFT 0.05 s,
+    times a deterministic per-request jitter factor shared by every server of a pair."""
+    servers = [{"name": "A", "role": "plain"}, {"name": "P", "role": "noise"}]
+    servers += [{"name": n, "role": role} for n, (role, _) in speed.items()]
+    raw = {"group": "none", "repro_command": "test", "servers": servers, "passes": [],
+           "rounds_done": rounds, "stopped": None, "round_s": [1.0] * rounds,
+           "config": {"sets": list(SETS), "per_set": prompts,
+                      "concurrency": sorted({c for c, _ in cells}),
+                      "ignore_eos": sorted({e for _, e in cells}), "max_new_tokens": 101}}
+    for r in range(rounds):
+        for c, eos in cells:
+            for s in SETS:
+                for srv in servers:
+                    recs = []
+                    for i in range(prompts):
+                        base = 1.0 + jitter * math.sin(7 * i + 3 * r + (s == "open"))
+                        if srv["name"] == "A":
+                            k = 1.0
+                        elif srv["name"] == "P":
+                            k = noise(s, i, r) if noise else 1.0
+                        else:
+                            k = speed[srv["name"]][1]
+                            k = k(s, i, r) if callable(k) else k
+                        out = ids(srv["name"], s, i, r) if ids else None
+                        vc = accept.get(srv["name"]) if accept else None
+                        recs.append(rec(f"{s}-{i}", 101, 0.05, base / k, out,
+                                        verify_ct=int(101 / vc) if vc else None))
+                    raw["passes"].append({"round": r, "server": srv["name"], "set": s, "c": c,
+                                          "ignore_eos": eos, "requests": recs})
+    return raw
+
+
+def cell(summary, set_, c=1, eos=True):
+    return next(x for x in summary["cells"]
+                if x["set"] == set_ and x["c"] == c and x["ignore_eos"] == eos)
+
+
+def test_bootstrap_constant_ratios_give_a_zero_width_interval():
+    assert ev.bootstrap_geomean([1.2] * 30) == pytest.approx((1.2, 1.2, 1.2))
+
+
+def test_bootstrap_geomean_point_and_interval():
+    point, lo, hi = ev.bootstrap_geomean([2.0, 0.5] * 20)
+    assert point == pytest.approx(1.0)
+    assert lo < 1.0 < hi
+    assert ev.bootstrap_geomean([]) is None
+    # the interval narrows with more pairs of the same spread
+    few = ev.bootstrap_geomean([1.1, 0.9, 1.3, 0.8] * 3)
+    many = ev.bootstrap_geomean([1.1, 0.9, 1.3, 0.8] * 48)
+    assert many[2] - many[1] < (few[2] - few[1]) / 2
+
+
+def test_bootstrap_is_reproducible_and_covers_a_known_mean():
+    import random
+    rng = random.Random(5)
+    ratios = [math.exp(rng.gauss(math.log(1.1), 0.1)) for _ in range(64)]
+    a, b = ev.bootstrap_geomean(ratios), ev.bootstrap_geomean(ratios)
+    assert a == b
+    assert a[1] < 1.1 < a[2] and a[1] > 1.0
+
+
+def test_noise_band_is_symmetric_in_log_space():
+    lo, hi = ev.noise_band((0.99, 0.95, 1.02))
+    assert lo == pytest.approx(0.95) and hi == pytest.approx(1 / 0.95)
+    assert ev.noise_band(None) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("ci, band, expect", [
+    ((1.20, 1.15, 1.25), (0.95, 1.05), "faster"),
+    ((0.80, 0.75, 0.85), (0.95, 1.05), "slower"),
+    ((1.03, 1.01, 1.05), (0.95, 1.05), "tie"),      # inside the A-vs-P spread
+    ((1.10, 0.98, 1.22), (0.97, 1.03), "tie"),      # outside it, but its own interval includes 1
+])
+def test_verdicts(ci, band, expect):
+    assert ev.verdict(ci, band) == expect
+
+
+def test_verdict_for_lower_is_better():
+    assert ev.verdict((0.8, 0.75, 0.85), (0.95, 1.05), higher_is_better=False) == "faster"
+
+
+def test_pairing_ratios_and_missing_or_failed_requests():
+    raw = make_raw({"X": ("fixed", 1.25)}, rounds=2, prompts=3)
+    # one request of X fails, one of A is missing: those pairs drop out
+    px = next(p for p in raw["passes"] if p["server"] == "X" and p["set"] == "grounded")
+    px["requests"][0] = {"prompt_id": "grounded-0", "error": "boom", "latency_s": 1.0,
+                         "ttft_s": 1.0}
+    pa = next(p for p in raw["passes"]
+              if p["server"] == "A" and p["set"] == "grounded" and p["round"] == 1)
+    del pa["requests"][2]
+    idx = ev.index_requests(raw)
+    rs = ev.pair_ratios(idx, "X", "A", {"set": "grounded", "c": 1, "ignore_eos": True}, "decode")
+    assert len(rs) == 2 * 3 - 2
+    assert rs == pytest.approx([1.25] * 4)
+    e2e = ev.pair_ratios(idx, "X", "A", {"set": "all", "c": 1, "ignore_eos": True}, "e2e")
+    assert len(e2e) == 2 * 6 - 2
+    # end to end: 101 tokens in 0.05 + 1/1.25 s against 1.05 s
+    assert e2e[0] == pytest.approx(1.05 / (0.05 + 0.8))
+
+
+def test_decode_rate_needs_enough_tokens():
+    assert ev.decode_tps(rec("p", 3, 0.1, 1.0)) is None
+    assert ev.decode_tps(rec("p", 11, 0.1, 1.0)) == pytest.approx(10.0)
+
+
+def test_cell_verdicts_and_goals_where_a_fixed_mode_pays():
+    # grounded: chain_w 1.30x (pays), auto 1.26x (0.97 of it: passes); open: chain_w 0.8x (does not
+    # pay), auto 0.97x: fails the 0.99 floor
+    def chain(s, i, r):
+        return 1.30 if s == "grounded" else 0.80
+
+    def auto(s, i, r):
+        return 1.26 if s == "grounded" else 0.97
+
+    raw = make_raw({"chain_w": ("fixed", chain), "auto_w": ("auto", auto)}, jitter=0.2,
+                   noise=lambda s, i, r: 1.0 + 0.01 * ((i + r) % 3 - 1))
+    summ = ev.analyze_group(raw)
+    g, o = cell(summ, "grounded"), cell(summ, "open")
+    assert g["servers"]["chain_w"]["decode"]["ratio"] == pytest.approx(1.30)
+    assert g["servers"]["chain_w"]["decode"]["verdict"] == "faster"
+    assert o["servers"]["chain_w"]["decode"]["verdict"] == "slower"
+    assert g["servers"]["P"]["decode"]["verdict"] == "tie"
+    gd = next(x for x in g["goals"] if x["metric"] == "decode")
+    assert gd["case"] == "pays" and gd["best_fixed"] == "chain_w"
+    assert gd["auto_vs_best"] == pytest.approx(1.26 / 1.30)
+    assert gd["passed"] is True
+    od = next(x for x in o["goals"] if x["metric"] == "decode")
+    assert od["case"] == "does not pay" and od["passed"] is False
+    assert g["servers"]["chain_w"]["decode"]["pairs"] == 4 * 6
+    assert cell(summ, "all")["servers"]["chain_w"]["decode"]["pairs"] == 2 * 4 * 6
+    assert cell(summ, "all")["goals"] == []
+
+
+def test_goal_fails_when_auto_trails_the_best_fixed_mode_and_passes_at_the_floor():
+    raw = make_raw({"tree": ("fixed", 1.4), "auto_w": ("auto", 1.2)}, jitter=0.1)
+    gd = next(x for x in cell(ev.analyze_group(raw), "grounded")["goals"]
+              if x["metric"] == "decode")
+    assert gd["case"] == "pays" and gd["passed"] is False
+    assert gd["auto_vs_best"] == pytest.approx(1.2 / 1.4)
+    raw = make_raw({"tree": ("fixed", 0.8),
+                    "auto_w": ("auto", lambda s, i, r: 1.0 + 0.02 * (i % 2 - 0.5))}, jitter=0.1)
+    gd = next(x for x in cell(ev.analyze_group(raw), "open")["goals"] if x["metric"] == "e2e")
+    assert gd["case"] == "does not pay" and gd["passed"] is True
+
+
+def test_identity_per_prompt_and_first_difference():
+    def ids(name, s, i, r):
+        out = list(range(101))
+        if name == "X" and i == 1:
+            out[17] = -1
+        return out
+
+    raw = make_raw({"X": ("fixed", 1.0)}, rounds=2, prompts=3, ids=ids)
+    summ = ev.analyze_group(raw)
+    x = cell(summ, "grounded")["servers"]["X"]["identity"]
+    assert (x["identical"], x["pairs"]) == (4, 6)
+    assert x["first_diffs"] == [17, 17]
+    assert cell(summ, "grounded")["servers"]["A"]["self_identity"] == (3, 3)
+
+
+def test_accept_length_is_token_weighted():
+    raw = make_raw({"X": ("fixed", 1.0)}, rounds=1, prompts=2, accept={"X": 2.0})
+    assert cell(ev.analyze_group(raw), "grounded")["servers"]["X"]["accept_length"] == \
+        pytest.approx(202 / (2 * 50))
+
+
+def test_report_and_summary_files(tmp_path):
+    raw = make_raw({"tree": ("fixed", 0.8), "auto_w": ("auto", 1.0)}, cells=((1, False), (4, True)))
+    p = tmp_path / "none.json"
+    p.write_text(json.dumps(raw))
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"gpus": ["NVIDIA H200, 143771 MiB"], "driver": "580",
+                               "torch": "2.11"}))
+    assert ev.main(["analyze", str(p), "--env", str(env), "--out-dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "summary.txt").read_text()
+    assert "### grounded c=1 ignore_eos=off" in text and "### open c=4 ignore_eos=on" in text
+    assert "GOAL auto_w decode" in text and "# gpus: ['NVIDIA H200, 143771 MiB']" in text
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["groups"][0]["cells"][0]["servers"]["tree"]["decode"]["verdict"] == "slower"
+    assert s["environment"]["driver"] == "580"
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["run", "--server", "A,plain", "--out", "x"], "NAME,ROLE,URL"),
+    (["run", "--server", "A,boss,http://127.0.0.1:1", "--out", "x"], "role 'boss' not allowed"),
+    (["run", "--server", "A,noise,http://127.0.0.1:1", "--out", "x"],
+     "exactly one server with role"),
+    (["run", "--server", "A,plain,http://127.0.0.1:1", "--ignore-eos", "yes", "--out", "x"],
+     "off/on"),
+    (["run", "--server", "A,plain,http://127.0.0.1:1", "--concurrency", "0", "--out", "x"],
+     "positive integers"),
+    (["run", "--server", "A,plain,http://127.0.0.1:1", "--sets", "poems", "--out", "x"],
+     "unknown prompt set 'poems'"),
+])
+def test_bad_arguments_are_refused_with_the_allowed_values(argv, msg, capsys):
+    with pytest.raises(SystemExit):
+        ev.main(argv)
+    assert msg in capsys.readouterr().err
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """A server that answers /flush_cache, /get_server_info, /metrics and a streamed /generate."""
+    flushes = []
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/get_server_info":
+            return self._send(200, json.dumps({"version": "stub", "tp_size": 1}))
+        return self._send(200, "sglang:pass_cost_emulated 1\n", "text/plain")
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(n)) if n else {}
+        if self.path == "/flush_cache":
+            type(self).flushes.append(self.server.server_port)
+            return self._send(200, "ok", "text/plain")
+        k = body["sampling_params"]["max_new_tokens"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for j in range(0, k, 2):   # incremental chunks of two ids
+            ev_ = {"output_ids": [j, j + 1][: k - j],
+                   "meta_info": {"completion_tokens": min(j + 2, k), "spec_verify_ct": j // 2 + 1}}
+            self.wfile.write(b"data: " + json.dumps(ev_).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def test_run_against_stub_servers_rounds_flushes_and_order(tmp_path):
+    srvs = [ThreadingHTTPServer(("127.0.0.1", 0), _Stub) for _ in range(2)]
+    for s in srvs:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    _Stub.flushes.clear()
+    out = tmp_path / "raw.json"
+    try:
+        argv = ["run", "--server", f"A,plain,http://127.0.0.1:{srvs[0].server_port}",
+                "--server", f"X,fixed,http://127.0.0.1:{srvs[1].server_port}", "--per-set", "2",
+                "--max-new-tokens", "9", "--min-rounds", "2", "--max-rounds", "2",
+                "--out", str(out)]
+        assert ev.main(argv) == 0
+    finally:
+        for s in srvs:
+            s.shutdown()
+    raw = json.loads(out.read_text())
+    assert raw["rounds_done"] == 2
+    cells = 2 * 2 * 2        # sets x concurrency x ignore_eos
+    assert len(raw["passes"]) == 2 * cells * 2
+    # every pass flushed first (plus one flush per server after the warm-up)
+    assert len(_Stub.flushes) == len(raw["passes"]) + 2
+    r0 = [p["server"] for p in raw["passes"] if p["round"] == 0][:2]
+    r1 = [p["server"] for p in raw["passes"] if p["round"] == 1][:2]
+    assert r0 == ["A", "X"] and r1 == ["X", "A"]
+    one = raw["passes"][0]["requests"][0]
+    assert one["output_ids"] == list(range(9)) and one["output_tokens"] == 9
+    assert one["accept_length"] == pytest.approx(9 / 5)
+    assert raw["servers"][0]["emulator_metrics"] == ["sglang:pass_cost_emulated 1"]
