@@ -1,17 +1,20 @@
-"""Compact summaries of GPU run folders: the numbers that a run's raw files held, in one JSON and one table.
+"""Compact summaries of GPU run folders: the numbers a run's raw files held, as JSON and a table.
 
     python lab/summarize_results.py auto   RESULTS/h200x2/auto   --out RESULTS/h200x2/auto/summary
     python lab/summarize_results.py client RESULTS/h200x2/e2e    --out RESULTS/h200x2/e2e/summary
 
-`auto`: every `run*` folder of scripts/gpu/auto_check.sh runs: its commit, GPUs and versions (env.txt), the
-servers with their launch flags (commands.txt), and auto_verdict.py's reading per load and concurrency (median
-tok/s per server over rounds, auto against no speculation and against the best fixed mode, the goal, each
-round paired per request against no speculation). A run with several auto servers (m_auto_op, m_auto_pl, ...)
-is judged once per auto server. `client`: any folder tree of serving-client results (`*.json` with `levels`):
-per result file and concurrency the request count, output tok/s, median TTFT and TPOT, accept length.
+`auto`: every `run*` folder made by lab/gpu/auto_check.sh: its commit, GPUs and versions
+(env.txt), the servers with their launch flags (commands.txt), and auto_verdict.py's reading per
+load and concurrency (median tok/s per server over rounds, auto against no speculation and the
+best fixed mode, the goal, each round paired per request against no speculation). A run with
+several auto servers (m_auto_op, m_auto_pl, ...) is judged once per auto server. `client`: any
+folder tree of serving-client results (`*.json` with `levels`, or the printed table where the
+JSON was not kept): per result file and level the request count, output tok/s, median TTFT and
+TPOT, accept length.
 
-Writes OUT.json (with `repro_command`) and OUT.txt. Made to keep the findings of runs whose raw files left the
-tree; to remake from the raw files, check out the commit that still holds them (docs/journal.md names it).
+Writes OUT.json (with `repro_command`) and OUT.txt. Made to keep the findings of runs whose raw
+files left the tree; to remake them, check out the commit that still holds those files
+(docs/journal.md names it).
 """
 from __future__ import annotations
 
@@ -53,8 +56,9 @@ def servers(folder: Path) -> dict:
         if not sep or "launch_server" not in cmd or not name.startswith("m_"):
             continue
         env, _, args = cmd.partition("sglang.launch_server")
-        switches = sorted(w for w in env.split() if w.startswith("FASTVERIFY_")
-                          and not w.startswith(("FASTVERIFY_STEP_TRACE=", "FASTVERIFY_STEP_TRACE_GPU=")))
+        tracer = ("FASTVERIFY_STEP_TRACE=", "FASTVERIFY_STEP_TRACE_GPU=")
+        switches = sorted(w for w in env.split()
+                          if w.startswith("FASTVERIFY_") and not w.startswith(tracer))
         flags = [w for w in shlex.split(args) if not re.match(r"^/", w)]
         keep = []
         for i, w in enumerate(flags):  # the flags that tell servers apart; ports and paths left out
@@ -66,7 +70,7 @@ def servers(folder: Path) -> dict:
 
 
 def commit(folder: Path) -> str | None:
-    """The commit the run's library came from (timeline.txt's first 'commit X'; None where not recorded)."""
+    """The run's library commit (timeline.txt's first 'commit X'; None where not recorded)."""
     m = COMMIT.search(_read(folder / "timeline.txt"))
     return m.group(1) if m else None
 
@@ -148,8 +152,8 @@ def client_levels(path: Path) -> dict | None:
     return {"levels": out, "repro_command": data.get("repro_command")}
 
 
-TABLE_ROW = re.compile(r"^\s+c=(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+([\d.]+)"
-                       r"\s+[\d.]+\s+(\S+)\s+(\S+)\s*$")
+TABLE_ROW = re.compile(r"^\s+c=(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+"
+                       r"\s+([\d.]+)\s+[\d.]+\s+(\S+)\s+(\S+)\s*$")
 
 
 def client_table(path: Path) -> dict | None:
@@ -162,7 +166,8 @@ def client_table(path: Path) -> dict | None:
         m = TABLE_ROW.match(ln)
         if m:
             c, reqs, errs, _tok, rate, ttft, tpot, acc, steps = m.groups()
-            out[f"c={c}"] = {"requests": int(reqs), "errors": int(errs), "output_tok_per_s": float(rate),
+            out[f"c={c}"] = {"requests": int(reqs), "errors": int(errs),
+                             "output_tok_per_s": float(rate),
                              "ttft_ms_median": float(ttft), "tpot_ms_median": float(tpot),
                              "accept_length_mean": None if acc == "-" else float(acc),
                              "verify_steps": None if steps == "-" else int(steps)}
@@ -181,26 +186,28 @@ def summarize_client(root: Path) -> dict:
         got = client_table(path)
         if got is not None:
             results[str(path.relative_to(root))] = got
-    envs = {str(p.parent.relative_to(root)): environment(p.parent) for p in sorted(root.rglob("env.txt"))}
+    envs = {str(p.parent.relative_to(root)): environment(p.parent)
+            for p in sorted(root.rglob("env.txt"))}
     return {"results": results, "environment": envs}
 
 
 def client_text(data: dict) -> str:
-    out = ["# serving-client results: requests, output tok/s, median TTFT / TPOT (ms), accept length"]
+    out = ["# serving-client results: requests, output tok/s, median TTFT / TPOT (ms), "
+           "accept length"]
     for name, res in data["results"].items():
         out.append(name)
         for c, v in res["levels"].items():
             acc = "-" if v["accept_length_mean"] is None else f"{v['accept_length_mean']:.2f}"
             ttft = "-" if v["ttft_ms_median"] is None else f"{v['ttft_ms_median']:.1f}"
             tpot = "-" if v["tpot_ms_median"] is None else f"{v['tpot_ms_median']:.3f}"
-            out.append(f"  {c:5s} {v['requests']} req  {v['output_tok_per_s']:9.1f} tok/s  TTFT {ttft}"
-                       f"  TPOT {tpot}  accept {acc}")
+            out.append(f"  {c:5s} {v['requests']} req  {v['output_tok_per_s']:9.1f} tok/s  "
+                       f"TTFT {ttft}  TPOT {tpot}  accept {acc}")
     return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kind", choices=("auto", "client"))
     ap.add_argument("folder", type=Path)
     ap.add_argument("--out", type=Path, required=True, help="OUT: writes OUT.json and OUT.txt")
