@@ -1,180 +1,17 @@
-"""The auto verify controller: cost tables, gain model, decision rule (golden and property tests), shadow
-resolution, logging and metrics. Pure Python; runs in both CPU environments."""
-import json
+"""The auto verify controller: decision rule (golden and property tests), configuration, lookups and probes,
+logging and metrics (fastverify/controller.py). Pure Python; runs in both CPU environments."""
 import math
 import random
 
 import pytest
 
-from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, CostTableError,
-                                   DraftFeatures, GainModel, Option, RequestView, ShadowTracker, calibrate,
-                                   chain_accept, choose, draft_features, evaluate, follow_bound_steps,
-                                   load_cost_table, options_for, parse_cost_table, tree_accept)
+from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, Option, RequestView, choose,
+                                   evaluate, follow_bound_steps, options_for)
+from fastverify.costs import CostTable
+from fastverify.gains import DraftFeatures
 
 FLAT = CostTable(((1, 10.0), (64, 10.0)), ((1, 10.0), (8, 10.0), (64, 10.0)), "flat")  # verify as cheap as decode
 LINEAR = CostTable(((1, 10.0), (8, 17.0)), ((1, 10.0), (8, 17.0), (64, 73.0)), "linear")  # 1 ms per token + 9
-
-
-# ------------------------------------------------------------------------------------------- cost tables
-def test_cost_table_interpolates_and_extrapolates():
-    assert LINEAR.verify_ms(4) == pytest.approx(13.0)
-    assert LINEAR.verify_ms(128) == pytest.approx(137.0)  # linear from the last two points
-    assert LINEAR.verify_ms(0) == 10.0  # flat below the first point
-    assert LINEAR.decode_ms(2) == pytest.approx(11.0)
-
-
-def test_parse_cost_table_forms(tmp_path):
-    t = parse_cost_table({"decode_ms": {"1": 12.2, "8": 13}, "verify_ms": {"2": 14.8, "8": 30.0}})
-    assert t.decode == ((1, 12.2), (8, 13.0)) and t.verify_ms(8) == 30.0
-    t1 = parse_cost_table({"decode_ms": 12.2, "verify_ms": {"8": 30.0}})  # the replay tool's single-stream form
-    assert t1.decode_ms(1) == 12.2
-    wrapped = parse_cost_table({"gpu": "H200", "cost_table": {"decode_ms": {"1": 1}, "verify_ms": {"1": 2}}})
-    assert wrapped.verify_ms(1) == 2.0
-    p = tmp_path / "c.json"
-    p.write_text(json.dumps(t.to_json()))
-    assert load_cost_table(p).verify == t.verify
-
-
-@pytest.mark.parametrize("obj, match", [
-    ([], "expected a JSON object"),
-    ({"verify_ms": {"1": 1}}, "missing key 'decode_ms'"),
-    ({"decode_ms": {"1": 1}, "verify_ms": {}}, "'verify_ms' must be a non-empty object"),
-    ({"decode_ms": {"1": 1}, "verify_ms": {"x": 1}}, "key 'x' is not an integer"),
-    ({"decode_ms": {"1": 1}, "verify_ms": {"0": 1}}, "must be an integer >= 1"),
-    ({"decode_ms": {"1": -1}, "verify_ms": {"1": 1}}, "positive number of milliseconds"),
-    ({"decode_ms": {"1": 1}, "verify_ms": {"1": float("nan")}}, "positive number of milliseconds"),
-])
-def test_bad_cost_tables(obj, match):
-    with pytest.raises(CostTableError, match=match):
-        parse_cost_table(obj)
-
-
-def test_bad_cost_table_files(tmp_path):
-    with pytest.raises(CostTableError, match="--speculative-ngram-auto-cost-table .*file not found"):
-        load_cost_table(tmp_path / "missing.json")
-    bad = tmp_path / "bad.json"
-    bad.write_text("{nope")
-    with pytest.raises(CostTableError, match="not valid JSON"):
-        load_cost_table(bad)
-
-
-def test_calibrate_takes_medians_and_respects_budget():
-    calls = []
-
-    def time_pass(kind, n):
-        calls.append((kind, n))
-        k = sum(1 for c in calls if c == (kind, n))
-        return {1: 5.0, 2: 1.0, 3: 100.0}[k] + n  # median of (5, 1, 100) is 5
-
-    logs = []
-    t = calibrate(time_pass, [1, 4], [2, 8], repeats=3, log=logs.append)
-    assert t.decode == ((1, 6.0), (4, 9.0)) and t.verify == ((2, 7.0), (8, 13.0))
-    assert logs and "2 decode + 2 verify points" in logs[0]
-    clock = iter(range(100)).__next__  # each clock() call advances one second
-    t2 = calibrate(lambda k, n: 1.0, [1, 2, 4, 8], [1, 2, 4, 8], repeats=1, budget_s=3, clock=clock)
-    assert len(t2.decode) + len(t2.verify) < 8  # stopped by the budget, kept the small points
-    with pytest.raises(CostTableError, match="time budget"):
-        calibrate(lambda k, n: 1.0, [1], [1], budget_s=-1)
-
-
-# ------------------------------------------------------------------------------------------- features
-def test_draft_features_and_buckets():
-    # root -> a -> b, root -> c : depth 2, 2 branches
-    assert draft_features([5, 6, 7], [-1, 0, -1]) == DraftFeatures(2, 2)
-    assert draft_features([], []) == DraftFeatures(0, 0)
-
-
-def test_chain_and_tree_accept_golden():
-    assert chain_accept([1, 2, 3], [1, 2, 9, 9]) == (2, True)
-    assert chain_accept([1, 2, 3], [1, 2]) == (2, False)  # continuation not known yet
-    assert chain_accept([1, 2, 3], [1, 2, 3]) == (3, True)
-    tokens, parents = [1, 2, 4, 3], [-1, 0, -1, 1]  # 1 -> 2 -> 3, and 4
-    assert tree_accept(tokens, parents, [1, 2, 3, 7]) == (3, True)
-    assert tree_accept(tokens, parents, [4, 2]) == (1, True)  # 4 has no children
-    assert tree_accept(tokens, parents, [1, 5]) == (1, True)
-    assert tree_accept(tokens, parents, [1]) == (1, False)
-
-
-def test_shadow_tracker_resolves_at_first_divergence():
-    sh = ShadowTracker()
-    f = DraftFeatures(3, 1)
-    seq = [10, 11, 12]
-    sh.record("a", 3, f, [20, 21, 22], [20, 30], [-1, -1])
-    assert sh.advance("a", seq) == []
-    seq += [20]
-    assert sh.advance("a", seq) == []  # chain 20 ok, tree 20 leaf -> tree resolved, chain not yet
-    seq += [21, 99]
-    assert sh.advance("a", seq) == [(f, 2, 1)]
-    assert sh.advance("a", seq) == []  # resolved once
-    sh.record("a", 6, f, [1])
-    sh.drop("a")
-    assert sh.advance("a", seq + [1]) == []
-
-
-# ------------------------------------------------------------------------------------------- gain model
-def test_gain_model_learns_distribution_and_forgets():
-    g = GainModel(max_chain=4, tree_depth=3, half_life_steps=4)
-    f = DraftFeatures(4, 1)
-    chain, tree = g.expected("r", f, 0)
-    assert chain[0] == 0.0 and tree == 0.0  # pessimistic cold start
-    for step in range(1, 200):
-        g.observe("r", f, step, 4, 3)
-    chain, tree = g.expected("r", f, 200)
-    assert chain == pytest.approx([1, 2, 3, 4], rel=1e-3) and tree == pytest.approx(3, rel=1e-3)
-    for step in range(200, 260):
-        g.observe("r", f, step, 0, 0)
-    chain, _ = g.expected("r", f, 260)
-    assert chain[3] < 0.01  # 60 steps = 15 half-lives later the old regime is gone
-
-
-def test_gain_model_separates_matched_from_unmatched():
-    g = GainModel(max_chain=3, tree_depth=0)
-    hit, miss = DraftFeatures(5, 1), DraftFeatures(0, 0)
-    for s in range(1, 100):
-        g.observe("r", hit, s, 3)
-        g.observe("r", miss, s, 0)
-    assert g.expected("r", hit, 100)[0][2] > 2.9
-    assert g.expected("r", miss, 100)[0][2] < 0.1
-    assert g.expected("new", hit, 100)[0][2] > 2.5  # a new request starts from what others showed
-
-
-def test_gain_model_floor_forgets_towards_the_pessimistic_prior():
-    """Without new observations, an all-requests estimate keeps its old shape however small its mass (the
-    normalisation scales it back up); `prior_floor` zeros that are never forgotten bring it back to the
-    pessimistic prior within a few half-lives, and weigh little while observations keep coming."""
-    f = DraftFeatures(4, 1)
-    kept, floored = (GainModel(max_chain=4, tree_depth=0, half_life_steps=4, prior_floor=x) for x in (0.0, 1.0))
-    for g in (kept, floored):
-        for step in range(1, 40):
-            g.observe("old", f, step, 4)
-    # while observations come every step (mass ~6.3 at this half-life) the floor costs at most 1 / 7.3 of the
-    # estimate (less: the feature bucket blended in has no floor)
-    assert 4 * 6.3 / 7.3 * 0.98 < floored.expected("new", f, 40)[0][3] < 3.9
-    assert kept.expected("new", f, 40)[0][3] == pytest.approx(4.0, rel=1e-3)
-    # 60 steps (15 half-lives) without a matched draft resolved: the new request sees the old load, or nothing
-    assert kept.expected("new", f, 100)[0][3] == pytest.approx(4.0, rel=1e-3)
-    assert floored.expected("new", f, 100)[0][3] < 0.01
-    assert AutoConfig().prior_floor == 1.0 and Controller(AutoConfig(), FLAT).gain.prior_floor == 1.0
-
-
-def test_gain_model_learns_sampled_and_greedy_requests_apart():
-    """A greedy load's accepted full matches say nothing of a sampled request's: the all-requests and the
-    feature bucket's histograms are kept apart by `DraftFeatures.sampled` (a request's own were always its own),
-    so a new sampled request starts from the pessimistic prior while a new greedy one starts from the load."""
-    g = GainModel(max_chain=4, tree_depth=0, half_life_steps=8, prior_floor=1.0)
-    greedy, sampled = DraftFeatures(4, 1), DraftFeatures(4, 1, True)
-    for step in range(1, 30):
-        g.observe(f"g{step % 3}", greedy, step, 4)
-    assert g.expected("new", greedy, 30)[0][3] > 3.0
-    assert g.expected("new", sampled, 30)[0][3] < 0.05
-    for step in range(30, 60):  # sampled requests' rejections do not drag the greedy estimate down
-        g.observe(f"s{step % 3}", sampled, step, 0)
-    assert g.expected("new", sampled, 60)[0][3] < 0.05
-    before = GainModel(max_chain=4, tree_depth=0, half_life_steps=8, prior_floor=1.0)
-    for step in range(1, 30):
-        before.observe(f"g{step % 3}", greedy, step, 4)
-    assert g.expected("new", greedy, 60)[0][3] == pytest.approx(before.expected("new", greedy, 60)[0][3])
-    assert DraftFeatures(4, 1) == DraftFeatures(4, 1, False) and not DraftFeatures(0, 0).sampled
 
 
 def test_a_full_match_wanted_is_judged_by_requests_that_decode_alike():
@@ -339,49 +176,11 @@ def test_controller_gates_unmatched_requests():
     assert d.option.kind == CHAIN and d.speculate == (True, False)
 
 
-def test_microbenchmark_json_form(tmp_path):
-    rows = [{"backend": "nccl", "tokens": 1, "pass_us": 2400.0}, {"backend": "nccl", "tokens": 8, "pass_us": 2500.0},
-            {"backend": "oneshot", "tokens": 1, "pass_us": 900.0}, {"backend": "nccl", "tokens": 64, "error": "oom"}]
-    p = tmp_path / "mb.json"
-    p.write_text(json.dumps({"summary": {"rows": rows}}))
-    with pytest.raises(CostTableError, match="several all-reduce backends; name one as PATH#backend"):
-        load_cost_table(p)
-    t = load_cost_table(f"{p}#nccl")
-    assert t.verify == ((1, 2.4), (8, 2.5)) and t.decode_ms(1) == 2.4
-    with pytest.raises(CostTableError, match="backend 'ring' not in the file"):
-        load_cost_table(f"{p}#ring")
-
-
 # ------------------------------------------------------------------------------- whole-step costs, lean steps
-def test_step_costs_table_then_host_part_then_medians():
-    from fastverify.controller import LEAN, SPEC, StepCosts
-
-    table = CostTable(((1, 1.0), (4, 1.2)), ((1, 1.0), (8, 1.1), (32, 1.5)), "t")
-    c = StepCosts(table, window=5, min_samples=3)
-    assert c.decode_ms(1) == 1.0 and c.verify_step_ms(1, 8, 8) == pytest.approx(1.1)  # nothing measured: the table
-    c.record(SPEC, 1, 8, 6.1)  # one whole step at width 8: 5.0 ms of host time on top of the 1.1 ms graph
-    assert c.host_ms(SPEC) == pytest.approx(5.0)
-    assert c.verify_step_ms(4, 8, 32) == pytest.approx(1.5 + 5.0)  # an unmeasured size: table + the kind's host part
-    assert c.decode_ms(1) == 1.0  # the other kind has its own host part (none measured yet)
-    for ms in (6.0, 6.2, 60.0):  # a period that contained a prefill is an outlier; medians ignore it
-        c.record(SPEC, 1, 8, ms)
-    assert c.step_ms(SPEC, 1, 8) == pytest.approx(6.15)
-    for ms in (3.7, 3.6, 3.8):
-        c.record(LEAN, 1, 5, ms)  # a lean step is width 1 whatever is passed
-    assert c.samples(LEAN, 1, 1) == 3 and c.decode_ms(1) == pytest.approx(3.7)
-    for ms in (1.0, 1.0, 1.0, 1.0, 1.0):  # the window keeps the last 5
-        c.record(LEAN, 1, 1, ms)
-    assert c.decode_ms(1) == pytest.approx(1.0)
-    c.record(LEAN, 1, 1, float("nan"))  # ignored
-    assert c.samples(LEAN, 1, 1) == 5
-    with pytest.raises(ValueError, match="step kind"):
-        c.record("decode", 1, 1, 1.0)
-
-
 def test_measured_host_time_changes_the_choice():
     """Graph times say a width-8 chain costs as much as a decode; whole steps say it costs 1.8x. At a
     mean acceptance of 0.5 tokens the table's choice is the chain, the measured steps' choice is none."""
-    from fastverify.controller import LEAN, SPEC, StepCosts
+    from fastverify.costs import LEAN, SPEC, StepCosts
 
     table = CostTable(((1, 1.0),), ((1, 1.0), (8, 1.05)), "graphs")
     gains = [0.5]
@@ -400,7 +199,7 @@ def test_measured_host_time_changes_the_choice():
 
 def _lean_cheaper(lean_ms=3.7, lookup_ms=6.5):
     """Step costs in which a step without a lookup is measured cheaper than a lookup step of width 1."""
-    from fastverify.controller import LEAN, SPEC, StepCosts
+    from fastverify.costs import LEAN, SPEC, StepCosts
 
     c = StepCosts(CostTable(((1, 10.0),), ((1, 10.0), (8, 10.5)), "t"))
     for _ in range(3):
@@ -417,7 +216,7 @@ def test_lean_steps_only_where_measured_to_pay():
     assert Controller(cfg, FLAT).plan_lookup(views) is True
     assert Controller(cfg, _lean_cheaper()).lean_pays(1) is True
     assert Controller(cfg, _lean_cheaper(6.45, 6.5)).lean_pays(1) is False  # < 2 % cheaper: not worth it
-    from fastverify.controller import StepCosts
+    from fastverify.costs import StepCosts
 
     fresh = StepCosts(FLAT)
     assert Controller(cfg, fresh).lean_pays(1) is True  # not measured yet: lean steps measure it
@@ -490,7 +289,7 @@ def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
     `decide` on the new drafts'; on a steady load they are the same question, answered once. Any input that
     changes in between (the drafts' features, an observation, a period recorded into the controller's own costs)
     makes `decide` evaluate again, and its answer is a fresh controller's."""
-    from fastverify.controller import LEAN, SPEC, StepCosts
+    from fastverify.costs import LEAN, SPEC, StepCosts
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     ctl = Controller(cfg, _lean_cheaper())
@@ -522,26 +321,6 @@ def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
     fresh = Controller(cfg, own)
     fresh.gain, fresh.step, fresh.current = ctl.gain, ctl.step - 1, ctl.current
     assert fresh._evaluate_now(views, ctl.step)[1] == after
-
-
-def test_gain_model_batch_estimates_match_one_request_at_a_time():
-    """The blend of the all-requests and feature-bucket histograms is shared by the requests of a step; each
-    estimate is what a model that answers only that request gives, also after an observation in between."""
-    f = DraftFeatures(5, 1)
-    seen = [(f"r{i % 2}", i, acc) for i, acc in enumerate((5, 1, 7, 0, 3))]
-
-    def fresh():
-        m = GainModel(7, 0)
-        for rid, step, acc in seen:
-            m.observe(rid, f, step, acc)
-        return m
-
-    batch = fresh()
-    answers = [batch.expected(rid, f, 9) for rid in ("r0", "r1", "r2")]
-    assert answers == [fresh().expected(rid, f, 9) for rid in ("r0", "r1", "r2")]
-    seen.append(("r2", 9, 7))
-    batch.observe("r2", f, 9, 7)
-    assert batch.expected("r1", f, 9) == fresh().expected("r1", f, 9) != answers[1]
 
 
 def test_probe_lookups_back_off_and_reset():
@@ -608,7 +387,7 @@ def test_probes_that_could_not_pay_are_marked_for_looking_up_behind():
 def _probes_dearer(probe_ms, lean_ms=4.6, bs=4):
     """Step costs (batch size `bs`) in which a lookup step is dearer than a plain one, and a probe step has
     been measured at `probe_ms`."""
-    from fastverify.controller import LEAN, PROBE, SPEC, StepCosts
+    from fastverify.costs import LEAN, PROBE, SPEC, StepCosts
 
     c = StepCosts(CostTable(((bs, 4.4),), ((bs, 4.4), (8 * bs, 5.0)), "t"))
     for _ in range(3):
@@ -619,7 +398,7 @@ def _probes_dearer(probe_ms, lean_ms=4.6, bs=4):
 
 
 def test_probe_cost_is_measured_probe_steps_less_plain_ones():
-    from fastverify.controller import LEAN, PROBE, StepCosts
+    from fastverify.costs import LEAN, PROBE, StepCosts
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     assert Controller(cfg, _probes_dearer(5.4)).probe_cost(4) == pytest.approx(0.8)
@@ -640,7 +419,7 @@ def test_probe_cost_is_measured_probe_steps_less_plain_ones():
 def test_probe_cost_counts_the_probes_that_came_late_and_leaves_prefills_out():
     """Most probe steps no longer than plain ones, a quarter of them late by ~1 ms: the median says free, the
     cost is what they add on average. A period that held a prefill (10x a step) is no step's cost."""
-    from fastverify.controller import LEAN, PROBE, StepCosts
+    from fastverify.costs import LEAN, PROBE, StepCosts
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     c = StepCosts(CostTable(((1, 4.4),), ((1, 4.4), (8, 5.0)), "t"))
@@ -732,7 +511,8 @@ def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():
     """A new request's first lookup may be a probe only where a lookup step at that batch size has been
     measured (SPEC periods of width 1), measured dearer than a plain step, and not even a full match would be
     verified; afterwards the probe gap runs from that probe, as after plan_lookup's own."""
-    from fastverify.controller import LEAN, PLAN_PROBE, SPEC, StepCosts
+    from fastverify.controller import PLAN_PROBE
+    from fastverify.costs import LEAN, SPEC, StepCosts
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     assert Controller(cfg, FLAT).first_lookup_behind(["a"]) is False  # a plain table: never

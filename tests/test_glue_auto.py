@@ -155,7 +155,7 @@ def test_not_auto_is_a_no_op(tmp_path):
 
 
 def test_calibrate_worker_needs_graphs(tmp_path):
-    from fastverify.controller import CostTableError
+    from fastverify.costs import CostTableError
     with pytest.raises(CostTableError, match="CUDA graphs are off"):
         auto.calibrate_worker(_worker())
 

@@ -98,8 +98,8 @@ def test_real_candidate_detection():
 
 def test_cost_table_math_by_hand():
     cost = rp.parse_cost_table({"decode_ms": 10.0, "verify_ms": {"1": 10.0, "2": 11.0, "8": 14.0}})
-    assert cost.pass_ms(1) == 10.0 and cost.pass_ms(8) == 14.0
-    assert cost.pass_ms(5) == pytest.approx(11.0 + (14.0 - 11.0) * 3 / 6)  # linear between 2 and 8: 12.5
+    assert cost.measured_pass_ms(1) == 10.0 and cost.measured_pass_ms(8) == 14.0
+    assert cost.measured_pass_ms(5) == pytest.approx(11.0 + (14.0 - 11.0) * 3 / 6)  # linear between 2 and 8: 12.5
     # 4 steps of one stream: accept lengths 1, 3, 2, 1 (7 tokens); every step verifies 8 tokens; with gating the
     # two no-match steps are plain decodes and the two others verify 8.
     res = rp.ReplayResult(rp.ReplayConfig("tree", 8), accept_lens=[1, 3, 2, 1], matched=[False, True, True, False],
@@ -121,7 +121,7 @@ def test_cost_table_errors(tmp_path):
         rp.parse_cost_table({"decode_ms": 1, "verify_ms": {"eight": 1}})
     cost = rp.parse_cost_table({"decode_ms": 1, "verify_ms": {"2": 1, "4": 2}}, "c.json")
     with pytest.raises(rp.CostTableError, match="c.json: no verify time for 9 tokens"):
-        cost.pass_ms(9)
+        cost.measured_pass_ms(9)
     with pytest.raises(rp.CostTableError, match="not valid JSON"):
         rp.load_cost_table(_write(tmp_path, "{", "c.json"))
     res = rp.ReplayResult(rp.ReplayConfig("tree", 2), accept_lens=[1, 1], step_static=[4], step_planned=[2],
@@ -291,10 +291,11 @@ def test_cost_table_from_microbenchmark_json():
     with pytest.raises(rp.CostTableError, match=r"b.json: backend 'flashinfer-ar' not in the file; allowed: nccl, symm"):
         rp.parse_cost_table(bench, "b.json", "flashinfer-ar")
     cost = rp.parse_cost_table(bench, "b.json", "symm-oneshot")
-    assert cost.decode_ms == 1.0 and cost.pass_ms(8) == 1.2
-    assert cost.pass_ms(4) == pytest.approx(1.0 + 0.2 * 3 / 7)
+    assert cost.decode_ms(1) == 1.0 and cost.measured_pass_ms(8) == 1.2
+    assert cost.measured_pass_ms(4) == pytest.approx(1.0 + 0.2 * 3 / 7)
     with pytest.raises(rp.CostTableError, match="b.json .nccl.: no verify time for 16 tokens"):
-        rp.parse_cost_table(bench, "b.json", "nccl").pass_ms(16)  # the controller would extrapolate; replay refuses
+        # the controller would extrapolate; replay refuses
+        rp.parse_cost_table(bench, "b.json", "nccl").measured_pass_ms(16)
     no_single = {"summary": {"rows": [{"backend": "nccl", "tokens": 8, "pass_us": 2600.0}]}}
     with pytest.raises(rp.CostTableError, match="no decode time for one request"):
         rp.parse_cost_table(no_single, "b.json")
@@ -302,13 +303,13 @@ def test_cost_table_from_microbenchmark_json():
 
 def test_cost_tables_are_read_by_the_controller_parser(tmp_path):
     """One reader for both tools: every form the server flag takes works here, with the same table."""
-    from fastverify import controller
+    from fastverify import costs
     form1 = {"decode_ms": {"1": 12.2, "8": 13.0}, "verify_ms": {"2": 14.8, "8": 30.0}}
     cost = rp.parse_cost_table({"gpu": "H200", "cost_table": form1})
-    assert cost.table == controller.parse_cost_table(form1, "<cost table> ['cost_table']")
-    assert cost.decode_ms == 12.2 and cost.verify_ms == {2: 14.8, 8: 30.0}
+    assert cost == costs.parse_cost_table(form1, "<cost table> ['cost_table']")
+    assert cost.decode_ms(1) == 12.2 and dict(cost.verify) == {2: 14.8, 8: 30.0}
     p = _write(tmp_path, json.dumps(form1), "t.json")
-    assert rp.load_cost_table(p).table.verify == controller.load_cost_table(p).verify
+    assert rp.load_cost_table(p).verify == costs.load_cost_table(p).verify
     with pytest.raises(rp.CostTableError, match="--cost-table .*missing.json: file not found"):
         rp.load_cost_table(tmp_path / "missing.json")
 

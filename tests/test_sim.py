@@ -10,7 +10,8 @@ report's box). Throughput is simulated from the tables, not timed."""
 import pytest
 
 from fastverify import sim
-from fastverify.controller import NONE, AutoConfig, Controller, CostTable, Option, follow_bound_steps
+from fastverify.controller import NONE, AutoConfig, Controller, Option, follow_bound_steps
+from fastverify.costs import CostTable
 
 CFG = AutoConfig()
 TABLES = sim.COST_TABLES
@@ -149,7 +150,7 @@ def test_replayed_default_trace(replayed, table, bs):
 def test_auto_in_the_simulator_runs_the_servers_lookup_and_lean_flow():
     """The simulated auto policy makes lean steps (no lookup, no draft to score) where the server would (lean
     measured cheaper), and still finds high acceptance again through its backed-off probe lookups."""
-    from fastverify.controller import LEAN, SPEC, StepCosts
+    from fastverify.costs import LEAN, SPEC, StepCosts
 
     costs = sim.cost_table("pcie-comm-bound")
     reqs = sim.synthetic_requests(4, 1024, (0.0, 0.85), CFG.max_chain, CFG.tree_width, match_rate=1.0)

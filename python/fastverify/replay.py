@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-from fastverify import controller as _controller
-from fastverify.controller import CostTableError
+from fastverify import costs as _costs
+from fastverify.costs import CostTable, CostTableError
 
 MODES = ("tree", "chain")
 MATCH_TYPES = ("BFS", "PROB")
@@ -399,56 +399,17 @@ COST_FLAG = "--cost-table"
 PICK_BACKEND = "--cost-backend"
 
 
-@dataclass(frozen=True)
-class CostTable:
-    """The replay tool's single-stream view of a cost table (read by `fastverify.controller`'s parser, the same
-    JSON forms as `--speculative-ngram-auto-cost-table`): decode_ms for one token without speculation and
-    pass_ms(n) for a verify pass of n tokens. Unlike the controller, which must decide for any batch and
-    extrapolates, a prediction never leaves the measured range: pass_ms interpolates linearly between two
-    given token counts and refuses a count outside them."""
-
-    table: _controller.CostTable
-
-    @property
-    def source(self) -> str:
-        return self.table.source
-
-    @property
-    def decode_ms(self) -> float:
-        return self.table.decode_ms(1)
-
-    @property
-    def verify_ms(self) -> dict:
-        return dict(self.table.verify)
-
-    def pass_ms(self, n: int) -> float:
-        for tokens, ms in self.table.verify:
-            if tokens == n:
-                return ms
-        if n == 1:
-            return self.decode_ms
-        lo, hi = self.table.verify[0][0], self.table.verify[-1][0]
-        if n < lo or n > hi:
-            raise CostTableError(f"{self.source}: no verify time for {n} tokens (table covers {lo}..{hi} tokens); "
-                                 f"add an entry for {n}")
-        return self.table.verify_ms(n)
-
-
-def _single_stream(table: _controller.CostTable) -> CostTable:
-    if table.decode[0][0] != 1:
-        raise CostTableError(f"{table.source}: no decode time for one request (the smallest decode entry is "
-                             f"{table.decode[0][0]}); add bs 1 (or, from the microbenchmark, a 1-token pass)")
-    return CostTable(table)
-
-
 def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] = None) -> CostTable:
-    """A verify-cost table in any form `fastverify.controller.parse_cost_table` reads (e.g. {"decode_ms": 30.0,
-    "verify_ms": {"1": 30.0, "8": 33.0}}, or the microbenchmark's --json with `backend` picking its rows)."""
-    return _single_stream(_controller.parse_cost_table(obj, source, backend, PICK_BACKEND))
+    """A verify-cost table in any form `fastverify.costs.parse_cost_table` reads (the same JSON forms as
+    `--speculative-ngram-auto-cost-table`, e.g. {"decode_ms": 30.0, "verify_ms": {"1": 30.0, "8": 33.0}}, or
+    the microbenchmark's --json with `backend` picking its rows) that can model one stream. Unlike the
+    controller, which must decide for any batch and extrapolates, a prediction never leaves the measured range
+    (`CostTable.measured_pass_ms`)."""
+    return _costs.parse_cost_table(obj, source, backend, PICK_BACKEND).single_stream()
 
 
 def load_cost_table(path, backend: Optional[str] = None) -> CostTable:
-    return _single_stream(_controller.load_cost_table(path, COST_FLAG, backend, PICK_BACKEND))
+    return _costs.load_cost_table(path, COST_FLAG, backend, PICK_BACKEND).single_stream()
 
 
 def predict(result: ReplayResult, cost: CostTable) -> dict:
@@ -461,9 +422,9 @@ def predict(result: ReplayResult, cost: CostTable) -> dict:
     """
     if any(bs != 1 for bs in result.step_bs):
         raise CostTableError(f"{cost.source}: throughput predictions model one stream; replay with --concurrency 1")
-    static_ms = sum(cost.pass_ms(n) for n in result.step_static)
-    gated_ms = sum(cost.pass_ms(n) for n in result.step_planned)
-    base = 1000.0 / cost.decode_ms
+    static_ms = sum(cost.measured_pass_ms(n) for n in result.step_static)
+    gated_ms = sum(cost.measured_pass_ms(n) for n in result.step_planned)
+    base = 1000.0 / cost.decode_ms(1)
     spec = result.tokens / static_ms * 1000.0
     gated = result.tokens / gated_ms * 1000.0
     return {"tokens_per_s": spec, "gated_tokens_per_s": gated, "no_spec_tokens_per_s": base,
@@ -686,7 +647,7 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
           f"bfs_breadth={args.min_bfs_breadth}..{args.max_bfs_breadth} concurrency={args.concurrency}; "
           f"gating buckets: {'all widths' if len(args.buckets) > 64 else (args.buckets or 'd only')}")
     if cost is not None:
-        print(f"# cost table {cost.source}: no speculation {1000.0 / cost.decode_ms:.1f} tok/s")
+        print(f"# cost table {cost.source}: no speculation {1000.0 / cost.decode_ms(1):.1f} tok/s")
     print(format_table(rows))
     if args.json_out:
         out = {
@@ -696,8 +657,8 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
             "corpus": {k: v for k, v in asdict(cfgs[0]).items() if k not in ("mode", "size")} if cfgs else {},
             "gating_buckets": "all" if len(args.buckets) > 64 else list(args.buckets),
             "sglang_version": _sglang_version(),
-            "cost_table": ({"source": cost.source, "decode_ms": cost.decode_ms,
-                            "verify_ms": {str(k): v for k, v in sorted(cost.verify_ms.items())}} if cost else None),
+            "cost_table": ({"source": cost.source, "decode_ms": cost.decode_ms(1),
+                            "verify_ms": {str(k): v for k, v in cost.verify}} if cost else None),
             "results": rows,
         }
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
@@ -707,7 +668,7 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
         try:
             Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
             plot(rows, args.plot, f"n-gram replay: {Path(trace.path).name}",
-                 1000.0 / cost.decode_ms if cost else None)
+                 1000.0 / cost.decode_ms(1) if cost else None)
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -43,9 +43,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, CostTable, DraftFeatures, Option,
-                                   LEAN, PLAN_PROBE, PROBE, SPEC, RequestView, StepCosts, follow_bound_steps,
-                                   options_for)
+from fastverify.controller import (CHAIN, NONE, PLAN_PROBE, AutoConfig, Controller, Option,
+                                   RequestView, follow_bound_steps, options_for)
+from fastverify.costs import LEAN, PROBE, SPEC, CostTable, StepCosts
+from fastverify.gains import DraftFeatures
 from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -154,7 +155,7 @@ def replay_requests(trace_path=None, max_chain: int = 7, tree_width: int = 8, co
     The server inserts once per step rather than once per token, so these are close to, not equal to, the
     server's drafts."""
     from fastverify import replay as rp
-    from fastverify.controller import draft_features, chain_accept, tree_accept
+    from fastverify.gains import chain_accept, draft_features, tree_accept
 
     trace = rp.load_trace(trace_path or rp.DEFAULT_TRACE)
     cfg = rp.ReplayConfig(mode="tree", size=tree_width)

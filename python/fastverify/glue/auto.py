@@ -72,9 +72,10 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from fastverify.controller import (LEAN, NONE, PLAN_PROBE, PROBE, SPEC, AutoConfig, Controller, CostTable,
-                                   CostTableError, DraftFeatures, RequestView, ShadowTracker, StepCosts, calibrate,
-                                   load_cost_table)
+from fastverify.controller import NONE, PLAN_PROBE, AutoConfig, Controller, RequestView
+from fastverify.costs import (LEAN, PROBE, SPEC, CostTable, CostTableError, StepCosts, calibrate,
+                              load_cost_table)
+from fastverify.gains import DraftFeatures, ShadowTracker
 
 logger = logging.getLogger("fastverify.auto")
 
