@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                       "simulate the auto verify controller on traces and cost tables"),
     "bench": Subcommand("fastverify.benchlink:add_parser",
                         "microbenchmarks: all-reduce vs compute of a verify pass, per-kernel regressions"),
+    "advise": Subcommand("fastverify.advise:add_parser", "will speculation pay on this box, and how?"),
 }
 
 
