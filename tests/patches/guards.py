@@ -257,6 +257,40 @@ GUARDS = [
           file="sglang/srt/managers/overlap_utils.py", symbol="decide_needs_cpu_seq_lens",
           params=("attn_backends",),
           contains=("    if algo.is_ngram():\n", "        return True\n    # Skip unset slots")),
+    # 0011: pass-cost emulator. Flags after the debug tensor dump fields, validation beside 0006's in
+    # check_server_args, install in ModelRunner.__init__ once the forward stream exists (device set), the
+    # pass scope in forward, the eager wait before _forward_raw's last return (the decode/verify graph
+    # replay returns earlier: its wait is inside the graph).
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16",), file="sglang/srt/server_args.py",
+          symbol="ServerArgs.debug_tensor_dump_input_file",
+          contains=('        "The input filename for dumping tensors",\n    ] = None\n\n',),
+          lacks=("emulate_pass_cost",)),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16",), file="sglang/srt/server_args.py",
+          symbol="ServerArgs.check_server_args", params=("self",)),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.23",),
+          file="sglang/srt/arg_groups/fields/observability.py",
+          symbol="Observability.debug_tensor_dump_input_file",
+          contains=('        "The input filename for dumping tensors",\n    ] = None\n\n',),
+          lacks=("emulate_pass_cost",)),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.23",),
+          file="sglang/srt/arg_groups/validation_hook.py", symbol="check_server_args",
+          params=("server_args",)),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner.__init__",
+          params_include=("self", "gpu_id", "server_args", "is_draft_worker"),
+          contains=("        self.capture_tail_hooks = []\n",
+                    "        self.forward_stream = torch.get_device_module(self.device).Stream()\n")),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner._forward_raw",
+          params=("self", "forward_batch", "pp_proxy_tensors", "reinit_attn_backend",
+                  "split_forward_count"),
+          contains=("                ret = self.decode_cuda_graph_runner.execute(\n",
+                    "                forward_batch.post_forward_mlp_sync_batch(ret)\n\n"
+                    "            return ModelRunnerOutput(logits_output=ret, can_run_graph=can_run_graph)\n"),
+          lacks=("emulator_hook",)),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner.forward",
+          params_include=("self", "forward_batch")),
 ]
 
 
@@ -285,5 +319,22 @@ GLUE_SEAMS = [
           params=("self", "req_ids", "batch_tokens", "total_lens")),
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/cpp_ngram/ngram_corpus.py", symbol="NgramCorpus.synchronize",
+          params=("self",)),
+    # fastverify.glue.emulator_hook (0011): the decode/verify graph runner calls the model runner's
+    # capture_tail_hooks as hook(graph_runner, out, forward_batch, num_tokens) after the forward inside
+    # every capture (the wait is recorded into each graph), and keeps the replayed graph's batch size in
+    # .bs (the pass is counted at that graph's token count); the pass kinds the hook tells apart.
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+          symbol="DecodeCudaGraphRunner.capture_one_shape", params_include=("self", "size", "forward"),
+          contains=("        num_tokens = size * self.captured_req_width\n",
+                    "for capture_hook in self.model_runner.capture_tail_hooks:\n",
+                    "capture_hook(self, out, forward_batch, num_tokens)\n",
+                    "        self.bs = bs\n")),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/forward_batch_info.py", symbol="ForwardMode.is_split_prefill",
+          params=("self",)),
+    Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/model_executor/forward_batch_info.py", symbol="ForwardMode.is_target_verify",
           params=("self",)),
 ]
