@@ -8,24 +8,21 @@ plain step calls ``plain_inputs`` before its forward and ``plain_outputs`` after
 host clock per call (mean of ``--calls`` back-to-back calls, the median of ``--repeats`` such runs; the GPU
 keeps up, nothing waits on it), for the three ways of launching them, with the server's dtypes (accept
 tokens and lengths int32, req_to_token int32, req_pool_indices and seq_lens int64, orig_seq_lens int32,
-sampled tokens int32). The baseline, Triton's JIT entry (``FASTVERIFY_PLAIN_LAUNCH=jit``), runs in the same
-invocation; every path's output is checked against the torch reference first. Needs a CUDA GPU.
+sampled tokens int32). The baseline, Triton's JIT entry (the launchers' ``jit_only``), runs in the
+same invocation; every path's output is checked against the torch reference first. Needs a CUDA GPU.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
-sys.path.insert(0, str(ROOT / "benchmark"))
 
-from common import (NoGpuError, collect_env, exit_no_gpu, format_preamble, format_table,  # noqa: E402
-                    repro_command, write_json)
+from fastverify.bench.common import (NoGpuError, calls_of, collect_env, exit_no_gpu,  # noqa: E402
+                                     format_preamble, format_table, repro_command, time_host_us,
+                                     write_json)
 
 SCRIPT = "lab/plain_step_launch.py"
 PATHS = ("torch", "jit", "direct")  # the reference's torch ops; Triton's JIT entry; the compiled kernel
@@ -58,22 +55,14 @@ def _calls(path: str, args, pred, k: int):
 def _set_path(path: str) -> None:
     from fastverify.glue import plain_step
 
-    os.environ[plain_step.LAUNCH_ENV] = "jit" if path == "jit" else "direct"
+    plain_step._inputs_launch.jit_only = plain_step._outputs_launch.jit_only = path == "jit"
 
 
 def time_call(fn, calls: int, repeats: int) -> float:
     """Median over `repeats` of the mean host microseconds per call of `calls` back-to-back calls."""
     import torch
 
-    runs = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        runs.append(1e6 * (time.perf_counter() - t0) / calls)
-        torch.cuda.synchronize()
-    return statistics.median(runs)
+    return time_host_us(calls_of(fn), calls, repeats, sync=torch.cuda.synchronize)
 
 
 def run(bs_list, k: int, calls: int, repeats: int) -> dict:
@@ -82,7 +71,7 @@ def run(bs_list, k: int, calls: int, repeats: int) -> dict:
     from fastverify.glue import plain_step
 
     if not plain_step.uses_kernels(torch.empty(0, device="cuda")):
-        raise NoGpuError("the plain step kernels are unavailable here (no Triton, or FASTVERIFY_PLAIN_KERNELS=0)")
+        raise NoGpuError("the plain step kernels are unavailable here (no Triton)")
     rows, checks = [], {}
     for bs in bs_list:
         args, pred = make_inputs(bs, k, "cuda")

@@ -177,11 +177,6 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
 stream = [10 * i for i in range(1, 40)]
 out["dear"] = run("dear.json", 12, [[9, 9, 9]])
 out["built"] = list(BUILT)  # the graph runners the worker's start-up built, in order
-BUILT.clear()
-os.environ["FASTVERIFY_PLAIN_FIRST"] = "1"  # the A/B switch: the plain decode graphs before the extra widths'
-out["plain_first"] = run("dear.json", 12, [[9, 9, 9]])
-out["built_plain_first"] = list(BUILT)
-del os.environ["FASTVERIFY_PLAIN_FIRST"]
 out["cheap"] = run("cheap.json", 16, [stream])
 # patch 0009: chain-shaped verify keeps no host copy of the lengths (the scheduler hands seq_lens_cpu = None)
 out["dear_no_host_lens"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False)

@@ -1,5 +1,5 @@
 """glue/auto.py on stand-in worker objects (no SGLang import): flag checks, the per-step width choice with
-per-request gating and the runtime swap through patch 0008's verify_runtime, the chain view for 0005."""
+per-request gating and the runtime swap through patch 0008's verify_runtime."""
 import json
 from types import SimpleNamespace
 
@@ -18,6 +18,7 @@ def _spec(tmp_path, table, **kw):
     p = tmp_path / "costs.json"
     p.write_text(json.dumps(table))
     base = dict(speculative_ngram_verify_mode="auto", speculative_num_draft_tokens=K,
+                speculative_ngram_match_type="BFS",
                 speculative_ngram_verify_widths="1,2,4", speculative_ngram_auto_cost_table=str(p),
                 speculative_ngram_auto_hysteresis=0.03, enable_metrics=False, decode_log_interval=40)
     base.update(kw)
@@ -134,16 +135,8 @@ def test_flag_checks(tmp_path):
     with pytest.raises(ValueError, match="--speculative-ngram-auto-cost-table .*missing key 'verify_ms'"):
         auto.validate_server_args(_spec(tmp_path, {"decode_ms": 1}))
     assert auto.validate_server_args(_spec(tmp_path, CHEAP, speculative_ngram_verify_mode="tree",
+                                           speculative_ngram_verify_widths=None,
                                            speculative_ngram_auto_cost_table=None)) is None
-
-
-def test_chain_view_and_verify_shape(tmp_path):
-    spec = _spec(tmp_path, CHEAP)
-    v = auto.chain_view(spec)
-    assert v.speculative_ngram_verify_mode == "chain" and v.speculative_num_draft_tokens == K
-    tree = SimpleNamespace(speculative_ngram_verify_mode="tree")
-    assert auto.chain_view(tree) is tree
-    assert auto.verify_shape("auto") == "chain" and auto.verify_shape("tree") == "tree"
 
 
 def test_not_auto_is_a_no_op(tmp_path):
@@ -252,15 +245,10 @@ def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_patched_plain_decode_graphs_are_captured_after_the_extra_widths_unless_asked_first(step_probe):
-    """Auto's plain decode runtime (DECODE graphs, captured while the runner reads as not speculative) is built
-    after the verify widths 1, 2, 4; FASTVERIFY_PLAIN_FIRST=1 builds it first (where a graph's buffers land in the
-    shared graph pool moves its kernels' time). One plain runtime either way, and the same steps and output."""
+def test_patched_plain_decode_graphs_are_captured_after_the_extra_widths(step_probe):
+    """Auto's plain decode runtime (DECODE graphs, captured while the runner reads as not
+    speculative) is built once, after the verify widths 1, 2, 4."""
     assert step_probe["built"] == [[1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"], [1, "NONE"]]
-    assert step_probe["built_plain_first"] == [[1, "NONE"], [1, "NGRAM"], [2, "NGRAM"], [4, "NGRAM"]]
-    first, last = step_probe["plain_first"], step_probe["dear"]
-    assert first["outputs"] == last["outputs"]
-    assert [s["kind"] for s in first["steps"]] == [s["kind"] for s in last["steps"]]
 
 
 @pytest.mark.sglang

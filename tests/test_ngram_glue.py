@@ -19,9 +19,14 @@ def test_spec_overrides():
     assert g.spec_overrides(cfg()) == {}
     assert g.spec_overrides(cfg(speculative_ngram_verify_mode="chain")) == {
         "speculative_eagle_topk": 1, "speculative_num_steps": 7}
-    with pytest.raises(ValueError, match="--speculative-ngram-verify-mode chain cannot be combined with --enable-watermark"):
+    # auto verifies chains: the same overrides
+    auto = cfg(speculative_ngram_verify_mode="auto", speculative_ngram_verify_widths="1,2,8")
+    assert g.spec_overrides(auto) == {"speculative_eagle_topk": 1, "speculative_num_steps": 7}
+    with pytest.raises(ValueError, match="--speculative-ngram-verify-mode chain cannot be combined "
+                                         "with --enable-watermark"):
         g.spec_overrides(cfg(speculative_ngram_verify_mode="chain", enable_watermark=True))
-    with pytest.raises(ValueError, match="--speculative-ngram-verify-mode must be one of tree, chain"):
+    with pytest.raises(ValueError, match="--speculative-ngram-verify-mode must be one of tree, "
+                                         "chain, auto; got 'path'"):
         g.spec_overrides(cfg(speculative_ngram_verify_mode="path"))
 
 
@@ -29,8 +34,18 @@ def test_dummy_mask_and_device():
     import torch
 
     m = torch.ones(4, dtype=torch.bool)
-    assert g.dummy_custom_mask("tree", m) is m and g.dummy_custom_mask("chain", m) is None
+    assert g.dummy_custom_mask(cfg(), m) is m
+    assert g.dummy_custom_mask(cfg(speculative_ngram_verify_mode="chain"), m) is None
     assert g.verify_input_device(None, torch.zeros(2), None) == torch.device("cpu")
+
+
+def test_hook_from_args_reduces_to_chains_in_chain_and_auto_mode():
+    """The worker's hook: chain-shaped for chain and auto (its log and metrics name that shape, as
+    before), tree otherwise."""
+    auto = g.NgramVerifyHook.from_args(cfg(speculative_ngram_verify_mode="auto",
+                                           speculative_ngram_verify_widths="1,2,8"))
+    assert auto.chain and auto.config == ChainConfig(mode="chain", num_draft_tokens=8)
+    assert not g.NgramVerifyHook.from_args(cfg()).chain
 
 
 def test_hook_chain_and_accounting():

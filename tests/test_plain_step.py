@@ -151,8 +151,6 @@ res["warm"] = plain_step.warm("cpu", 8)
 w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
     req_to_token=torch.zeros(4, 96, dtype=torch.int32))), max_batch_size=5, draft_token_num=8)
 res["warm_spec"] = warmup.warm_spec_kernels(w, kernels=(), accept=None, plain=True)
-os.environ[plain_step.ENV] = "0"
-res["switched_off"] = plain_step.uses_kernels(torch.empty(0))
 print("PROBE " + json.dumps(res))
 """
 
@@ -162,7 +160,6 @@ def _run_interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests" / "stubs"),
                                            os.environ.get("PYTHONPATH", "")]))
-    env.pop(plain_step.ENV, None)
     r = subprocess.run([sys.executable, "-c", PROBE.format(tests=str(ROOT / "tests"))], env=env,
                        capture_output=True, text=True, timeout=600)
     line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
@@ -188,7 +185,6 @@ def test_warm_up_runs_each_variant_a_server_meets(interpreted):
     assert interpreted["warm"] == {"variants": 4, "mismatches": [], "direct_checked": 0, "direct_off": None}
     ws = interpreted["warm_spec"]
     assert ws["kernels"] == ["plain_step"] and ws["plain_variants"] == 4 and ws["mismatches"] == []
-    assert interpreted["switched_off"] is False  # FASTVERIFY_PLAIN_KERNELS=0: the torch reference
 
 
 def _binder(kernel):
@@ -267,8 +263,7 @@ class FakeKernel:
         return run
 
 
-def test_direct_launch_after_the_first_launch_of_each_variant(monkeypatch):
-    monkeypatch.delenv(plain_step.LAUNCH_ENV, raising=False)
+def test_direct_launch_after_the_first_launch_of_each_variant():
     k = FakeKernel()
     d = plain_step._Direct(k, ("A", "B"))
     g1, g2 = (1, 1, 1), (2, 1, 1)
@@ -279,13 +274,15 @@ def test_direct_launch_after_the_first_launch_of_each_variant(monkeypatch):
     assert k.log[1:] == [("direct", 1, g1, (11, 21, 31, True, 128)), ("direct", 1, g2, (12, 22, 32, True, 128))]
     d.launch(g1, "v2", (13, 23, 33, False, 128))  # a new variant: the JIT entry first
     assert k.log[3][0] == "jit" and d.direct_launches == 2
-    monkeypatch.setenv(plain_step.LAUNCH_ENV, "jit")  # the A/B switch
+    d.jit_only = True  # a measurement's baseline (lab/plain_step_launch.py)
     d.launch(g1, "v1", (14, 24, 34, True, 128))
     assert k.log[4][0] == "jit" and d.direct_launches == 2
+    d.jit_only = False
+    d.launch(g1, "v1", (15, 25, 35, True, 128))
+    assert k.log[5][0] == "direct" and d.direct_launches == 3
 
 
-def test_no_direct_launch_without_a_compiled_kernel_or_once_turned_off(monkeypatch):
-    monkeypatch.delenv(plain_step.LAUNCH_ENV, raising=False)
+def test_no_direct_launch_without_a_compiled_kernel_or_once_turned_off():
     k = FakeKernel(returns=False)  # (the interpreter, or a Triton that compiles asynchronously)
     d = plain_step._Direct(k, ("A",))
     for _ in range(3):
@@ -306,7 +303,6 @@ def test_warm_up_turns_direct_launches_off_when_they_fail(monkeypatch, caplog):
     """A launcher that refuses the arguments (another Triton's convention): the warm-up catches it on the
     variant's second launch, turns direct launches off for both kernels, and the outputs stay right (every
     later launch through the JIT entry, here the torch reference in its place)."""
-    monkeypatch.delenv(plain_step.LAUNCH_ENV, raising=False)
     calls = []
 
     class RefKernel(FakeKernel):
@@ -375,8 +371,13 @@ def test_only_auto_mode_warms_the_plain_kernels(monkeypatch, mode):
 
     seen = []
     monkeypatch.setattr(warmup, "warm_spec_kernels", lambda worker, **kw: seen.append(kw["plain"]))
-    spec = types.SimpleNamespace(speculative_num_draft_tokens=8, speculative_ngram_verify_mode=mode)
-    assert verify_runtime.build_runtimes(_worker(), spec=spec) is None  # no widths flag: nothing else built
+    built = lambda worker, width: verify_runtime.VerifyRuntime(width, None, None, {})  # noqa: E731
+    monkeypatch.setattr(verify_runtime, "_capture", built)
+    monkeypatch.setattr(verify_runtime, "_build_one", built)
+    spec = types.SimpleNamespace(speculative_num_draft_tokens=8, speculative_ngram_verify_mode=mode,
+                                 speculative_ngram_match_type="BFS",
+                                 speculative_ngram_verify_widths=None if mode == "tree" else "1,8")
+    verify_runtime.build_runtimes(_worker(), spec=spec)
     assert seen == [mode == "auto"]
 
 

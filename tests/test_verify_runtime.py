@@ -13,7 +13,7 @@ FLAG = "--speculative-ngram-verify-widths"
 
 def spec(**kw):
     base = dict(speculative_ngram_verify_widths="1,2,8", speculative_num_draft_tokens=8,
-                speculative_ngram_verify_mode="chain")
+                speculative_ngram_verify_mode="chain", speculative_ngram_match_type="BFS")
     base.update(kw)
     return types.SimpleNamespace(**base)
 
@@ -21,7 +21,9 @@ def spec(**kw):
 def test_validate_server_args():
     assert vr.validate_server_args(spec()).widths == (1, 2, 8)
     assert not vr.validate_server_args(spec(speculative_ngram_verify_widths=None)).enabled
-    assert not vr.validate_server_args(types.SimpleNamespace(speculative_num_draft_tokens=8)).enabled  # unpatched
+    unpatched = types.SimpleNamespace(speculative_num_draft_tokens=8,
+                                      speculative_ngram_match_type="BFS")
+    assert not vr.validate_server_args(unpatched).enabled
     for name, flag in (("enable_lora", "--enable-lora"), ("enable_pdmux", "--enable-pdmux")):
         with pytest.raises(ValueError, match=f"{FLAG} cannot be combined with {flag}"):
             vr.validate_server_args(spec(), types.SimpleNamespace(**{name: True}))
@@ -153,7 +155,7 @@ def test_own_graph_pool_gives_a_capture_a_fresh_pool_and_puts_the_shared_one_bac
         pool.set_global_graph_memory_pool(None)
 
 
-def test_own_graph_pool_for_the_plain_runtime_unless_turned_off(monkeypatch):
+def test_own_graph_pool_for_the_plain_runtime_only(monkeypatch):
     entered = []
 
     @contextlib.contextmanager
@@ -167,10 +169,6 @@ def test_own_graph_pool_for_the_plain_runtime_unless_turned_off(monkeypatch):
     mr = types.SimpleNamespace(decode_cuda_graph_runner=None, init_new_workspace=False,
                                _get_attention_backend=lambda init_new_workspace: "backend")
     worker = types.SimpleNamespace(model_runner=mr, device="cpu")
-    monkeypatch.setenv(vr.OWN_POOL_ENV, "0")
-    vr._build_one(worker, 1, plain=True)
-    assert entered == []
-    monkeypatch.delenv(vr.OWN_POOL_ENV)  # the default
     vr._build_one(worker, 1, plain=True)
     assert entered == [True]
     monkeypatch.setattr(vr, "_worker_views", lambda w, width: {})

@@ -48,11 +48,8 @@ trap 'stop_all; pack' EXIT
 
 # ---- 1. every mode, two workloads, two rounds (servers of phase 1 only: the GPUs and CPUs otherwise idle) ---
 if has 1; then
-MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers (or m_auto_sync,
-# m_plain2: a second server without speculation, the noise floor between two processes of the same flags;
-# m_auto_pf: auto with its plain decode graphs captured before the extra widths' graphs, which moves where their
-# buffers land in the graph memory pool; m_auto_sp: its plain decode graphs captured in SGLang's shared pool, as
-# before they had a pool of their own):
+MODES=${MODES:-"m_plain m_tree m_chain m_chain_w m_auto"}   # a subset of these servers (or m_plain2:
+# a second server without speculation, the noise floor between two processes of the same flags):
 # (ports below 32768, out of the kernel's ephemeral range: an ephemeral port another server took once made the
 # fixed --nccl-port of the next server fail with EADDRINUSE)
 M_CASES="m_plain|23010|$TMA
@@ -60,13 +57,7 @@ m_plain2|23070|$TMA
 m_tree|23020|$TMA $NG
 m_chain|23030|$TMA $NG --speculative-ngram-verify-mode chain
 m_chain_w|23040|$TMA $NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
-m_auto|23050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
-m_auto_sync|23060|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
-m_auto_pf|23080|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
-m_auto_sp|23090|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
-SRV_ENV_m_auto_sync="FASTVERIFY_NGRAM_HOST_SEQ_LENS=1"  # auto with the host copy of the lengths kept (patch 0009 off)
-SRV_ENV_m_auto_pf="FASTVERIFY_PLAIN_FIRST=1"  # auto with its plain decode graphs captured before the extra widths'
-SRV_ENV_m_auto_sp="FASTVERIFY_PLAIN_OWN_POOL=0"  # auto with its plain decode graphs in SGLang's shared graph pool
+m_auto|23050|$TMA $NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8"
 CASES=$(echo "$M_CASES" | grep -E "^($(echo $MODES | tr ' ' '|'))\|")
 # LAUNCH_SERIAL=1: each server up before the next starts (large models: no start-up races over GPU memory;
 # the default for the dummy models, which lost servers to such races when started together)
@@ -109,7 +100,7 @@ for tag in $ROUND_TAGS; do
   pack
 done
 for n in $MODES; do up "$n" && scrape "$n"; done
-for n in m_tree m_chain m_chain_w m_auto m_auto_sync m_auto_pf m_auto_sp; do
+for n in m_tree m_chain m_chain_w m_auto; do
   for lv in c=1 c=4; do
     [ -f "$W/${n}_greedy_r1.json" ] && python3 "$D/serving.py" compare "$W/m_plain_greedy_r1.json" "$W/${n}_greedy_r1.json" --level $lv
   done

@@ -59,12 +59,6 @@ launch_servers() {  # launch_servers "COMMON ARGS" <<< "name|port|extra args" li
     [ "${STEPTRACE:-0}" = 1 ] && trace="FASTVERIFY_STEP_TRACE=$W/steps-$name PYTHONPATH=$PWD/lab/steptrace:$PYTHONPATH"
     # STEPTRACE_GPU=1 (with STEPTRACE=1): each step's device span and the forward stream's idle gap after it
     [ -n "$trace" ] && [ "${STEPTRACE_GPU:-0}" = 1 ] && trace="$trace FASTVERIFY_STEP_TRACE_GPU=1"
-    # SCHED_CPUS=a,b: the scheduler thread of the rank on GPU i pinned to the i-th CPU (python/fastverify/affinity.py;
-    # every server the same CPUs: one server runs a load at a time)
-    if [ -n "${SCHED_CPUS:-}" ]; then
-      [ -z "$trace" ] && trace="PYTHONPATH=$PWD/lab/steptrace:$PYTHONPATH"
-      trace="$trace FASTVERIFY_SCHED_CPUS=$SCHED_CPUS"
-    fi
     TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid env $trace ${SRV_ENV_ALL:-} ${!envv:-} python3 -m sglang.launch_server $common \
       --port "$port" --nccl-port $((port + 5)) $extra > "$W/$name.log" 2>&1 &
     PID[$name]=$!; PORT[$name]=$port

@@ -204,8 +204,8 @@ GUARDS = [
           contains=("        # Construct the next draft input\n",
                     "            speculative_num_draft_tokens=self.speculative_num_draft_tokens,\n")),
     # 0007: auto verify. Flags after the 0005 verify-mode field (itself after the external-corpus fields),
-    # calls in _handle_ngram, the worker's constructor / init_cuda_graphs (0008) / draft preparation, and the
-    # CUDA-graph dummy verify input; none of them may exist upstream.
+    # calls in _handle_ngram, the worker's init_cuda_graphs (0008) and draft preparation; none of
+    # them may exist upstream.
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16",), file="sglang/srt/server_args.py",
           symbol="ServerArgs.speculative_ngram_external_corpus_max_tokens",
           lacks=("speculative_ngram_auto_cost_table", "speculative_ngram_auto_hysteresis")),
@@ -239,14 +239,6 @@ GUARDS = [
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/ngram_worker.py", symbol="NGRAMWorker._efficient_concat_last_n",
           params=("self", "seq1", "seq2", "n")),
-    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
-          file="sglang/srt/speculative/spec_info.py", symbol="SpeculativeAlgorithm.NONE"),
-    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16",), file="sglang/srt/speculative/spec_info.py",
-          symbol="create_dummy_verify_input",
-          params=("spec_algorithm", "server_args", "custom_mask", "num_tokens_per_req", "is_draft_worker")),
-    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.23",), file="sglang/srt/speculative/spec_info.py",
-          symbol="create_dummy_verify_input",
-          params=("spec_algorithm", "custom_mask", "num_tokens_per_req", "is_draft_worker")),
     # 0009: the n-gram force in decide_needs_cpu_seq_lens (its reason: the tree verify's full mask reads
     # seq_lens_cpu; chain mode skips that build behind 0005's `not self._fv.chain`).
     Guard(patch="0009-ngram-chain-host-seq-lens.patch", versions=("0.5.16",),
@@ -257,6 +249,19 @@ GUARDS = [
           file="sglang/srt/managers/overlap_utils.py", symbol="decide_needs_cpu_seq_lens",
           params=("attn_backends",),
           contains=("    if algo.is_ngram():\n", "        return True\n    # Skip unset slots")),
+    # 0010: our flags checked right after parse_args in prepare_server_args, and for ServerArgs built
+    # in code before the dummy-model boundary (0.5.16 __post_init__) / the resolution pipeline (0.5.23).
+    Guard(patch="0010-validate-flags-at-parse.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/server_args.py", symbol="prepare_server_args", params=("argv",),
+          contains=("    raw_args = parser.parse_args(argv)\n",), lacks=("_fv_flags",)),
+    Guard(patch="0010-validate-flags-at-parse.patch", versions=("0.5.16",),
+          file="sglang/srt/server_args.py", symbol="ServerArgs.__post_init__", params=("self",),
+          contains=('        self._resolved_overrides = []\n\n'
+                    '        if self.model_path.lower() in ["none", "dummy"]:\n',)),
+    Guard(patch="0010-validate-flags-at-parse.patch", versions=("0.5.23",),
+          file="sglang/srt/server_args.py", symbol="ServerArgs.resolve_once", params=("self",),
+          contains=("        from sglang.srt.arg_groups.pipeline import run_resolution_pipeline\n\n"
+                    "        self._input_frozen = True\n",)),
     # 0011: pass-cost emulator. Flags after the debug tensor dump fields, validation beside 0006's in
     # check_server_args, install in ModelRunner.__init__ once the forward stream exists (device set), the
     # pass scope in forward, the eager wait before _forward_raw's last return (the decode/verify graph
@@ -300,7 +305,10 @@ GUARDS = [
 GLUE_SEAMS = [
     # fastverify.glue.verify_runtime.plain_algorithm / auto.run_plain_decode (0007's plain decode step): the
     # graph runner's capture mode follows ModelRunner.spec_algorithm (an attribute set from the server args),
-    # and a DECODE pass takes its positions from seq_lens - 1.
+    # and a DECODE pass takes its positions from seq_lens - 1; the plain pass reads as
+    # SpeculativeAlgorithm.NONE.
+    Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/spec_info.py", symbol="SpeculativeAlgorithm.NONE"),
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner.decode_num_tokens_per_req",
           contains=("        self.spec_algorithm = SpeculativeAlgorithm.from_string(\n",)),

@@ -77,10 +77,19 @@ def test_every_ngram_capture_dummy_drops_the_mask_in_chain_mode(ver, tmp_path):
     bad = [f"{f}:{line}: custom_mask={src}" for f, line, src in found
            if not (src == "None" or "dummy_custom_mask(" in src or "_fv.chain" in src)]
     assert not bad, "NGRAM verify inputs that keep a mask in chain mode:\n" + "\n".join(bad)
+    # the glue reads the verify mode off the server args itself (fastverify.glue.config)
+    assert not [src for _, _, src in found if "speculative_ngram_verify_mode" in src]
 
 
 def test_dummy_mask_is_none_for_chain_shaped_modes():
+    from types import SimpleNamespace
+
+    def args(mode):
+        return SimpleNamespace(speculative_ngram_verify_mode=mode, speculative_num_draft_tokens=8,
+                               speculative_ngram_match_type="BFS",
+                               speculative_ngram_verify_widths="1,2,8" if mode == "auto" else None)
+
     mask = object()
-    assert fv_ngram.dummy_custom_mask("tree", mask) is mask
-    assert fv_ngram.dummy_custom_mask("chain", mask) is None
-    assert fv_ngram.dummy_custom_mask("auto", mask) is None
+    assert fv_ngram.dummy_custom_mask(args("tree"), mask) is mask
+    assert fv_ngram.dummy_custom_mask(args("chain"), mask) is None
+    assert fv_ngram.dummy_custom_mask(args("auto"), mask) is None

@@ -9,9 +9,8 @@ model, and gates requests whose own expected gain is below one to no draft.
 Seams (both pinned SGLang versions; the patch holds the exact hunks):
     server args / arg_groups            "auto" for --speculative-ngram-verify-mode; --speculative-ngram-auto-
                                         cost-table, --speculative-ngram-auto-hysteresis
-    speculative_hook._handle_ngram      chain_view(args) for 0005's overrides (auto verifies chain-shaped);
-                                        validate_server_args(args): flag checks before any process starts
-    NGRAMWorker.__init__                chain_view(args) for 0005's verify hook
+    speculative_hook._handle_ngram      validate_server_args(args): flag checks before any process
+                                        starts
     NGRAMWorker.init_cuda_graphs        setup(worker): after 0008 built the runtimes per width: the plain decode
                                         runtime (DECODE graphs), then the cost table (file, or calibration by
                                         replaying the captured decode and verify graphs)
@@ -27,7 +26,9 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
                                         the width's runtime (0008's finish_step puts k back); fill_roots(worker,
                                         batch, draft_tokens) after the drafts' copy: the roots of drafts looked
                                         up behind
-    spec_info.create_dummy_verify_input verify_shape(mode): capture graphs mask-free in auto mode
+
+Auto verifies chains, so 0005's seams treat it as chain mode (its overrides, the chain reduction,
+mask-free capture dummies): fastverify.glue.config gives both modes the chain shape.
 
 Every TP rank must pick the same width each step (the pass holds collectives): the gain model sees the same
 requests and tokens on every rank, and the cost table is the file's or rank 0's calibration, broadcast. The
@@ -76,13 +77,12 @@ from fastverify.controller import NONE, PLAN_PROBE, AutoConfig, Controller, Requ
 from fastverify.costs import (LEAN, PROBE, SPEC, CostTable, CostTableError, StepCosts, calibrate,
                               load_cost_table)
 from fastverify.gains import DraftFeatures, ShadowTracker
+from fastverify.glue.config import MODE_FLAG, WIDTHS_FLAG, verify_config
 
 logger = logging.getLogger("fastverify.auto")
 
-MODE_FLAG = "--speculative-ngram-verify-mode"
 COSTS_FLAG = "--speculative-ngram-auto-cost-table"
 HYST_FLAG = "--speculative-ngram-auto-hysteresis"
-WIDTHS_FLAG = "--speculative-ngram-verify-widths"
 HELP_COST_TABLE = (
     "JSON cost table for --speculative-ngram-verify-mode auto: {\"decode_ms\": {bs: ms}, \"verify_ms\": "
     "{tokens in the pass: ms}} (or a microbenchmark JSON carrying it under \"cost_table\"). Default: measured at "
@@ -99,56 +99,19 @@ REFILL_STEPS = 3  # decode steps after a prefill whose host work is exposed (2x 
 # ran 0.6-1.3 ms longer each in auto than in the plain server)
 
 
-class _ChainView:
-    """Read-only view of the server args in which auto reads as chain (the verify shape it shares)."""
-
-    def __init__(self, args):
-        object.__setattr__(self, "_args", args)
-
-    def __getattr__(self, name):
-        if name == "speculative_ngram_verify_mode":
-            return "chain"
-        return getattr(self._args, name)
-
-
-def verify_shape(mode):
-    """The verify shape of a mode for code written for tree/chain: auto verifies chains."""
-    return "chain" if mode == "auto" else mode
-
-
-def chain_view(args):
-    return _ChainView(args) if getattr(args, "speculative_ngram_verify_mode", None) == "auto" else args
-
-
-def config_from(spec):
-    """The frozen AutoConfig from the server args (None unless the mode is auto)."""
-    if getattr(spec, "speculative_ngram_verify_mode", None) != "auto":
-        return None
-    from fastverify.widths import parse_widths
-
-    k = int(spec.speculative_num_draft_tokens)
-    widths = parse_widths(getattr(spec, "speculative_ngram_verify_widths", None), k, "auto")
-    if not widths.enabled or 1 not in widths.widths:
-        raise ValueError(f"{MODE_FLAG} auto needs {WIDTHS_FLAG} with 1 (the step without speculation) and "
-                         f"k = {k}, e.g. {WIDTHS_FLAG} 1,2,4,{k}; got {getattr(spec, 'speculative_ngram_verify_widths', None)!r}")
-    h = getattr(spec, "speculative_ngram_auto_hysteresis", 0.03)
-    return AutoConfig(max_chain=k - 1, tree_width=0, chain_widths=tuple(w for w in widths.widths if w >= 2),
-                      hysteresis=float(h), shape="uniform")
-
-
 def validate_server_args(spec):
-    """Launcher-side checks (raise ValueError naming the flag); loads the cost table file if one is given."""
-    cfg = config_from(spec)
-    path = getattr(spec, "speculative_ngram_auto_cost_table", None)
-    if cfg is None:
-        if path:
+    """Launcher-side checks (raise ValueError naming the flag); loads the cost table file if one is
+    given. Returns the AutoConfig (None unless the mode is auto)."""
+    cfg = verify_config(spec)
+    if cfg.auto is None:
+        if cfg.cost_table:
             raise ValueError(f"{COSTS_FLAG} needs {MODE_FLAG} auto")
         return None
-    if getattr(spec, "enable_watermark", False):
+    if cfg.watermark:
         raise ValueError(f"{MODE_FLAG} auto cannot be combined with --enable-watermark; use tree")
-    if path:
-        load_cost_table(path, COSTS_FLAG)
-    return cfg
+    if cfg.cost_table:
+        load_cost_table(cfg.cost_table, COSTS_FLAG)
+    return cfg.auto
 
 
 class Behind(NamedTuple):
@@ -188,23 +151,21 @@ class AutoState:
 def setup(worker, spec=None, observability=None, plain=None):
     """Once per worker, after the verify runtimes per width exist. None unless the mode is auto.
 
-    Builds the plain decode runtime (DECODE graphs; ``plain``: one built already, as is the one
-    `verify_runtime.build_runtimes` builds first with ``FASTVERIFY_PLAIN_FIRST=1``) and then, without a cost
-    table file, calibrates: the plain graphs give the decode costs, the verify graphs of every width the rest."""
+    Builds the plain decode runtime (DECODE graphs; ``plain``: one built already) and then,
+    without a cost table file, calibrates: the plain graphs give the decode costs, the verify graphs
+    of every width the rest."""
     spec = spec if spec is not None else _spec_of(worker)
-    cfg = config_from(spec)
+    flags = verify_config(spec)
+    cfg = flags.auto
     if cfg is None:
         worker._fv_auto = None
         return None
     obs = observability if observability is not None else spec
     if plain is None:
-        plain = getattr(worker, "_fv_plain_first", None)  # verify_runtime.PLAIN_FIRST_ENV: built already
-    if plain is None:
         from fastverify.glue.verify_runtime import build_plain_runtime
 
         plain = build_plain_runtime(worker)
-    path = getattr(spec, "speculative_ngram_auto_cost_table", None)
-    costs = (load_cost_table(path, COSTS_FLAG) if path
+    costs = (load_cost_table(flags.cost_table, COSTS_FLAG) if flags.cost_table
              else _broadcast_from_first_rank(calibrate_worker(worker, plain=plain)))
     logger.info("auto verify: widths %s, cost table %s: decode %s ms, verify %s ms", (1,) + cfg.chain_widths,
                 costs.source, costs.decode, costs.verify)

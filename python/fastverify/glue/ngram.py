@@ -1,16 +1,19 @@
 """N-gram verify-mode glue: what patch 0005-ngram-chain-verify calls from SGLang's n-gram worker.
 
 Seams (both pinned SGLang versions; the patch holds the exact hunks):
-    speculative_hook._handle_ngram     spec_overrides(cfg): chain mode -> topk 1, num_steps k-1
-    ngram_worker.NGRAMWorker.__init__  NgramVerifyHook.from_args(spec, observability)
+    speculative_hook._handle_ngram     spec_overrides(cfg): chain, auto -> topk 1, num_steps k-1
+    ngram_worker.NGRAMWorker.__init__  NgramVerifyHook.from_args(spec, observability): chain-shaped
+                                       (chain, auto) reduces the drafts to chains
     ngram_worker._prepare_draft_tokens hook.after_batch_get(tokens, mask, bs): the chain, plus the step's plan
     ngram_worker (full-mask build)     skipped in chain mode; the verify input gets custom_mask=None
     ngram_worker.on_verify_complete_cpu  hook.on_verify_complete(num_correct_drafts_per_req): accounting
     ngram_info.NgramVerifyInput        verify_input_device(...), and no mask padding when the mask is None
-    spec_info.create_dummy_verify_input  dummy_custom_mask(mode, mask): None in chain mode (CUDA-graph capture)
+    spec_info.create_dummy_verify_input  dummy_custom_mask(spec, mask): None for chain-shaped verify
+    decode graph runner's own dummy      the same (CUDA-graph capture)
     overlap_utils.decide_needs_cpu_seq_lens  needs_host_seq_lens(spec): tree mode only (patch 0009)
 
-Nothing here imports SGLang; the arguments are SGLang's own config objects, read by attribute once.
+The flags are read once per args object, by fastverify.glue.config (`verify_config`); chain and
+auto verify share the chain shape. Nothing here imports SGLang.
 """
 from __future__ import annotations
 
@@ -18,68 +21,50 @@ import logging
 from collections import deque
 
 from fastverify.chain import ChainConfig, VerifyStats, plan_verify, real_draft_lengths, reduce_to_chain
+from fastverify.glue.config import MODE_FLAG as FLAG
+from fastverify.glue.config import verify_config
 
 logger = logging.getLogger("fastverify.ngram")
 
-FLAG = "--speculative-ngram-verify-mode"
-
-
-def config_from(spec) -> ChainConfig:
-    """The frozen verify config from SGLang's spec settings (ServerArgs in 0.5.16, get_spec() in 0.5.23)."""
-    return ChainConfig(
-        mode=getattr(spec, "speculative_ngram_verify_mode", "tree") or "tree",
-        num_draft_tokens=int(spec.speculative_num_draft_tokens),
-        match_type=spec.speculative_ngram_match_type,
-    )
-
 
 def spec_overrides(cfg) -> dict:
-    """Server-argument values chain mode imposes during spec resolution (empty in tree mode).
+    """Server-argument values chain-shaped verify (chain and auto) imposes during spec resolution
+    (empty in tree mode).
 
-    ``cfg`` is the (resolving) server-args view after the draft-token default is applied. Chain mode verifies one
-    path of k = speculative_num_draft_tokens tokens (root included), i.e. topk 1 and k - 1 steps, which makes
-    FA3/TRTLLM-MHA take their causal topk-1 path and skips the topk>1 + page_size>1 backend restriction.
+    ``cfg`` is the (resolving) server-args view after the draft-token default is applied. A chain of
+    k = speculative_num_draft_tokens tokens (root included) is topk 1 and k - 1 steps, which makes
+    FA3/TRTLLM-MHA take their causal topk-1 path and skips the topk>1 + page_size>1 backend
+    restriction.
     """
-    mode = getattr(cfg, "speculative_ngram_verify_mode", "tree") or "tree"
-    conf = ChainConfig(mode=mode, num_draft_tokens=int(cfg.speculative_num_draft_tokens),
-                       match_type=cfg.speculative_ngram_match_type)
-    if conf.mode != "chain":
+    conf = verify_config(cfg)
+    if conf.shape != "chain":
         return {}
-    if getattr(cfg, "enable_watermark", False):
-        raise ValueError(f"{FLAG} chain cannot be combined with --enable-watermark (its verify path reads the "
-                         "tree mask); use tree")
-    return {"speculative_eagle_topk": 1, "speculative_num_steps": conf.num_draft_tokens - 1}
+    if conf.watermark:
+        raise ValueError(f"{FLAG} {conf.mode} cannot be combined with --enable-watermark (its "
+                         "verify path reads the tree mask); use tree")
+    return {"speculative_eagle_topk": 1, "speculative_num_steps": conf.k - 1}
 
 
-def dummy_custom_mask(mode, custom_mask):
-    """Mask for a CUDA-graph capture dummy: None for chain-shaped verify (chain, and auto, which verifies chains).
+def dummy_custom_mask(spec, custom_mask):
+    """Mask for a CUDA-graph capture dummy of the server whose args are ``spec``: None for
+    chain-shaped verify.
 
-    Every place that builds the capture dummy must go through this: a verify graph captured with a mask keeps
-    reading the mask buffer at replay, and in chain mode nothing writes that buffer (seen on 2x H200,
-    2026-11-30: the graph captured in the decode graph runner's own dummy attended through a stale mask and
-    greedy output diverged from the first verify step).
+    Every place that builds the capture dummy must go through this: a verify graph captured with a
+    mask keeps reading the mask buffer at replay, and in chain mode nothing writes that buffer (seen
+    on 2x H200, 2026-11-30: the graph captured in the decode graph runner's own dummy attended
+    through a stale mask and greedy output diverged from the first verify step).
     """
-    return None if mode in ("chain", "auto") else custom_mask
+    return None if verify_config(spec).shape == "chain" else custom_mask
 
 
-HOST_SEQ_LENS_ENV = "FASTVERIFY_NGRAM_HOST_SEQ_LENS"  # "1": keep the host copy in every mode (to compare)
-
-
-def needs_host_seq_lens(spec, environ=None) -> bool:
-    """Does the n-gram worker read the host copy of the sequence lengths (batch.seq_lens_cpu)? Only its tree
-    verify does: it sizes the full custom mask of each request from it. Chain-shaped verify (chain, and auto,
-    which verifies chains) builds no such mask. SGLang makes the scheduler keep that copy for every n-gram server,
-    a blocking device-to-host copy before every decode step that also keeps the host from preparing the next
-    step while the GPU runs the current one; without it the attention backends alone decide (triton,
-    FlashAttention 3 and TRT-LLM MHA do not need it). Patch 0009 asks this; ``FASTVERIFY_NGRAM_HOST_SEQ_LENS=1``
-    keeps the copy anyway."""
-    import os
-
-    env = os.environ if environ is None else environ
-    if env.get(HOST_SEQ_LENS_ENV, "") == "1":
-        return True
-    mode = getattr(spec, "speculative_ngram_verify_mode", "tree") or "tree"
-    return mode not in ("chain", "auto")
+def needs_host_seq_lens(spec) -> bool:
+    """Does the n-gram worker read the host copy of the sequence lengths (batch.seq_lens_cpu)? Only
+    its tree verify does: it sizes the full custom mask of each request from it; chain-shaped verify
+    builds no such mask. SGLang makes the scheduler keep that copy for every n-gram server, a
+    blocking device-to-host copy before every decode step that also keeps the host from preparing
+    the next step while the GPU runs the current one; without it the attention backends alone decide
+    (triton, FlashAttention 3 and TRT-LLM MHA do not need it). Patch 0009 asks this."""
+    return verify_config(spec).shape == "tree"
 
 
 def verify_input_device(custom_mask, draft_token, new_seq_lens):
@@ -110,7 +95,8 @@ class NgramVerifyHook:
     @classmethod
     def from_args(cls, spec, observability=None) -> "NgramVerifyHook":
         obs = observability if observability is not None else spec
-        return cls(config_from(spec), getattr(obs, "decode_log_interval", 40), getattr(obs, "enable_metrics", False))
+        return cls(verify_config(spec).verify, getattr(obs, "decode_log_interval", 40),
+                   getattr(obs, "enable_metrics", False))
 
     def after_batch_get(self, tokens, mask, bs: int):
         """Corpus output of one step -> what the worker verifies (the chain in chain mode, unchanged in tree)."""

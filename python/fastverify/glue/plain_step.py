@@ -22,26 +22,22 @@ arguments, builds the specialisation key, compiles or finds the variant), which 
 later calls of that variant launch the compiled kernel directly (``_Direct``), keyed by what decides the
 variant here (the constexprs, the tensors' dtypes, whether an integer argument needs 64 bits and, on a Triton
 without alignment exemptions, the inputs' 16-byte alignment), so the step's host time no longer pays the JIT's
-binding and key per launch.
-``FASTVERIFY_PLAIN_LAUNCH=jit`` keeps every launch on the JIT entry (an A/B switch); ``warm`` launches each
-variant both ways and checks both against the reference, and turns the direct launch off (logged) if it
-raises or disagrees.
+binding and key per launch. ``warm`` launches each variant both ways and checks both against the
+reference, and turns the direct launch off (logged) if it raises or disagrees; a launcher's
+``jit_only`` keeps its launches on the JIT entry (the baseline of lab/plain_step_launch.py).
 
 ``plain_inputs_ref`` / ``plain_outputs_ref`` are the torch statements the step ran before, kept as the
 reference the kernels are tested against and as the path for tensors that are not on a GPU (the CPU tests'
-stand-in batches) unless Triton's interpreter is on. ``FASTVERIFY_PLAIN_KERNELS=0`` forces the reference path
-(an A/B switch). Triton is imported with this module, which ``auto`` imports only inside the plain step.
+stand-in batches) unless Triton's interpreter is on. Triton is imported with this module, which
+``glue.auto`` imports only inside the plain step.
 """
 from __future__ import annotations
 
 import inspect
 import logging
-import os
 
 logger = logging.getLogger("fastverify.plain_step")
 
-ENV = "FASTVERIFY_PLAIN_KERNELS"
-LAUNCH_ENV = "FASTVERIFY_PLAIN_LAUNCH"  # "jit": every launch through Triton's JIT entry (no direct launch)
 BLOCK = 128  # requests (inputs) or accept-token slots (outputs) per program: one program up to bs 128 / 16 x 8
 
 try:
@@ -67,7 +63,8 @@ def _jit_options(ints, ptrs) -> dict:
 class _Direct:
     """One kernel's launches: the first of each variant key through the JIT entry, which returns the compiled
     kernel; the next ones through that compiled kernel's own launcher (every parameter positionally, the
-    constexprs last, as the JIT entry passes them). ``off``: why direct launches are not used (None: used)."""
+    constexprs last, as the JIT entry passes them). ``off``: why direct launches are not used (None:
+    used); ``jit_only``: every launch through the JIT entry (a measurement's baseline)."""
 
     def __init__(self, kernel, constexprs):
         self.kernel = kernel
@@ -75,12 +72,13 @@ class _Direct:
         self.runners: dict = {}  # (variant key, grid) -> the compiled kernel's launcher for that grid
         self.compiled: dict = {}  # variant key -> compiled kernel
         self.off = None
+        self.jit_only = False
         self.direct_launches = 0
 
     def launch(self, grid, key, args) -> None:
         """``grid``: three dimensions (a compiled kernel's launcher reads all three); ``args``: every parameter
         of the kernel in order, the constexprs' values last."""
-        if self.off is None and os.environ.get(LAUNCH_ENV, "direct") != "jit":
+        if self.off is None and not self.jit_only:
             run = self.runners.get((key, grid))
             if run is None and key in self.compiled:
                 run = self.runners[(key, grid)] = self.compiled[key][grid]
@@ -156,8 +154,7 @@ _outputs_launch = _Direct(_plain_outputs_kernel, ("BLOCK",))
 
 def uses_kernels(t) -> bool:
     """Whether tensors on ``t``'s device take the Triton kernels (else the torch reference)."""
-    return (_plain_inputs_kernel is not None and (t.is_cuda or _INTERPRETED)
-            and os.environ.get(ENV, "1") != "0")
+    return _plain_inputs_kernel is not None and (t.is_cuda or _INTERPRETED)
 
 
 def plain_inputs_ref(accept_tokens, accept_lens, bs: int, roots_first: bool, req_to_token, req_pool_indices,

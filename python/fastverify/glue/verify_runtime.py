@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -42,18 +41,13 @@ from fastverify.widths import (
     chain_draft_lengths,
     choose_width,
     pad_accept_tokens,
-    parse_widths,
     truncate_drafts,
 )
+from fastverify.glue.config import verify_config
 
 logger = logging.getLogger("fastverify.verify_runtime")
 
 SOURCE = "fastverify.verify_widths"
-PLAIN_FIRST_ENV = "FASTVERIFY_PLAIN_FIRST"  # "1": auto's plain decode graphs captured before the extra widths'
-# auto's plain decode graphs are captured in a graph memory pool of their own ("0": in SGLang's shared pool, after
-# the verify graphs). On 2x H200 the bs-1 plain step's forward then came within 4-13 us of the plain server's,
-# against 19-37 us over it in the shared pool (one GEMM; docs/eagle-fast-verify.md, run49-run52)
-OWN_POOL_ENV = "FASTVERIFY_PLAIN_OWN_POOL"
 # The n-gram worker's per-batch-size draft buffer views (lists indexed by bs) and how one request sizes them.
 VIEW_LISTS = (
     ("draft_tokens_batch", "draft_tokens", "w", False),
@@ -66,22 +60,13 @@ VIEW_LISTS = (
 
 
 # ------------------------------------------------------------------------------------------- configuration
-def config_from(spec) -> WidthsConfig:
-    """The frozen widths config from SGLang's spec settings (ServerArgs in 0.5.16, get_spec() in 0.5.23)."""
-    return parse_widths(
-        getattr(spec, "speculative_ngram_verify_widths", None),
-        spec.speculative_num_draft_tokens,
-        getattr(spec, "speculative_ngram_verify_mode", "tree") or "tree",
-    )
-
-
 def validate_server_args(spec, view=None) -> WidthsConfig:
     """Launcher-side check of the flag (raises ValueError naming it); returns the parsed config.
 
     ``spec``: the resolving server args (k and the verify mode already resolved); ``view``: the resolved view,
     for features whose per-width state SGLang keeps once per model runner (refused with the flag).
     """
-    cfg = config_from(spec)
+    cfg = verify_config(spec).widths
     if not cfg.enabled:
         return cfg
     src = view if view is not None else spec
@@ -222,9 +207,11 @@ def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
     mr = worker.model_runner
     base_runner = mr.decode_cuda_graph_runner
     tic, free0 = time.perf_counter(), _free_bytes(worker.device)
-    own_pool = plain and os.environ.get(OWN_POOL_ENV, "1") != "0"
+    # a plain runtime's graphs are captured in a graph memory pool of their own: on 2x H200 the bs-1
+    # plain step's forward then came within 4-13 us of the plain server's, against 19-37 us over it
+    # in SGLang's shared pool, after the verify graphs (one GEMM; docs/eagle-fast-verify.md)
     with spec_settings(mr, width), (plain_algorithm(mr) if plain else contextlib.nullcontext()), \
-            (own_graph_pool() if own_pool else contextlib.nullcontext()):
+            (own_graph_pool() if plain else contextlib.nullcontext()):
         saved_flag = mr.init_new_workspace
         try:
             attn_backend = mr._get_attention_backend(init_new_workspace=True)
@@ -252,16 +239,10 @@ def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | Non
     from fastverify.glue.warmup import warm_spec_kernels
 
     spec = spec if spec is not None else _spec_of(worker)
-    cfg = config_from(spec)
-    auto = getattr(spec, "speculative_ngram_verify_mode", None) == "auto"
+    flags = verify_config(spec)
+    cfg = flags.widths
+    auto = flags.mode == "auto"
     warm_spec_kernels(worker, widths=cfg.widths if cfg.enabled else None, plain=auto)
-    if auto and os.environ.get(PLAIN_FIRST_ENV) == "1":
-        # an A/B switch: auto's plain decode graphs captured before the extra widths' graphs (auto.setup takes
-        # this runtime), so that their buffers land elsewhere in SGLang's shared graph memory pool. Under the
-        # torch profiler that moved one GEMM of the 24-layer dummy model to the plain server's time (batch size
-        # 1: 1667 against 1697 us per step, the plain server 1665); serving, the plain steps' periods did not
-        # follow (2x H200, run47 and run48): off by default
-        worker._fv_plain_first = build_plain_runtime(worker)
     if not cfg.enabled:
         worker._fv_widths = None
         return None
@@ -281,8 +262,8 @@ def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | Non
 
 def build_plain_runtime(worker) -> VerifyRuntime:
     """The runtime of a plain decode pass (one token per request, DECODE graphs at the captured batch sizes):
-    what the auto mode runs for a step that verifies nothing. Built once, by ``auto.setup`` after the verify
-    runtimes (with ``FASTVERIFY_PLAIN_FIRST=1`` by `build_runtimes`, before the extra widths')."""
+    what the auto mode runs for a step that verifies nothing. Built once, by ``auto.setup`` after
+    the verify runtimes, its graphs in a memory pool of their own (`own_graph_pool`)."""
     rt = _build_one(worker, 1, plain=True)
     logger.info("plain decode runtime built in %.1f s, %.0f MiB of device memory (%s)", rt.build_seconds,
                 rt.build_bytes / 2**20, "CUDA graphs" if rt.graph_runner is not None else "eager")

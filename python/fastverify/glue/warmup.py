@@ -19,9 +19,9 @@ compilation happens before serving; with Triton's on-disk cache a later start on
 In auto verify mode the plain decode step's own two kernels (``plain_step``) are compiled too, once per
 variant a server meets (their batch size is a runtime argument).
 
-Called from ``verify_runtime.build_runtimes`` (patch 0008's seam in ``NGRAMWorker.init_cuda_graphs``), so
-every n-gram server of the series warms alike. ``FASTVERIFY_WARM_KERNELS=0`` turns it off (for an A/B run).
-Nothing fails start-up: a kernel that cannot be found or run is logged and skipped.
+Called from ``verify_runtime.build_runtimes`` (patch 0008's seam in
+``NGRAMWorker.init_cuda_graphs``), so every n-gram server of the series warms alike. Nothing fails
+start-up: a kernel that cannot be found or run is logged and skipped.
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ import time
 
 logger = logging.getLogger("fastverify.warmup")
 
-ENV = "FASTVERIFY_WARM_KERNELS"
 # (module, kernel, dtype of the lengths its callers pass): the step's Triton kernels with
 # next_power_of_2(batch size) as a tl.constexpr; both pinned SGLang versions define them with the signature
 # (req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len: constexpr,
@@ -112,8 +111,6 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     what it must produce; a mismatch is logged. Every new bucket compiles once on a machine whose Triton cache
     lacks it (up to a second each), so the time is logged. Returns what was done: {"kernels", "buckets",
     "moves", "seconds", "mismatches", "plain_variants"}, or {"skipped": reason}."""
-    if os.environ.get(ENV, "1") == "0":
-        return {"skipped": f"{ENV}=0"}
     import torch
 
     pool = getattr(getattr(getattr(worker, "model_runner", None), "req_to_token_pool", None), "req_to_token", None)
