@@ -23,12 +23,13 @@ import os
 import re
 import shlex
 import socket
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from fastverify.bench.common import time_gpu_us  # noqa: E402
 
 # Lines of NCCL_DEBUG=INFO output that show what NCCL took from the environment and chose.
 EVIDENCE = re.compile(r"(set by environment to|NCCL version|channels|[Pp]roto|Algo|NCCL_ALGO|NCCL_PROTO|BUFFSIZE)")
@@ -60,18 +61,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _time(fn, calls: int, reps: int):
-    import torch
-
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(calls)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)   # us per all-reduce
-    return statistics.median(times)
+def _time(fn, calls: int, reps: int) -> float:
+    """us per all-reduce: median of `reps` CUDA-event timings of fn(calls) (`calls` all-reduces)."""
+    return time_gpu_us(lambda: fn(calls), reps, warmup=0)["median_us"] / calls
 
 
 def worker(rank: int, args, port: int, log_dir: str, result_path: str) -> None:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
 import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from fastverify.bench.common import time_host_us  # noqa: E402
 from fastverify.glue import timing_hook  # noqa: E402
 from fastverify.timing import PassTimer, TimingConfig  # noqa: E402
 
@@ -42,15 +41,6 @@ class _NoClock:
 
     def wait(self, mark):
         pass
-
-
-def _per_call_us(fn, n: int, repeats: int) -> float:
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(n)
-        runs.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(runs)
 
 
 def main(argv=None) -> int:
@@ -87,10 +77,10 @@ def main(argv=None) -> int:
             f(1)
 
     res = {
-        "pass_scope_on_us": _per_call_us(scope(on), args.passes, args.repeats),
-        "pass_scope_off_us": _per_call_us(scope(off), args.passes, args.repeats),
-        "collective_wrapper_us": _per_call_us(collective, args.passes, args.repeats),
-        "bare_call_us": _per_call_us(bare, args.passes, args.repeats),
+        "pass_scope_on_us": time_host_us(scope(on), args.passes, args.repeats),
+        "pass_scope_off_us": time_host_us(scope(off), args.passes, args.repeats),
+        "collective_wrapper_us": time_host_us(collective, args.passes, args.repeats),
+        "bare_call_us": time_host_us(bare, args.passes, args.repeats),
     }
     print(f"# host {platform.node()} {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(f"# {args.passes} iterations x {args.repeats} repeats, medians; no pass is sampled (host cost only)")

@@ -44,8 +44,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # a checkout
+from fastverify.bench import common  # noqa: E402
 
 SCRIPT = "lab/gpu_timeline.py"
 

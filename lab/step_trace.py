@@ -47,8 +47,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # a checkout
+from fastverify.bench import common  # noqa: E402
 
 SCRIPT = "lab/step_trace.py"
 PAUSE_S = 0.5  # a longer period between two launches is a pause between requests, not a step

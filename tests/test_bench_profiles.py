@@ -10,16 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from fastverify import profiles as P
+from fastverify.bench import allreduce_vs_compute as avc
+from fastverify.bench import common
+from fastverify.bench.kernels import addnorm, verify_ops as V
+from fastverify.bench.kernels import compare as cmp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmark"))
-
-import torch  # noqa: E402
-
-import common  # noqa: E402
-import allreduce_vs_compute as avc  # noqa: E402
-from kernels import addnorm, compare as cmp, verify_ops as V  # noqa: E402
-from fastverify import profiles as P  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -225,7 +224,7 @@ def test_refuses_cleanly_without_gpus(capsys):
     assert avc.main(["--profile", "kimi-k2.5"]) == 2
     err = capsys.readouterr().err
     assert "needs 2 CUDA GPU(s); this machine has none" in err and "--dry-run" in err
-    from kernels import run as krun
+    from fastverify.bench.kernels import run as krun
     assert krun.main([]) == 2
     assert "needs 1 CUDA GPU(s)" in capsys.readouterr().err
 
@@ -386,7 +385,7 @@ def test_extract_allreduce(tmp_path):
 
 
 def test_cli_subcommand_dispatches(capsys):
-    import cli as bench_cli
+    from fastverify.bench import cli as bench_cli
     assert bench_cli.main(["bench", "allreduce", "--dry-run", "--widths", "8", "--backends", "nccl"]) == 0
     assert "122 all-reduces per pass" in capsys.readouterr().out
     assert bench_cli.main(["bench", "compare", "missing-a.json", "missing-b.json"]) == 2
@@ -414,3 +413,43 @@ def test_compute_only_plan_and_rows():
         ("compute-only", 1, 900.0), ("compute-only", 8, 1000.0)]
     with pytest.raises(SystemExit):
         avc.parse_args(["--world", "1"])
+
+
+def test_host_timer_is_the_median_per_call_and_syncs_outside_the_timed_part(monkeypatch):
+    """time_host_us on a fake clock: runs of 10 calls taking 30, 10 and 20 us -> 2 us per call (the
+    median run); the sync before and after each run is not timed."""
+    now = [0.0]
+    took = iter((30e-6, 10e-6, 20e-6))
+    events = []
+
+    def run(n):
+        events.append(("run", n))
+        now[0] += next(took)
+
+    def sync():
+        events.append(("sync",))
+        now[0] += 1.0  # would dominate every run if it were timed
+
+    monkeypatch.setattr(common.time, "perf_counter", lambda: now[0])
+    assert common.time_host_us(run, 10, 3, sync=sync) == pytest.approx(2.0)
+    assert events == [("sync",), ("run", 10), ("sync",)] * 3
+    calls = []
+    common.calls_of(lambda: calls.append(1))(4)
+    assert len(calls) == 4
+
+
+def test_fastverify_bench_and_the_benchmark_scripts_run_the_package_code(capsys):
+    """`fastverify bench` imports fastverify.bench (no file loaded by path), and each thin script in
+    benchmark/ runs the same main."""
+    import subprocess
+
+    from fastverify import cli
+
+    assert cli.main(["bench", "compare", "missing-a.json", "missing-b.json"]) == 2
+    assert "missing-a.json" in capsys.readouterr().err
+    for script, option in (("benchmark/kernels/compare.py", "--extract-allreduce"),
+                           ("benchmark/kernels/run.py", "--shapes"),
+                           ("benchmark/allreduce_vs_compute.py", "--write-nccl-profile")):
+        r = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True,
+                           text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin"}, timeout=120)
+        assert r.returncode == 0 and option in r.stdout, (script, r.stderr[-2000:])

@@ -32,7 +32,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                          "replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)"),
     "sim": Subcommand("fastverify.sim:add_parser",
                       "simulate the auto verify controller on traces and cost tables"),
-    "bench": Subcommand("fastverify.benchlink:add_parser",
+    "bench": Subcommand("fastverify.bench.cli:add_parser",
                         "microbenchmarks: all-reduce vs compute of a verify pass, per-kernel regressions"),
     "advise": Subcommand("fastverify.advise:add_parser", "will speculation pay on this box, and how?"),
 }

@@ -1,5 +1,7 @@
-"""Shared pieces of the microbenchmarks: the `#` preamble, fixed-width tables, JSON with a repro command,
-the clean refusal on a machine without GPUs, and CUDA-event / CUDA-graph timing helpers.
+"""Shared pieces of the microbenchmarks (`fastverify bench`, benchmark/, lab/): the `#` preamble,
+fixed-width tables, JSON with a repro command, the clean refusal on a machine without GPUs, and the
+two timers every benchmark uses: `time_gpu_us` (CUDA events, eager or around CUDA-graph replays) and
+`time_host_us` (the host clock, for host-side costs).
 
 Nothing here imports torch at module level, so the CPU tests and `--dry-run` work without CUDA.
 """
@@ -14,10 +16,9 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Variables that change what a collective does; shown in every preamble.
 ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "CUDA_", "FLASHINFER_", "TORCH_NCCL", "PYTORCH_CUDA")
@@ -183,51 +184,42 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
-# ----------------------------------------------------------------------------- GPU timing (torch imported lazily)
+# ------------------------------------------------------------ the timers (torch imported lazily)
+def time_gpu_us(fn: Callable[[], Any], reps: int, *, calls: int = 1, graph: bool = False,
+                warmup: int = 3, stream=None, pre_capture_warmup: int = 3,
+                sync: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """Device time of ``calls`` back-to-back calls of ``fn``, timed ``reps`` times (CUDA events).
 
-def time_graph_us(fn: Callable[[], Any], replays: int, warmup: int = 3, stream=None,
-                  pre_capture_warmup: int = 3, sync: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
-    """Capture ``fn`` into a CUDA graph and time ``replays`` replays with CUDA events.
-
-    ``fn`` runs ``pre_capture_warmup`` times on the capture's own side stream before the capture: collectives
-    (NCCL) hang in capture unless they were first used on that stream. ``sync`` (e.g. a barrier) runs before
-    each timed replay so that ranks start together. Returns the per-replay samples (us) and their median.
+    Eager (``graph=False``): ``warmup`` untimed rounds, then each timing records an event pair
+    around the calls. ``graph=True``: the calls are captured into one CUDA graph and each timing is
+    one replay; they first run ``pre_capture_warmup`` times on the capture's own side stream
+    (``stream``, or a new one): collectives (NCCL) hang in capture unless they were first used on
+    that stream; then ``warmup`` untimed replays. ``sync`` (e.g. a barrier) runs before each timing
+    so that ranks start together. Returns the samples and their median in microseconds per call
+    (and the graph under "graph", which the caller drops to release its memory).
     """
     import torch
 
-    s = stream if stream is not None else torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(pre_capture_warmup):
+    def many():
+        for _ in range(calls):
             fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
-        fn()
-    torch.cuda.synchronize()
+
+    run, out = many, {}
+    if graph:
+        s = stream if stream is not None else torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(pre_capture_warmup):
+                many()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
+            many()
+        torch.cuda.synchronize()
+        run, out["graph"] = g.replay, g
     for _ in range(warmup):
-        g.replay()
-    torch.cuda.synchronize()
-    samples = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(replays):
-        if sync is not None:
-            sync()
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return {"graph": g, "samples_us": samples, "median_us": median(samples)}
-
-
-def time_eager_us(fn: Callable[[], Any], reps: int, warmup: int = 3,
-                  sync: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
-    import torch
-
-    for _ in range(warmup):
-        fn()
+        run()
     torch.cuda.synchronize()
     samples = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -235,11 +227,38 @@ def time_eager_us(fn: Callable[[], Any], reps: int, warmup: int = 3,
         if sync is not None:
             sync()
         start.record()
-        fn()
+        run()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return {"samples_us": samples, "median_us": median(samples)}
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    out.update(samples_us=samples, median_us=median(samples))
+    return out
+
+
+def time_host_us(run: Callable[[int], Any], calls: int, repeats: int,
+                 sync: Optional[Callable[[], None]] = None) -> float:
+    """Host time per call: the median over ``repeats`` runs of ``run(calls)`` on the host clock, in
+    microseconds per call. ``run`` makes the ``calls`` back-to-back calls itself (`calls_of`), so the
+    timer adds no call of its own per call. ``sync`` (e.g. torch.cuda.synchronize) runs before and
+    after each run, outside the timed part."""
+    runs = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        run(calls)
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+        if sync is not None:
+            sync()
+    return median(runs)
+
+
+def calls_of(fn: Callable[[], Any]) -> Callable[[int], None]:
+    """``run(n)`` for `time_host_us`: ``n`` calls of ``fn``."""
+    def run(n: int) -> None:
+        for _ in range(n):
+            fn()
+    return run
 
 
 def exit_no_gpu(err: NoGpuError) -> int:

@@ -1,0 +1,1 @@
+"""Per-kernel benchmarks of the verify path (`run`), their gate against a baseline (`compare`)."""
