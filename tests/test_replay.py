@@ -1,4 +1,5 @@
 """fastverify.replay: trace validation, greedy acceptance, cost model, and replays through SGLang's own corpus."""
+import argparse
 import json
 
 import pytest
@@ -344,3 +345,87 @@ def test_from_json_replot_needs_no_corpus(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tree d=8" in out and "2.000" in out
     assert rp.main(["--from-json", str(_write(tmp_path, "{}", "bad.json"))]) == 2
+
+
+# ------------------------------------------------------------------------ input checks, profile
+def _refuse_corpus(cfg):
+    raise AssertionError("the corpus was started before the options were checked")
+
+
+def test_token_ids_outside_int32_are_refused_by_name(tmp_path):
+    ok = rp.load_trace(_write(tmp_path, '{"prompt_ids": [1], "output_ids": [2147483647, 5]}\n'))
+    assert ok.requests[0].output_ids[0] == rp.TOKEN_ID_MAX
+    with pytest.raises(rp.TraceError, match=r"t\.jsonl:1: 'output_ids'\[0\] = 2147483648 is "
+                                            r"outside the int32 token ids .*0\.\.2147483647"):
+        rp.load_trace(_write(tmp_path, '{"prompt_ids": [1], "output_ids": [2147483648, 5]}\n'))
+
+
+def test_short_outputs_are_counted_and_a_trace_of_only_them_is_an_error(tmp_path):
+    t = rp.load_trace(_write(tmp_path, GOOD + '{"prompt_ids": [1], "output_ids": []}\n'
+                             + '{"prompt_ids": [1], "output_ids": [7]}\n'))
+    assert [r.line for r in t.short_requests] == [2, 3] and t.decode_tokens == 1
+    with pytest.raises(rp.TraceError, match=r"all 2 requests have an empty or one-token output.*"
+                                            r"no decode step to replay"):
+        rp.load_trace(_write(tmp_path, '{"prompt_ids": [1], "output_ids": []}\n'
+                             '{"prompt_ids": [1], "output_ids": [3]}\n'))
+
+
+def test_bom_accepted_and_missing_files_named(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert rp.load_trace(p).requests[0].output_ids == (3, 4)
+    with pytest.raises(rp.TraceError, match=r"nope\.jsonl: trace file not found"):
+        rp.load_trace(tmp_path / "nope.jsonl")
+    with pytest.raises(rp.TraceError, match=r"trace file not found \(a folder\)"):
+        rp.load_trace(tmp_path)
+    (tmp_path / "latin.jsonl").write_bytes(b'{"prompt_ids": [1], "output_ids": [2, 3]} \xe9\n')
+    with pytest.raises(rp.TraceError, match=r"latin\.jsonl: not UTF-8 text"):
+        rp.load_trace(tmp_path / "latin.jsonl")
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--concurrency", "4", "--cost-table", "COST"], r"--cost-table predicts the tokens/s of one "
+                                                     r"stream; it needs --concurrency 1 \(got 4\)"),
+    (["--concurrency", "2", "--profile", "reference-kimi-tp8"], r"--profile .*--concurrency 1"),
+    (["--profile", "nope"], r"--profile nope: no such file and no built-in profile"),
+    (["--profile", "reference-kimi-tp8", "--cost-table", "COST"], r"give one"),
+])
+def test_incompatible_options_refused_before_the_replay(tmp_path, capsys, extra, match):
+    import re
+    trace = _write(tmp_path, GOOD)
+    cost = _write(tmp_path, json.dumps({"decode_ms": 10, "verify_ms": {"2": 11, "8": 14}}),
+                  "c.json")
+    argv = [str(trace)] + [str(cost) if a == "COST" else a for a in extra]
+    p = argparse.ArgumentParser()
+    rp._fill_parser(p)
+    assert rp.run_cli(p.parse_args(argv), corpus_factory=_refuse_corpus) == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_warm_up_keeps_the_no_gpu_warning_out(caplog):
+    import logging
+
+    def factory(cfg):
+        for name in ("sglang.jit_kernel.utils.arch", "sglang.kernels.jit.utils.arch"):
+            logging.getLogger(name).warning("Cannot detect CUDA architecture.")
+            logging.getLogger(name).warning("something else")
+        return "corpus"
+    said = []
+    with caplog.at_level(logging.WARNING):
+        assert rp.warm_up(factory, rp.ReplayConfig("tree", 8), said.append) == "corpus"
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["something else", "something else"]  # only that one line is dropped
+    assert said == []  # a stand-in corpus has no start-up to announce
+
+
+@pytest.mark.sglang
+def test_cli_profile_and_short_outputs_reported(corpus_factory, tmp_path, capsys):
+    trace = _write(tmp_path, HAND + '{"prompt_ids": [4], "output_ids": [9]}\n', "hand.jsonl")
+    assert rp.main([str(trace), "--mode", "chain", "--chain-lengths", "2",
+                    "--profile", "reference-kimi-tp8"]) == 0
+    out = capsys.readouterr()
+    assert "# cost table profile reference-kimi-tp8: no speculation 82.0 tok/s" in out.out
+    assert "1 with an empty or one-token output not replayed" in out.out
+    assert "1 of 2 requests have an empty or one-token output (no decode step) and are not " \
+           "replayed: lines 2" in out.err
+    assert "Cannot detect CUDA architecture" not in out.err

@@ -10,7 +10,8 @@ report's box). Throughput is simulated from the tables, not timed."""
 import pytest
 
 from fastverify import sim
-from fastverify.controller import NONE, AutoConfig, Controller, Option, follow_bound_steps
+from fastverify.controller import (NONE, AutoConfig, Controller, Option, evaluate,
+                                   follow_bound_steps, options_for)
 from fastverify.costs import CostTable
 
 CFG = AutoConfig()
@@ -288,3 +289,70 @@ def test_measured_table_and_flags():
     assert sim.main(["--tables", "h200-dummy24", "--probe-max", "0"]) == 2
     assert sim.main(["--tables", "h200-dummy24", "--probe-ms", "-0.5"]) == 2
     assert sim.main(["--tables", "nope"]) == 2
+
+
+# ------------------------------------------------------------------- the reference box, pinned
+# The reference report's measurements (CONTEXT.md): plain 82 tok/s; EAGLE-3, 3 chain tokens, accept
+# length ~2.0 with ~3 ms of drafting per step, 60 tok/s; the K2 drafter on K2.5 at ~1.5, 52 tok/s;
+# NGRAM tree of 8 at accept length 1.3-1.5, 41 tok/s.
+def _reference_rates(costs):
+    def rate(width, accept, extra_ms=0.0):
+        return accept / (costs.verify_ms(width) + extra_ms) * 1000.0
+    return {"plain": 1000.0 / costs.decode_ms(1),
+            "tree8": [rate(8, a) for a in (1.3, 1.4, 1.5)],
+            "eagle3": rate(4, 2.0, 3.0), "k2_eagle3": rate(4, 1.5, 3.0), "rate": rate}
+
+
+def test_pcie_comm_bound_is_the_fitted_reference_profile():
+    costs = sim.cost_table("pcie-comm-bound")
+    r = _reference_rates(costs)
+    assert r["plain"] == pytest.approx(82.0, rel=0.01)
+    assert all(abs(t / 41.0 - 1) <= 0.15 for t in r["tree8"]), r["tree8"]
+    assert r["eagle3"] == pytest.approx(60.0, rel=0.15)
+    assert r["k2_eagle3"] == pytest.approx(52.0, rel=0.15)
+    # every shape the reference ran is a loss at its costs, and so is every n-gram chain at the
+    # tree's best accept length (a chain accepts at most what its path of the tree does)
+    losing = r["tree8"] + [r["eagle3"], r["k2_eagle3"]] + \
+        [r["rate"](k + 1, min(1.5, k + 1)) for k in range(1, 8)]
+    assert max(losing) < r["plain"], losing
+    # the controller agrees: it gates every such option off (plain's rate) at such acceptance
+    for opt in options_for(CFG.max_chain, CFG.tree_width):
+        if opt.kind != NONE:
+            ev = evaluate(opt, costs, [0.5])
+            assert not any(ev.speculate) and ev.rate == pytest.approx(1 / costs.decode_ms(1)), opt
+
+
+def test_the_old_linear_ramp_fails_the_reference_pin():
+    """The pin above can fail: the table this replaced (59 -> 205 us per all-reduce linear over
+    1 -> 8 tokens, compute 5 ms) makes EAGLE-3 win at 1.23x plain where the box measured 0.73x."""
+    def f(t):
+        return 5.0 + 122 * (59.0 + (205.0 - 59.0) / 7.0 * (t - 1)) / 1000.0
+    pts = tuple((t, f(t)) for t in (1, 2, 4, 8, 16))
+    r = _reference_rates(CostTable(pts, pts, "linear"))
+    assert r["eagle3"] > 1.15 * 60.0 and r["eagle3"] > r["plain"]
+
+
+def test_tables_take_profiles_by_name_and_file(tmp_path, capsys):
+    t = sim.cost_table("nccl-tuned-switch")
+    from fastverify import passcost
+    prof = passcost.load_profile("nccl-tuned-switch")
+    assert t.verify_ms(8) == pytest.approx(prof.pass_ms(8), abs=1e-3)
+    f = tmp_path / "box.json"
+    f.write_text('{"allreduces_per_pass": 10, "allreduce_us": {"1": 100, "8": 200}, '
+                 '"compute_ms": {"1": 1.0}}')
+    assert sim.cost_table(str(f)).verify_ms(8) == pytest.approx(3.0)
+    assert sim.main(["--tables", f"pcie-ipc-sm120,{f}", "--batch-sizes", "1", "--requests", "2",
+                     "--length", "32"]) == 0
+    out = capsys.readouterr()
+    assert "pcie-ipc-sm120" in out.out and "box.json" in out.out
+    assert "[sim] 12/12" in out.err and "s left" in out.err  # progress on stderr, time left
+    assert sim.main(["--tables", "nope"]) == 2
+    assert "no built-in profile of that name" in capsys.readouterr().err
+
+
+def test_scenario_report_tells_progress_before_each_scenario():
+    lines = []
+    sim.scenario_report((1,), ("h200-dummy24",), 2, 32, progress=lines.append)
+    assert len(lines) == len(sim.SCENARIOS) + 3 + 1
+    assert lines[0].startswith("1/6 h200-dummy24 bs 1 synthetic-zero")
+    assert lines[-1].startswith("6/6 scenarios in")

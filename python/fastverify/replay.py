@@ -80,6 +80,15 @@ class Trace:
         """Tokens produced by decode steps (the first output token of each request comes from prefill)."""
         return sum(max(0, len(r.output_ids) - 1) for r in self.requests)
 
+    @property
+    def short_requests(self) -> tuple:
+        """Requests with an empty or one-token output: no decode step to replay (the first output
+        token comes from prefill), so the replay skips them; `run_cli` reports them."""
+        return tuple(r for r in self.requests if len(r.output_ids) < 2)
+
+
+TOKEN_ID_MAX = 2**31 - 1  # SGLang's corpus takes token ids as int32 (ngram_corpus._to_csr)
+
 
 def _token_list(value, key: str, where: str) -> tuple[int, ...]:
     if not isinstance(value, list):
@@ -87,6 +96,9 @@ def _token_list(value, key: str, where: str) -> tuple[int, ...]:
     for i, tok in enumerate(value):
         if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
             raise TraceError(f"{where}: '{key}'[{i}] must be a non-negative integer token id, got {tok!r}")
+        if tok > TOKEN_ID_MAX:
+            raise TraceError(f"{where}: '{key}'[{i}] = {tok} is outside the int32 token ids "
+                             f"SGLang's corpus takes (0..{TOKEN_ID_MAX})")
     return tuple(value)
 
 
@@ -124,15 +136,22 @@ def parse_trace(lines: Iterable[str], path: str = "<trace>") -> Trace:
         requests.append(TraceRequest(prompt, output, lineno))
     if not requests:
         raise TraceError(f"{path}: no requests (expected one JSON object per line with 'prompt_ids' and 'output_ids')")
+    if all(len(r.output_ids) < 2 for r in requests):
+        raise TraceError(f"{path}: all {len(requests)} requests have an empty or one-token "
+                         f"output; the first output token comes from prefill, so there is no "
+                         f"decode step to replay")
     return Trace(path=str(path), requests=tuple(requests), meta=meta)
 
 
 def load_trace(path) -> Trace:
     p = Path(path)
     if not p.is_file():
-        raise TraceError(f"{path}: trace file not found")
-    with p.open(encoding="utf-8") as f:
-        return parse_trace(f, str(path))
+        raise TraceError(f"{path}: trace file not found" + (" (a folder)" if p.is_dir() else ""))
+    try:
+        with p.open(encoding="utf-8-sig") as f:  # a UTF-8 byte order mark is accepted
+            return parse_trace(f, str(path))
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text (byte {e.start})") from None
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -292,6 +311,42 @@ class ReplayResult:
 
 CorpusFactory = Callable[[ReplayConfig], object]
 
+# loggers of SGLang's JIT loader that warn "Cannot detect CUDA architecture." on a machine without
+# a GPU (0.5.16: sglang.jit_kernel, 0.5.23: sglang.kernels.jit); the corpus is host C++, needs none
+_ARCH_LOGGERS = ("sglang.jit_kernel.utils.arch", "sglang.kernels.jit.utils.arch")
+
+
+class _DropNoArch:
+    def filter(self, record) -> bool:
+        return "Cannot detect CUDA architecture" not in record.getMessage()
+
+
+def warm_up(corpus_factory: CorpusFactory, cfg: ReplayConfig,
+            say: Optional[Callable[[str], None]] = None):
+    """Build one corpus before any progress bar starts, so that a bar times the replay only: the
+    first corpus loads SGLang's JIT module (~15 s; compiled on a machine's first use, 1-2 min). The
+    JIT loader's "Cannot detect CUDA architecture." (no GPU here, none needed) is kept out of the
+    output. Returns the corpus it built (configured by `cfg`)."""
+    import logging
+    import time
+
+    if say is not None and corpus_factory is sglang_corpus_factory:
+        say("starting SGLang's n-gram corpus (its JIT module: ~15 s; compiled on first use: "
+            "1-2 min)")
+    t0 = time.monotonic()
+    drop = _DropNoArch()
+    for name in _ARCH_LOGGERS:
+        logging.getLogger(name).addFilter(drop)
+    try:
+        corpus = corpus_factory(cfg)
+    finally:
+        for name in _ARCH_LOGGERS:
+            logging.getLogger(name).removeFilter(drop)
+    took = time.monotonic() - t0
+    if say is not None and corpus_factory is sglang_corpus_factory:
+        say(f"corpus ready in {took:.0f} s")
+    return corpus
+
 
 def sglang_corpus_factory(cfg: ReplayConfig):
     """SGLang's installed n-gram corpus (C++, JIT-built on first use), configured like the server."""
@@ -438,7 +493,9 @@ def _progress_bar(total: int, desc: str):
     except ImportError:
         tqdm = None
     if tqdm is not None:
-        bar = tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, leave=False)
+        # first drawn after 1 s: an ETA from the first step alone (it waits on the corpus) is noise
+        bar = tqdm(total=total, desc=desc, unit="tok", file=sys.stderr, leave=False,
+                   mininterval=1.0)
         return bar.update, bar.close
     state = {"done": 0, "next": 0}
 
@@ -572,6 +629,10 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-table", default=None,
                    help="JSON {\"decode_ms\": x, \"verify_ms\": {\"1\": ms, \"8\": ms, ...}}, or the --json of "
                         "benchmark/allreduce_vs_compute.py: predict tokens/s")
+    p.add_argument("--profile", default=None,
+                   help="a pass-cost profile instead of --cost-table: a built-in name "
+                        "(fastverify/data/profiles), a profile file, or a `fastverify bench "
+                        "allreduce --json` result[#backend]")
     p.add_argument("--cost-backend", default=None,
                    help="with a microbenchmark --json as --cost-table: which all-reduce backend's pass times to use")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
@@ -622,10 +683,18 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
         if args.trace is None:  # name the embedded trace the same way on every machine
             trace = Trace(f"fastverify/data/{DEFAULT_TRACE.name}", trace.requests, trace.meta)
         cfgs = configs_from_args(args)
-        cost = load_cost_table(args.cost_table, args.cost_backend) if args.cost_table else None
+        cost = _cost_from_args(args, cfgs)
     except (TraceError, CostTableError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    short = trace.short_requests
+    if short:
+        lines = ", ".join(str(r.line) for r in short[:10]) + (", ..." if len(short) > 10 else "")
+        print(f"# {len(short)} of {len(trace.requests)} requests have an empty or one-token "
+              f"output (no decode step) and are not replayed: lines {lines}", file=sys.stderr)
+    if cfgs:
+        warm_up(corpus_factory, cfgs[0],
+                lambda line: print(f"[replay] {line}", file=sys.stderr, flush=True))
     rows = []
     for cfg in cfgs:
         update, close = _progress_bar(trace.decode_tokens, cfg.label)
@@ -642,7 +711,8 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
                 return 2
         rows.append(row)
     print(f"# trace {trace.path}: {len(trace.requests)} requests, {trace.decode_tokens} decode tokens"
-          + (f"; {trace.meta.get('model')}" if trace.meta.get("model") else ""))
+          + (f"; {trace.meta.get('model')}" if trace.meta.get("model") else "")
+          + (f"; {len(short)} with an empty or one-token output not replayed" if short else ""))
     print(f"# corpus: match_type={args.match_type} max_trie_depth={args.max_trie_depth} "
           f"bfs_breadth={args.min_bfs_breadth}..{args.max_bfs_breadth} concurrency={args.concurrency}; "
           f"gating buckets: {'all widths' if len(args.buckets) > 64 else (args.buckets or 'd only')}")
@@ -674,6 +744,30 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
             return 2
         print(f"# wrote {args.plot}")
     return 0
+
+
+def _cost_from_args(args, cfgs) -> Optional[CostTable]:
+    """The cost table of --cost-table or --profile, checked before any replay runs: a prediction
+    models one stream, and the table must cover every pass the configurations can verify."""
+    if args.cost_table and args.profile:
+        raise ValueError("--cost-table and --profile both give costs; give one")
+    if not (args.cost_table or args.profile):
+        return None
+    flag = "--cost-table" if args.cost_table else "--profile"
+    if args.concurrency != 1:
+        raise ValueError(f"{flag} predicts the tokens/s of one stream; it needs --concurrency 1 "
+                         f"(got {args.concurrency}); replay at higher concurrency without {flag} "
+                         f"for acceptance only")
+    if args.cost_table:
+        return load_cost_table(args.cost_table, args.cost_backend)
+    from fastverify import passcost
+    try:
+        prof = passcost.load_profile(args.profile, "--profile")
+    except passcost.PassCostError as e:
+        raise ValueError(str(e)) from None
+    top = max([c.corpus_draft_tokens for c in cfgs], default=1)
+    table = prof.cost_table(sorted(set(passcost.CURVE_TOKENS) | set(range(1, top + 1))))
+    return table.single_stream()
 
 
 def _repro_command(argv) -> str:

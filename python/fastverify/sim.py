@@ -23,10 +23,18 @@ default trace, via fastverify.replay; needs the JIT-built corpus).
 Cost tables (`cost_table(name)`), both in the form the server loads:
 - "h200-nvlink": CONTEXT.md's 2x H200 measurements: 122 NCCL all-reduces in a CUDA graph at 19.8 / 19.5 /
   24.8 us for 1 / 8 / 64 tokens and a dense compute stand-in of 9.7 ms per pass at 1-64 tokens;
-- "pcie-comm-bound": the reference report's 8x PCIe box: 30 ms verify of 8 tokens of which 25 ms are
-  122 all-reduces, compute 5 ms, decode 12.2 ms (82 tok/s), all-reduce time linear in tokens between them.
-Above 64 tokens both are extrapolations, not measurements: compute = c * max(1, tokens / 192) (a roofline
-knee for bf16 GEMMs), all-reduce linear in tokens.
+- "pcie-comm-bound": the reference report's 8x PCIe box, the pass-cost profile fitted to its own
+  numbers (fastverify/data/profiles/reference-kimi-tp8.json, read through fastverify.passcost):
+  122 all-reduces per pass at 59 us for 1 token (decode 12.2 ms, 82 tok/s), 205 us at 4 tokens
+  (EAGLE-3's ~30 ms verify), 230 us at 8 (n-gram's ~33 ms tree pass), compute 5 ms. (It was a
+  linear ramp 59 -> 205 us over 1 -> 8 tokens, which made a 4-token pass 19.8 ms and EAGLE-3's
+  chain win 1.23x where the box measured 0.73x.)
+Above 64 tokens both are extrapolations, not measurements: h200-nvlink's compute =
+c * max(1, tokens / 192) (a roofline knee for bf16 GEMMs), all-reduce linear in tokens; a profile's
+curves continue with the slope of their last two points (passcost).
+Any other name is a pass-cost profile: a built-in one (fastverify/data/profiles/NAME.json), a
+profile file or a `fastverify bench allreduce --json` result (PATH#backend), turned into a table by
+`PassCostProfile.cost_table`.
 - "h200-dummy24": the start-up calibration of the auto server of benchmark/results/h200x2/auto/run10 (2x H200,
   TP=2, the dummy 7168-hidden 24-layer model): decode and verify graphs as measured up to 8 requests / 64
   tokens, linear extrapolation above. With `--lookup-ms 1.8` (that run: a chain + widths step that verified
@@ -66,27 +74,31 @@ def _h200_allreduce_us(tokens: int) -> float:
     return 24.8 + (24.8 - 19.5) / 56 * (tokens - 64)
 
 
-def _pcie_allreduce_us(tokens: int) -> float:
-    # reference report: decode 12.2 ms = 5 ms compute + 122 x 59 us; verify(8) 30 ms = 5 ms + 122 x 205 us
-    return 59.0 + (205.0 - 59.0) / 7.0 * (tokens - 1)
-
-
 # run10's start-up calibration (auto_lines.txt): DECODE graphs at 1-8 requests, verify graphs at 1-64 tokens
 _DUMMY24_DECODE = ((1, 4.4269), (2, 4.4421), (4, 4.4385), (8, 4.4543))
 _DUMMY24_VERIFY = ((1, 4.4967), (2, 4.6166), (4, 4.6370), (8, 4.8352), (16, 4.9216), (32, 4.9967), (64, 5.0923))
 
 
+REFERENCE_PROFILE = "reference-kimi-tp8"  # the profile behind "pcie-comm-bound"
+
+
 def cost_table(name: str) -> CostTable:
+    """A built-in table by name, or a pass-cost profile (name, file, or bench json[#backend])."""
     if name == "h200-dummy24":
         return CostTable(_DUMMY24_DECODE, _DUMMY24_VERIFY, name)
     if name == "h200-nvlink":
-        f = lambda t: _compute_ms(9.7, t) + 122 * _h200_allreduce_us(t) / 1000.0
-    elif name == "pcie-comm-bound":
-        f = lambda t: _compute_ms(5.0, t) + 122 * _pcie_allreduce_us(t) / 1000.0
-    else:
-        raise ValueError(f"unknown cost table {name!r}; choose one of {', '.join(ALL_TABLES)}")
-    pts = tuple((t, round(f(t), 4)) for t in TABLE_POINTS)
-    return CostTable(pts, pts, name)  # a decode step of bs requests is a pass of bs tokens
+        def f(t):
+            return _compute_ms(9.7, t) + 122 * _h200_allreduce_us(t) / 1000.0
+        pts = tuple((t, round(f(t), 4)) for t in TABLE_POINTS)
+        return CostTable(pts, pts, name)  # a decode step of bs requests is a pass of bs tokens
+    from fastverify import passcost
+    try:
+        profile = passcost.load_profile(REFERENCE_PROFILE if name == "pcie-comm-bound" else name,
+                                        "--tables")
+    except passcost.PassCostError as e:
+        raise ValueError(f"{e}; or one of the built-in tables {', '.join(ALL_TABLES)}") from None
+    table = profile.cost_table(TABLE_POINTS)
+    return CostTable(table.decode, table.verify, name)
 
 
 COST_TABLES = ("h200-nvlink", "pcie-comm-bound")  # the default report
@@ -160,9 +172,10 @@ def replay_requests(trace_path=None, max_chain: int = 7, tree_width: int = 8, co
     trace = rp.load_trace(trace_path or rp.DEFAULT_TRACE)
     cfg = rp.ReplayConfig(mode="tree", size=tree_width)
     factory = corpus_factory or rp.sglang_corpus_factory
-    corpus = factory(cfg)
+    corpus = rp.warm_up(factory, cfg)  # keeps the JIT loader's no-GPU warning out of the output
     d = cfg.corpus_draft_tokens
     out = []
+    # requests with an empty or one-token output have no decode step (Trace.short_requests)
     reqs = [(f"r{i}", r) for i, r in enumerate(trace.requests) if len(r.output_ids) >= 2]
     for start in range(0, len(reqs), concurrency):
         group = reqs[start:start + concurrency]
@@ -569,35 +582,72 @@ def load_switch_run(costs: CostTable, bs: int, cfg: AutoConfig, n_per_load: int 
 SCENARIOS = {"zero": (0.0,), "low": (0.3,), "high": (0.85,)}
 
 
+def _quiet(msg: str) -> None:
+    pass
+
+
+def _progress(total: int, say: Callable[[str], None]) -> Callable[[Optional[str]], None]:
+    """done(label) before each of `total` scenarios, done(None) at the end: one line per scenario
+    through `say`, with the elapsed time and, once one scenario finished, the time left at the
+    mean pace so far."""
+    import time
+    t0 = time.monotonic()
+    state = {"n": 0}
+
+    def done(label):
+        n, el = state["n"], time.monotonic() - t0
+        if label is None:
+            say(f"{total}/{total} scenarios in {el:.0f} s")
+            return
+        eta = f", ~{el / n * (total - n):.0f} s left" if n else ""
+        say(f"{n + 1}/{total} {label} ({el:.0f} s{eta})")
+        state["n"] = n + 1
+    return done
+
+
 def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, length=256, seed=0,
                     cfg: Optional[AutoConfig] = None, replay: bool = False, switch_period: int = 200,
-                    lookup_ms: float = 0.0, probe_max: Optional[int] = None, probe_ms: float = 0.0) -> dict:
+                    lookup_ms: float = 0.0, probe_max: Optional[int] = None, probe_ms: float = 0.0,
+                    progress: Callable[[str], None] = _quiet) -> dict:
+    """Every scenario on every table and batch size. `progress(line)`: told before each
+    scenario (the CLI prints it to stderr)."""
     cfg = cfg or AutoConfig()
     rows = []
-    replayed = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width) if replay else None
+    done = _progress(len(tables) * len(batch_sizes) * (len(SCENARIOS) + 3 + bool(replay)), progress)
+    replayed = None
+    if replay:
+        progress("replaying the default trace through SGLang's n-gram corpus (its start-up: ~15 s, "
+                 "the first run compiles it: ~1 min)")
+        replayed = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width)
     for table in tables:
         costs = cost_table(table)
         for bs in batch_sizes:
             for name, ps in SCENARIOS.items():
+                done(f"{table} bs {bs} synthetic-{name}")
                 reqs = synthetic_requests(n_requests, length, ps, cfg.max_chain, cfg.tree_width, seed=seed)
                 rows.append({"table": table, "bs": bs, "trace": f"synthetic-{name}", **summarize(
                     run_all(reqs, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms))})
+            done(f"{table} bs {bs} switch")
             res, follow = switching_run(costs, bs, cfg, switch_period, seed=seed, lookup_ms=lookup_ms,
                                         probe_max=probe_max, probe_ms=probe_ms)
             rows.append({"table": table, "bs": bs, "trace": f"switch-0/0.85-every-{switch_period}",
                          "follow_steps": follow, "follow_bound": follow_bound_steps(cfg), **summarize(res)})
+            done(f"{table} bs {bs} load switch")
             res, after = load_switch_run(costs, bs, cfg, max(n_requests // 2, bs), length, seed=seed,
                                          lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms)
             rows.append({"table": table, "bs": bs, "trace": "load-0.85-then-sampled", "after_switch": after,
                          **summarize(res)})
             # the same, its requests saying they sample (the server's requests at temperature > 0 do)
+            done(f"{table} bs {bs} load switch, told")
             res, after = load_switch_run(costs, bs, cfg, max(n_requests // 2, bs), length, seed=seed,
                                          lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms, sampled=True)
             rows.append({"table": table, "bs": bs, "trace": "load-0.85-then-sampled-told", "after_switch": after,
                          **summarize(res)})
             if replayed is not None:
+                done(f"{table} bs {bs} replay-default")
                 rows.append({"table": table, "bs": bs, "trace": "replay-default", **summarize(
                     run_all(replayed, costs, bs, cfg, lookup_ms=lookup_ms, probe_max=probe_max, probe_ms=probe_ms))})
+    done(None)
     return {"config": cfg.__dict__, "rows": rows, "lookup_ms": lookup_ms, "probe_ms": probe_ms,
             "probe_max": PROBE_MAX if probe_max is None else probe_max,
             "cost_tables": {t: cost_table(t).to_json() for t in tables}}
@@ -630,7 +680,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _fill_parser(p):
     p.add_argument("--batch-sizes", default="1,8,64", help="comma-separated concurrent requests")
-    p.add_argument("--tables", default=",".join(COST_TABLES), help=f"cost tables: {', '.join(ALL_TABLES)}")
+    p.add_argument("--tables", default=",".join(COST_TABLES),
+                   help=f"comma-separated cost tables: {', '.join(ALL_TABLES)}, or pass-cost "
+                        "profiles "
+                        "(a built-in name, a profile file, a `fastverify bench allreduce --json` "
+                        "result[#backend])")
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--length", type=int, default=256, help="tokens per synthetic request")
     p.add_argument("--seed", type=int, default=0)
@@ -650,14 +704,18 @@ def run_cli(args, argv=None) -> int:
     bss = tuple(int(x) for x in args.batch_sizes.split(","))
     tables = tuple(t for t in args.tables.split(",") if t)
     for t in tables:
-        if t not in ALL_TABLES:
-            print(f"--tables: unknown table {t!r}; choose from {', '.join(ALL_TABLES)}", file=sys.stderr)
+        try:
+            cost_table(t)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
     if args.lookup_ms < 0 or args.probe_ms < 0 or (args.probe_max is not None and args.probe_max < 1):
         print("--lookup-ms and --probe-ms must be >= 0 and --probe-max >= 1", file=sys.stderr)
         return 2
     rep = scenario_report(bss, tables, args.requests, args.length, args.seed, replay=args.replay,
-                          lookup_ms=args.lookup_ms, probe_max=args.probe_max, probe_ms=args.probe_ms)
+                          lookup_ms=args.lookup_ms, probe_max=args.probe_max,
+                          probe_ms=args.probe_ms,
+                          progress=lambda line: print(f"[sim] {line}", file=sys.stderr, flush=True))
     rep["repro_command"] = "python -m fastverify.sim " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"# fastverify.sim: simulated decode loop, real controller; config {json.dumps(rep['config'])}; "
           f"lookup step +{rep['lookup_ms']} ms; probe step +{rep['probe_ms']} ms; probe gap up to "
