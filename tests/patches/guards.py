@@ -259,19 +259,6 @@ GUARDS = [
           contains=('        self._resolved_overrides = []\n\n'
                     '        if self.model_path.lower() in ["none", "dummy"]:\n',)),
     Guard(patch="0010-validate-flags-at-parse.patch", versions=("0.5.23",),
-          file="sglang/srt/server_args.py", symbol="ServerArgs.resolve_once", params=("self",),
-          contains=("        from sglang.srt.arg_groups.pipeline import run_resolution_pipeline\n\n"
-                    "        self._input_frozen = True\n",)),
-    # 0010: our flags checked right after parse_args in prepare_server_args, and for ServerArgs built
-    # in code before the dummy-model boundary (0.5.16 __post_init__) / the resolution pipeline (0.5.23).
-    Guard(patch="0010-validate-flags-at-parse.patch", versions=("0.5.16", "0.5.23"),
-          file="sglang/srt/server_args.py", symbol="prepare_server_args", params=("argv",),
-          contains=("    raw_args = parser.parse_args(argv)\n",), lacks=("_fv_flags",)),
-    Guard(patch="0010-validate-flags-at-parse.patch", versions=("0.5.16",),
-          file="sglang/srt/server_args.py", symbol="ServerArgs.__post_init__", params=("self",),
-          contains=('        self._resolved_overrides = []\n\n'
-                    '        if self.model_path.lower() in ["none", "dummy"]:\n',)),
-    Guard(patch="0010-validate-flags-at-parse.patch", versions=("0.5.23",),
           file="sglang/srt/server_args.py",  # (ServerArgs is rebound to a msgspec struct: text only)
           contains=("    def resolve_once(self) -> None:\n",
                     "        from sglang.srt.arg_groups.pipeline import run_resolution_pipeline\n\n"
