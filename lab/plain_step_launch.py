@@ -1,5 +1,5 @@
 """Host time of the auto mode's plain-step tensor work per call: the torch ops, Triton's JIT entry, and the
-compiled kernel launched directly (glue/plain_step.py).
+compiled kernel launched directly (python/fastverify/plain_step.py).
 
     python lab/plain_step_launch.py [--bs 1,4] [--k 8] [--calls 400] [--repeats 7] [--json OUT]
 
@@ -45,7 +45,7 @@ def make_inputs(bs: int, k: int, device):
 
 def _calls(path: str, args, pred, k: int):
     """The two calls of one plain step on `path` (a callable)."""
-    from fastverify.glue import plain_step
+    from fastverify import plain_step
 
     if path == "torch":
         return (lambda: plain_step.plain_inputs_ref(*args)), (lambda: plain_step.plain_outputs_ref(pred, k))
@@ -53,7 +53,7 @@ def _calls(path: str, args, pred, k: int):
 
 
 def _set_path(path: str) -> None:
-    from fastverify.glue import plain_step
+    from fastverify import plain_step
 
     plain_step._inputs_launch.jit_only = plain_step._outputs_launch.jit_only = path == "jit"
 
@@ -68,7 +68,7 @@ def time_call(fn, calls: int, repeats: int) -> float:
 def run(bs_list, k: int, calls: int, repeats: int) -> dict:
     import torch
 
-    from fastverify.glue import plain_step
+    from fastverify import plain_step
 
     if not plain_step.uses_kernels(torch.empty(0, device="cuda")):
         raise NoGpuError("the plain step kernels are unavailable here (no Triton)")

@@ -1,4 +1,4 @@
-"""glue/plain_step.py: the plain decode step's tensor work before and after its pass, as two Triton kernels.
+"""fastverify/plain_step.py: a plain decode step's tensor work around its pass, two Triton kernels.
 
 The torch reference is checked against a per-request statement of what the step needs; the kernels against
 the reference, value and dtype, under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors, a subprocess:
@@ -14,7 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fastverify.glue import plain_step, warmup  # noqa: E402
+from fastverify import plain_step  # noqa: E402
+from fastverify.glue import warmup  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,8 @@ import json, os, sys, types
 sys.path.insert(0, {tests!r})
 import torch
 import test_plain_step as t
-from fastverify.glue import plain_step, warmup
+from fastverify import plain_step
+from fastverify.glue import warmup
 res = t.compare_all("cpu")
 res["warm"] = plain_step.warm("cpu", 8)
 w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(

@@ -483,7 +483,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
 
     The tensor work before and after the pass is one Triton launch each (plain_step.plain_inputs /
     plain_outputs) instead of about ten small torch ops."""
-    from fastverify.glue.plain_step import plain_inputs, plain_outputs
+    from fastverify.plain_step import plain_inputs, plain_outputs
     from fastverify.glue.verify_runtime import plain_algorithm
 
     bs = len(batch.reqs)

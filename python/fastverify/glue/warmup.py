@@ -193,7 +193,7 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     plain_variants = 0
     if plain:
         try:
-            from fastverify.glue import plain_step
+            from fastverify import plain_step
 
             res = plain_step.warm(device, width, pool.dtype)
             if "skipped" in res:

@@ -1,4 +1,4 @@
-"""The small tensor work around the auto mode's plain decode pass (``auto.run_plain_decode``), fused.
+"""The small tensor work around auto's plain decode pass (``glue.auto.run_plain_decode``), fused.
 
 Around its DECODE forward a plain step needs, per request: the root (the last accepted token of the previous
 step) as int64 input id, the KV slot of the new token (``req_to_token[req_pool_indices, seq_lens]``) as int64,
