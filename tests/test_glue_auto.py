@@ -544,7 +544,7 @@ def test_controller_costs_are_a_frozen_copy_shared_at_fixed_steps(tmp_path):
     state.clock = lambda: now[0]
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="r0", output_ids=[1])], has_grammar=False)
     before = state.controller.costs
-    for i in range(auto.COST_SYNC_STEPS):
+    for i in range(state.controller.cfg.cost_sync_steps):
         state.last_step = ("lean", 1, 1)
         auto._tick(state)
         now[0] += 0.004

@@ -54,6 +54,17 @@ def test_auto_settings_come_from_the_flags():
     assert config.build(args(speculative_ngram_auto_hysteresis=None)).auto.hysteresis == 0.03
 
 
+def test_the_server_and_the_simulator_share_the_probe_and_sync_steps():
+    from fastverify import sim
+    from fastverify.controller import AutoConfig
+
+    a = config.verify_config(args()).auto
+    assert (a.probe_max, a.cost_sync_steps) == (sim.PROBE_MAX, sim.COST_SYNC_STEPS) == (32, 64)
+    for name in ("probe_max", "cost_sync_steps"):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1, got 0"):
+            AutoConfig(**{name: 0})
+
+
 def test_the_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.verify_config(args()).mode = "tree"

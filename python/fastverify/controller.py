@@ -124,6 +124,10 @@ class AutoConfig:
     # speculation, by their measured cost (Controller.probe_cost), though one still comes every probe_max steps
     # (plan_lookup); 1.0: no limit
     probe_budget: float = 0.002
+    # without speculation, drafts are still looked up after 1, 2, 4, ... up to this many steps
+    probe_max: int = 32
+    # with TP > 1, rank 0's measured step costs reach every rank this often (steps; glue/auto.py)
+    cost_sync_steps: int = 64
 
     def __post_init__(self):
         if not isinstance(self.max_chain, int) or self.max_chain < 1:
@@ -139,6 +143,10 @@ class AutoConfig:
             raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
         if not (isinstance(self.probe_budget, (int, float)) and 0.0 < self.probe_budget <= 1.0):
             raise ValueError(f"probe_budget must be in (0, 1], got {self.probe_budget!r}")
+        for name in ("probe_max", "cost_sync_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def follow_bound_steps(cfg: AutoConfig, eps: float = 0.1, probe_max: int = 0) -> int:

@@ -55,7 +55,8 @@ from fastverify.controller import (CHAIN, NONE, PLAN_PROBE, AutoConfig, Controll
                                    RequestView, follow_bound_steps, options_for)
 from fastverify.costs import LEAN, PROBE, SPEC, CostTable, StepCosts
 from fastverify.gains import DraftFeatures
-from fastverify.glue.auto import COST_SYNC_STEPS, PROBE_MAX
+
+PROBE_MAX, COST_SYNC_STEPS = AutoConfig.probe_max, AutoConfig.cost_sync_steps  # the server's
 
 TABLE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _KNEE_TOKENS = 192  # assumed compute knee above the measured 64 tokens (extrapolation)

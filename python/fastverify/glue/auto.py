@@ -33,8 +33,8 @@ mask-free capture dummies): fastverify.glue.config gives both modes the chain sh
 Every TP rank must pick the same width each step (the pass holds collectives): the gain model sees the same
 requests and tokens on every rank, and the cost table is the file's or rank 0's calibration, broadcast. The
 measured step periods differ slightly between ranks, so they are rank 0's: each rank measures, and rank 0's
-medians are broadcast every `COST_SYNC_STEPS` steps (a step count, the same on every rank); between two
-broadcasts the controller uses the last broadcast costs.
+medians are broadcast every `AutoConfig.cost_sync_steps` steps (a step count, the same on every
+rank); between two broadcasts the controller uses the last broadcast costs.
 
 A step without speculation (kind LEAN in the cost model): it needs neither the corpus lookup nor the draft
 bookkeeping nor the blocking copy of the last accepted tokens, and SGLang's verify path at width 1 still costs
@@ -44,11 +44,12 @@ request's last accepted token (gathered on the device from the previous step's a
 DECODE graphs captured once more at start-up while the model runner reads as not speculative, and sampled
 by the plain sampler; the result is shaped as a verify step that accepted no draft, and the corpus still
 receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of the step in flight).
-Without speculation, drafts are still looked up after 1, 2, 4, ... up to `PROBE_MAX` steps (back to 1 when a
-request joins or speculation is chosen), so the gain model keeps learning from real drafts and output that
-starts to repeat is noticed within a few steps; where a probe is measured to lengthen its step (the host has
-less time to spare than the lookup takes), probes are spread to a budget of that cost, never beyond
-`PROBE_MAX` steps apart (`Controller.probe_cost`, `AutoConfig.probe_budget`). After a step that gave every
+Without speculation, drafts are still looked up after 1, 2, 4, ... up to `AutoConfig.probe_max`
+steps (back to 1 when a request joins or speculation is chosen), so the gain model keeps learning
+from real drafts and output that starts to repeat is noticed within a few steps; where a probe is
+measured to lengthen its step (the host has less time to spare than the lookup takes), probes are
+spread to a budget of that cost, never beyond `probe_max` steps apart (`Controller.probe_cost`,
+`AutoConfig.probe_budget`). After a step that gave every
 request one token (a plain step, or the prefill of requests that all just joined) a lookup does not wait for
 the step in flight (`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked
 again past the guess (`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and
@@ -93,8 +94,6 @@ HELP_HYSTERESIS = (
 CALIBRATION_BS = (1, 2, 4, 8, 16, 32, 64, 128)
 CALIBRATION_REPEATS = 5
 CALIBRATION_WARMUP = 2
-PROBE_MAX = 32  # without speculation, drafts are still looked up after 1, 2, 4, ... up to this many steps
-COST_SYNC_STEPS = 64  # rank 0's measured step costs reach every rank this often (in steps)
 REFILL_STEPS = 3  # decode steps after a prefill whose host work is exposed (2x H200: the steps prefill + 1..3
 # ran 0.6-1.3 ms longer each in auto than in the plain server)
 
@@ -188,7 +187,7 @@ def _tick(state: AutoState) -> None:
         state.costs.record(kind, bs, width, 1000.0 * (now - state.last_start))
     state.last_start, state.last_step = now, None
     state.steps += 1
-    if state.steps % COST_SYNC_STEPS == 0:
+    if state.steps % state.controller.cfg.cost_sync_steps == 0:
         # a frozen copy: the live measurements keep changing on each rank between two synchronisations, and
         # a controller that read them directly would decide differently on different ranks (and hang the TP
         # group in mismatched collectives)
@@ -265,7 +264,8 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
                     state.features[req.rid] = ctl.no_draft(req.rid)
         probe = not ones  # first_lookup_behind allowed a probe
     else:
-        look = ctl.plan_lookup([RequestView(req.rid, state.features[req.rid]) for req in batch.reqs], PROBE_MAX,
+        views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
+        look = ctl.plan_lookup(views, ctl.cfg.probe_max,
                                behind=ones, refill=state.since_prefill <= REFILL_STEPS)
         probe = look and ctl.planned == PLAN_PROBE
         if look and not ones and not probe:
