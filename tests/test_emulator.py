@@ -1,13 +1,15 @@
-"""fastverify.emulator and fastverify.glue.emulator_hook: the wait per pass, calibration, self-check, flags.
+"""fastverify.emulator and fastverify.glue.emulator_hook: the wait per pass, calibration,
+self-check, flags.
 
-The device is a model (FakeDevice): a spin of c cycles takes overhead + c / (cycles per us) of device time,
-timed the way CUDA events time it. The calibration and self-check code under test is the server's own; only
-the device is modelled. The last part imports the patched SGLang (patch 0011) and drives its real seams with
-a stand-in device.
+The device is a model (FakeDevice): a spin of c cycles takes overhead + c / (cycles per us) of
+device time, timed the way CUDA events time it. The calibration and self-check code under test is
+the server's own; only the device is modelled. The last part imports the patched SGLang (patch 0011)
+and drives its real seams with a stand-in device.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 from types import SimpleNamespace
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 from fastverify import emulator, passcost
-from fastverify.emulator import (CalibrationError, Calibration, EmulatorConfig, EmulatorError, PassEmulator,
+from fastverify.emulator import (CalibrationError, EmulatorConfig, EmulatorError, PassEmulator,
                                  calibrate, config_from_flags, pass_tokens, self_check)
 from fastverify.glue import emulator_hook
 
@@ -24,11 +26,12 @@ REF = "reference-kimi-tp8"
 
 
 class FakeDevice:
-    """A device with a clock of `cycles_per_us` (= MHz). Eager spins cost `overhead_us` of launch on the
-    stream, graph-replayed ones `graph_overhead_us`, times `graph_factor`; `noise` is a relative jitter."""
+    """A device with a clock of `cycles_per_us` (= MHz). Eager spins cost `overhead_us` of launch on
+    the stream, graph-replayed ones `graph_overhead_us`, times `graph_factor`; `noise` is a relative
+    jitter."""
 
-    def __init__(self, cycles_per_us=1980.0, overhead_us=3.0, graph_overhead_us=1.0, graph_factor=1.0,
-                 noise=0.0, seed=0):
+    def __init__(self, cycles_per_us=1980.0, overhead_us=3.0, graph_overhead_us=1.0,
+                 graph_factor=1.0, noise=0.0, seed=0):
         self.cycles_per_us, self.overhead_us = cycles_per_us, overhead_us
         self.graph_overhead_us, self.graph_factor = graph_overhead_us, graph_factor
         self.noise, self.rng = noise, random.Random(seed)
@@ -38,7 +41,8 @@ class FakeDevice:
 
     def spin(self, cycles):
         self.spins.append(int(cycles))
-        t = (self.graph_overhead_us if self._graph else self.overhead_us) + cycles / self.cycles_per_us
+        launch = self.graph_overhead_us if self._graph else self.overhead_us
+        t = launch + cycles / self.cycles_per_us
         if self._graph:
             t *= self.graph_factor
         self.now += t * (1.0 + self.noise * self.rng.uniform(-1.0, 1.0))
@@ -72,7 +76,8 @@ def test_wait_is_the_profiles_pass_time_at_every_token_count():
     comm, full = EmulatorConfig(prof, False), EmulatorConfig(prof, True)
     for n in range(1, 200):
         assert comm.wait_us(n) == pytest.approx(prof.comm_ms(n) * 1000.0)
-        assert full.wait_us(n) == pytest.approx((prof.comm_ms(n) + prof.compute_pass_ms(n)) * 1000.0)
+        both_ms = prof.comm_ms(n) + prof.compute_pass_ms(n)
+        assert full.wait_us(n) == pytest.approx(both_ms * 1000.0)
     assert comm.wait_us(0) == full.wait_us(0) == 0.0
     # the file's own points, read independently of passcost's interpolation
     obj = ref_json()
@@ -84,8 +89,8 @@ def test_wait_is_the_profiles_pass_time_at_every_token_count():
 
 
 def test_reference_profile_reproduces_the_report_on_paper():
-    """Plain decode 82 tok/s (one token a pass), a verify pass of EAGLE-3's 4-token chain ~30 ms of which
-    ~25 ms in the all-reduces."""
+    """Plain decode 82 tok/s (one token a pass), a verify pass of EAGLE-3's 4-token chain ~30 ms of
+    which ~25 ms in the all-reduces."""
     cfg = config_from_flags(REF, compute=True)
     assert 1e6 / cfg.wait_us(1) == pytest.approx(82.0, rel=0.01)
     assert cfg.wait_us(4) / 1000 == pytest.approx(30.0, rel=0.01)
@@ -97,7 +102,8 @@ def test_pass_tokens_by_kind():
     assert pass_tokens("verify", 4, width=8) == 32
     assert pass_tokens("prefill", 3, extend_tokens=517) == 517
     assert pass_tokens("idle", 0) == 0
-    with pytest.raises(ValueError, match="pass kind 'draft'; expected decode, verify, prefill or idle"):
+    with pytest.raises(ValueError,
+                       match="pass kind 'draft'; expected decode, verify, prefill or idle"):
         pass_tokens("draft", 1)
 
 
@@ -121,8 +127,9 @@ def test_flag_off_and_on():
 
 
 def test_unknown_profile_names_the_flag_and_the_built_ins():
-    with pytest.raises(EmulatorError, match=r"--emulate-pass-cost no-such: no such file and no built-in "
-                                            r"profile of that name \(built in: .*reference-kimi-tp8"):
+    with pytest.raises(EmulatorError, match=r"--emulate-pass-cost no-such: no such file and no "
+                                            r"built-in profile of that name \(built in: "
+                                            r".*reference-kimi-tp8"):
         config_from_flags("no-such")
 
 
@@ -137,14 +144,17 @@ def test_bad_profile_file(tmp_path):
 
 
 def test_compute_flag_needs_a_profile_with_compute(tmp_path):
-    with pytest.raises(EmulatorError, match=r"--emulate-pass-cost-compute needs --emulate-pass-cost PROFILE "
-                                            r"\(built in: .*reference-kimi-tp8"):
+    with pytest.raises(EmulatorError, match=r"--emulate-pass-cost-compute needs "
+                                            r"--emulate-pass-cost PROFILE \(built in: "
+                                            r".*reference-kimi-tp8"):
         config_from_flags(None, compute=True)
     p = tmp_path / "comm_only.json"
-    p.write_text(json.dumps({"name": "comm-only", "allreduces_per_pass": 10, "allreduce_us": {"1": 20}}))
+    p.write_text(json.dumps({"name": "comm-only", "allreduces_per_pass": 10,
+                             "allreduce_us": {"1": 20}}))
     assert config_from_flags(str(p)).wait_us(1) == pytest.approx(200.0)
-    with pytest.raises(EmulatorError, match=r"--emulate-pass-cost-compute: profile comm-only .* has no "
-                                            r"compute_ms"):
+    with pytest.raises(EmulatorError,
+                       match=r"--emulate-pass-cost-compute: profile comm-only .* has no "
+                             r"compute_ms"):
         config_from_flags(str(p), compute=True)
 
 
@@ -178,9 +188,10 @@ def test_self_check_fails_when_the_clock_slows_by_ten_percent_after_calibration(
     cfg = config_from_flags(REF)
     cal = calibrate(dev, max_us=cfg.wait_us(64))
     dev.cycles_per_us *= 0.9  # the clock dropped: every wait now runs 1/0.9 = +11 % long
-    with pytest.raises(CalibrationError, match=r"--emulate-pass-cost reference-kimi-tp8: the self-check "
-                                               r"failed.*more than 5 %: 1 tokens \(eager\): profile 7.198 ms, "
-                                               r"measured 7.99\d ms \(\+11.1 %\).*The server does not start"):
+    with pytest.raises(CalibrationError,
+                       match=r"--emulate-pass-cost reference-kimi-tp8: the self-check failed.*more "
+                             r"than 5 %: 1 tokens \(eager\): profile 7.198 ms, measured 7.99\d ms "
+                             r"\(\+11.1 %\).*The server does not start"):
         self_check(dev, cal, cfg, tokens=(1, 64))
 
 
@@ -216,7 +227,8 @@ class KneeDevice(FakeDevice):
 
 
 def test_calibration_refuses_a_spin_that_is_not_linear():
-    with pytest.raises(CalibrationError, match=r"spin time is not linear in cycles \(worst point .* off the "
+    with pytest.raises(CalibrationError, match=r"spin time is not linear in cycles \(worst "
+                                               r"point .* off the "
                                                r"line, allowed 2 %\)"):
         calibrate(KneeDevice(knee=2_000_000), max_us=50_000.0)
 
@@ -275,7 +287,8 @@ def test_metrics_gauge_and_counters():
     prometheus_client = pytest.importorskip("prometheus_client")
     reg = prometheus_client.CollectorRegistry()
     cfg = config_from_flags(REF)
-    m = emulator.EmulatorMetrics(prometheus_client, cfg, tp_rank=0, worst_check_error=0.012, registry=reg)
+    m = emulator.EmulatorMetrics(prometheus_client, cfg, tp_rank=0, worst_check_error=0.012,
+                                 registry=reg)
     lab = {"profile": REF, "mode": "comm", "tp_rank": "0"}
     assert reg.get_sample_value("sglang:pass_cost_emulation_active", lab) == 1.0
     assert reg.get_sample_value("sglang:pass_cost_emulation_selfcheck_error", lab) == 0.012
@@ -309,13 +322,14 @@ class Mode:
 
 
 def batch(mode, tokens, bs=1):
-    return SimpleNamespace(forward_mode=Mode(mode), input_ids=torch.zeros(tokens, dtype=torch.int64),
-                           batch_size=bs)
+    return SimpleNamespace(forward_mode=Mode(mode), batch_size=bs,
+                           input_ids=torch.zeros(tokens, dtype=torch.int64))
 
 
 def runner(profile=REF, compute=False, draft=False, k=8):
-    args = SimpleNamespace(emulate_pass_cost=profile, emulate_pass_cost_compute=compute, enable_metrics=False,
-                           speculative_algorithm="NGRAM", speculative_num_draft_tokens=k)
+    args = SimpleNamespace(emulate_pass_cost=profile, emulate_pass_cost_compute=compute,
+                           enable_metrics=False, speculative_algorithm="NGRAM",
+                           speculative_num_draft_tokens=k)
     return SimpleNamespace(server_args=args, is_draft_worker=draft, capture_tail_hooks=[],
                            decode_cuda_graph_runner=None)
 
@@ -330,7 +344,8 @@ def test_flag_off_installs_nothing_and_waits_nothing():
 
 def test_draft_runner_never_waits():
     r, dev = runner(draft=True), FakeDevice()
-    assert emulator_hook.install(r, device=dev) is None and r.capture_tail_hooks == [] and dev.spins == []
+    assert emulator_hook.install(r, device=dev) is None
+    assert r.capture_tail_hooks == [] and dev.spins == []
 
 
 def test_install_checks_one_token_the_widest_verify_and_64(caplog):
@@ -354,22 +369,27 @@ def test_install_refuses_to_start_on_a_device_that_is_off():
 
 def test_capture_hook_waits_at_the_graphs_token_count():
     r, dev = runner(), FakeDevice()
-    em = emulator_hook.install(r, device=dev)
+    capturing = [False]
+    em = emulator_hook.install(r, device=dev, capturing=lambda: capturing[0])
     hook = r.capture_tail_hooks[0]
     graph_runner = SimpleNamespace(bs=4)
     dev.spins.clear()
-    hook(graph_runner, None, batch("verify", 32, bs=4), 32)  # a verify graph of 4 requests at width 8
+    hook(graph_runner, None, batch("verify", 32, bs=4), 32)  # a warm-up run before the capture
+    assert dev.spins == []
+    capturing[0] = True
+    hook(graph_runner, None, batch("verify", 32, bs=4), 32)  # a verify graph: 4 requests, width 8
     assert dev.spins == [em.cycles(32)]
     # a replay of that graph: no Python wait, the pass is counted at the graph's 32 tokens
     r.decode_cuda_graph_runner = graph_runner
-    with emulator_hook.pass_scope(r, batch("verify", 24, bs=3)):  # 3 requests padded to the bs-4 graph
+    with emulator_hook.pass_scope(r, batch("verify", 24, bs=3)):  # 3 requests in the bs-4 graph
         pass
     assert dev.spins == [em.cycles(32)]
     assert em._window.passes == {"verify": 1}
     assert em._window.wait_ms["verify"] == pytest.approx(em.config.wait_us(32) / 1000)
 
 
-@pytest.mark.parametrize("mode,tokens,bs", [("decode", 3, 3), ("verify", 8, 2), ("prefill", 517, 2)])
+@pytest.mark.parametrize("mode,tokens,bs",
+                         [("decode", 3, 3), ("verify", 8, 2), ("prefill", 517, 2)])
 def test_eager_pass_waits_at_its_token_count(mode, tokens, bs):
     r, dev = runner(), FakeDevice()
     em = emulator_hook.install(r, device=dev)
@@ -401,7 +421,8 @@ def model_runner_module():
     from sglang.srt.model_executor import model_runner as mr
 
     if not hasattr(mr, "emulator_hook"):
-        pytest.skip("patch 0011-pass-cost-emulator is not applied to this SGLang (make test applies the series)")
+        pytest.skip("patch 0011-pass-cost-emulator is not applied to this SGLang "
+                    "(make test applies the series)")
     return mr
 
 
@@ -411,14 +432,16 @@ def test_flags_parse_and_validate(model_runner_module):
 
     parser = argparse.ArgumentParser()
     sa.ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(["--model-path", "dummy", "--emulate-pass-cost", REF, "--emulate-pass-cost-compute"])
+    ns = parser.parse_args(["--model-path", "dummy", "--emulate-pass-cost", REF,
+                            "--emulate-pass-cost-compute"])
     assert (ns.emulate_pass_cost, ns.emulate_pass_cost_compute) == (REF, True)
     ns = parser.parse_args(["--model-path", "dummy"])
     assert (ns.emulate_pass_cost, ns.emulate_pass_cost_compute) == (None, False)
     assert "--emulate-pass-cost-compute" in parser.format_help()
     emulator_hook.check_flags(ns)
     bad = SimpleNamespace(**dict(vars(ns), emulate_pass_cost="pcie-someday"))
-    with pytest.raises(EmulatorError, match=r"--emulate-pass-cost pcie-someday: .*built in: .*" + REF):
+    with pytest.raises(EmulatorError,
+                       match=r"--emulate-pass-cost pcie-someday: .*built in: .*" + REF):
         emulator_hook.check_flags(bad)
 
 
@@ -444,7 +467,8 @@ class EagerRunnerStub:
 
 
 def bare_model_runner(mr, can_graph):
-    """A real (patched) ModelRunner object with only what _forward_raw reads on the plain TP=1 path."""
+    """A real (patched) ModelRunner object with only what _forward_raw reads on the plain TP=1
+    path."""
     r = object.__new__(mr.ModelRunner)
     r.device = "cuda"
     r.attn_backend = None
@@ -467,17 +491,23 @@ class SglMode(Mode):
 
 
 def sgl_batch(mode, tokens, bs):
-    return SimpleNamespace(forward_mode=SglMode(mode), input_ids=torch.zeros(tokens, dtype=torch.int64),
-                           batch_size=bs, global_num_tokens_cpu=None, token_indices_to_pool=None)
+    return SimpleNamespace(forward_mode=SglMode(mode), batch_size=bs,
+                           input_ids=torch.zeros(tokens, dtype=torch.int64),
+                           global_num_tokens_cpu=None, token_indices_to_pool=None,
+                           moe_num_token_non_padded=None)
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize("can_graph,mode,tokens,bs", [(False, "decode", 2, 2), (False, "verify", 16, 2),
-                                                     (False, "prefill", 40, 1), (True, "verify", 16, 2)])
-def test_patched_forward_raw_waits_only_outside_decode_graphs(model_runner_module, monkeypatch, can_graph,
-                                                              mode, tokens, bs):
+@pytest.mark.parametrize("can_graph,mode,tokens,bs",
+                         [(False, "decode", 2, 2), (False, "verify", 16, 2),
+                          (False, "prefill", 40, 1), (True, "verify", 16, 2)])
+def test_patched_forward_raw_waits_only_outside_decode_graphs(model_runner_module, monkeypatch,
+                                                              can_graph, mode, tokens, bs):
     mr = model_runner_module
     r = bare_model_runner(mr, can_graph)
+    if hasattr(mr, "get_model"):  # 0.5.23 reads the published model config bag around the pass
+        bag = SimpleNamespace(override=lambda **kw: contextlib.nullcontext())
+        monkeypatch.setattr(mr, "get_model", lambda: bag)
     args = runner().server_args
     waits = []
     em = SimpleNamespace(wait=waits.append, eager_tokens=None)
@@ -488,7 +518,8 @@ def test_patched_forward_raw_waits_only_outside_decode_graphs(model_runner_modul
     except Exception as e:  # pragma: no cover - a seam moved: say which
         pytest.fail(f"the patched _forward_raw could not run on the stand-in runner: {e!r}")
     assert out.logits_output == ("graph-out" if can_graph else "eager-out")
-    # a replayed decode/verify graph carries its wait inside; every other pass waits once, at its tokens
+    # a replayed decode/verify graph carries its wait inside; every other pass waits once, at its
+    # tokens
     assert waits == ([] if can_graph else [tokens])
 
 
@@ -500,7 +531,10 @@ def test_patched_model_runner_seams_in_order(model_runner_module):
     init = inspect.getsource(mr.ModelRunner.__init__)
     assert init.index("self.capture_tail_hooks = []") < init.index("emulator_hook.install(self)")
     assert init.index("self.forward_stream = ") < init.index("emulator_hook.install(self)")
-    assert "emulator_hook.pass_scope(self, forward_batch)" in inspect.getsource(mr.ModelRunner.forward)
+    forward = inspect.getsource(mr.ModelRunner.forward)
+    assert "emulator_hook.pass_scope(self, forward_batch)" in forward
     raw = inspect.getsource(mr.ModelRunner._forward_raw)
-    assert raw.index("self.decode_cuda_graph_runner.execute(") < raw.index("emulator_hook.eager_wait(")
-    assert raw.rstrip().endswith("return ModelRunnerOutput(logits_output=ret, can_run_graph=can_run_graph)")
+    graph_return = raw.index("self.decode_cuda_graph_runner.execute(")
+    assert graph_return < raw.index("emulator_hook.eager_wait(")
+    last = "return ModelRunnerOutput(logits_output=ret, can_run_graph=can_run_graph)"
+    assert raw.rstrip().endswith(last)

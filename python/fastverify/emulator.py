@@ -1,27 +1,29 @@
 """Pass-cost emulator: make one GPU serve at the pass costs of another deployment (testing only).
 
-With a pass-cost profile (fastverify.passcost) the patched server follows every forward pass of the target
-model with a device-side wait of what the profile says a pass of that many tokens costs on the emulated
-deployment:
+With a pass-cost profile (fastverify.passcost) the patched server follows every forward pass of the
+target model with a device-side wait of what the profile says a pass of that many tokens costs on
+the emulated deployment:
 
-    wait_us(n) = allreduces_per_pass * allreduce_us(n)            mode "comm" (the default)
-               + compute_ms(n) * 1000                             mode "comm+compute" (the profile's compute)
+    wait_us(n) = allreduces_per_pass * allreduce_us(n)   mode "comm" (the default)
+               + compute_ms(n) * 1000                    mode "comm+compute" (plus its compute)
 
-n is the token count of the pass: a decode pass of bs requests has bs tokens, a TARGET_VERIFY pass of bs
-requests at width w has bs * w, a prefill/extend pass its extend tokens; a CUDA graph's wait is that of the
-graph's (padded) token count, fixed at capture. The rule is additive: the real pass of the model being
-served still runs, and nothing of it is subtracted. In mode "comm" that is the intent (a small model's real
-compute plus the emulated deployment's communication); in mode "comm+compute" the real pass is an excess
-over the profile, which the server measures on a sample of passes and reports in its log line.
+n is the token count of the pass: a decode pass of bs requests has bs tokens, a TARGET_VERIFY pass
+of bs requests at width w has bs * w, a prefill/extend pass its extend tokens; a CUDA graph's wait
+is that of the graph's (padded) token count, fixed at capture. The rule is additive: the real pass
+of the model being served still runs, and nothing of it is subtracted. In mode "comm" that is the
+intent (a small model's real compute plus the emulated deployment's communication); in mode
+"comm+compute" the real pass is an excess over the profile, which the server measures on a sample of
+passes and reports in its log line.
 
-The wait is a GPU spin of a number of clock cycles (torch.cuda._sleep: a one-thread kernel, recorded into
-CUDA graphs like any kernel). Cycles per microsecond are calibrated at start-up (`calibrate`: spins of a
-ladder of lengths timed with device events, a least-squares line through them) and the result is
-self-checked (`self_check`): the wait of a few token counts, run eagerly and inside a CUDA graph, must take
-the profile's time within TOLERANCE, else the server refuses to start with the measured numbers.
+The wait is a GPU spin of a number of clock cycles (torch.cuda._sleep: a one-thread kernel, recorded
+into CUDA graphs like any kernel). Cycles per microsecond are calibrated at start-up (`calibrate`:
+spins of a ladder of lengths timed with device events, a least-squares line through them) and the
+result is self-checked (`self_check`): the wait of a few token counts, run eagerly and inside a CUDA
+graph, must take the profile's time within TOLERANCE, else the server refuses to start with the
+measured numbers.
 
-This module never touches CUDA: it talks to a `SpinDevice` (torch.cuda in fastverify.glue.emulator_hook,
-a model of a device in the tests) and reads no environment variable.
+This module never touches CUDA: it talks to a `SpinDevice` (torch.cuda in
+fastverify.glue.emulator_hook, a model of a device in the tests) and reads no environment variable.
 """
 from __future__ import annotations
 
@@ -39,20 +41,20 @@ FLAG_COMPUTE = "--emulate-pass-cost-compute"
 TOLERANCE = 0.05  # self-check: |measured wait / profile's time - 1| at most this
 FIT_TOLERANCE = 0.02  # calibration: each ladder point within this of the fitted line
 LOG_INTERVAL_S = 30.0  # the periodic "ACTIVE" warning line
-SAMPLE_EVERY = 64  # one pass in this many is timed with device events (its real size goes to the log)
+SAMPLE_EVERY = 64  # one pass in this many is timed with device events (its real size: the log)
 CHECK_TOKENS = (1, 64)  # always self-checked, with the widest verify pass of one request
 
 HELP_PROFILE = (
-    "TESTING ONLY. Emulate another deployment's pass cost: after every forward pass of the target model "
-    "the GPU waits what the named pass-cost profile says a pass of that many tokens costs there "
-    "(communication only; add --emulate-pass-cost-compute for its compute too). A built-in profile name "
-    f"({', '.join(passcost.builtin_names()) or 'none'}), a profile JSON file, or a "
-    "`fastverify bench allreduce --json` result (PATH#backend). Timings of such a server are emulated, "
-    "not measurements; the log and /metrics say so while it is on."
+    "TESTING ONLY. Emulate another deployment's pass cost: after every forward pass of the target "
+    "model the GPU waits what the named pass-cost profile says a pass of that many tokens costs "
+    "there (communication only; add --emulate-pass-cost-compute for its compute too). A built-in "
+    f"profile name ({', '.join(passcost.builtin_names()) or 'none'}), a profile JSON file, or a "
+    "`fastverify bench allreduce --json` result (PATH#backend). Timings of such a server are "
+    "emulated, not measurements; the log and /metrics say so while it is on."
 )
 HELP_COMPUTE = (
-    "TESTING ONLY. With --emulate-pass-cost: the wait also includes the profile's compute time per pass "
-    "(the profile must have compute_ms)."
+    "TESTING ONLY. With --emulate-pass-cost: the wait also includes the profile's compute time per "
+    "pass (the profile must have compute_ms)."
 )
 
 
@@ -61,7 +63,8 @@ class EmulatorError(ValueError):
 
 
 class CalibrationError(RuntimeError):
-    """The device wait could not be calibrated, or failed its self-check; the message has the numbers."""
+    """The device wait could not be calibrated, or failed its self-check (the message says by how
+    much)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -108,8 +111,8 @@ def config_from_flags(profile: Optional[str], compute: bool = False) -> Optional
     except PassCostError as e:
         raise EmulatorError(str(e)) from None
     if compute and not prof.has_compute:
-        raise EmulatorError(f"{FLAG_COMPUTE}: profile {prof.name} ({FLAG} {profile}) has no compute_ms; "
-                            f"drop {FLAG_COMPUTE} or give a profile with compute_ms")
+        raise EmulatorError(f"{FLAG_COMPUTE}: profile {prof.name} ({FLAG} {profile}) has no "
+                            f"compute_ms; drop {FLAG_COMPUTE} or give a profile with compute_ms")
     return EmulatorConfig(prof, bool(compute))
 
 
@@ -131,11 +134,12 @@ def pass_tokens(kind: str, batch_size: int, width: int = 1, extend_tokens: int =
 # --------------------------------------------------------------------------------------------------
 class SpinDevice(Protocol):
     def spin(self, cycles: int) -> None:
-        """Enqueue a wait of `cycles` device clock cycles on the current stream (graph-capturable)."""
+        """Enqueue a wait of `cycles` device clock cycles on the current stream (capturable into a
+        device graph)."""
 
     def time_us(self, fn: Callable[[], None], reps: int, graph: bool = False) -> List[float]:
-        """Run fn `reps` times, each bracketed by device events; the elapsed device time of each, in us.
-        graph=True: fn is captured once into a device graph and each rep replays it."""
+        """Run fn `reps` times, each bracketed by device events: the elapsed device time of each,
+        in us. graph=True: fn is captured once into a device graph and each rep replays it."""
 
     def mark(self) -> Any:
         """A device event on the current stream."""
@@ -169,15 +173,18 @@ def _median_us(device: SpinDevice, cycles: int, reps: int, graph: bool = False) 
 
 
 def calibrate(device: SpinDevice, max_us: float, reps: int = 5, points: int = 6,
-              min_us: float = 200.0, probe_cycles: int = 2_000_000, warmup_cycles: int = 20_000_000,
+              min_us: float = 200.0, probe_cycles: int = 2_000_000,
+              warmup_cycles: int = 100_000_000,
               fit_tolerance: float = FIT_TOLERANCE) -> Calibration:
-    """Cycles per us of the device's spin: a warm-up (clocks up), a probe for the rough rate, then a ladder
-    of `points` waits from min_us to max_us (geometric), the median of `reps` each, and a least-squares
-    line elapsed = overhead + cycles / rate. Raises CalibrationError if the points are not on a line."""
+    """Cycles per us of the device's spin: a warm-up (clocks up), a probe for the rough rate, then a
+    ladder of `points` waits from min_us to max_us (geometric), the median of `reps` each, and a
+    least-squares line elapsed = overhead + cycles / rate. Raises CalibrationError if the points are
+    not on a line."""
     device.time_us(lambda: device.spin(warmup_cycles), 2)
     probe = _median_us(device, probe_cycles, reps)
     if not probe > 0:
-        raise CalibrationError(f"pass-cost emulator: a spin of {probe_cycles} cycles took {probe!r} us")
+        raise CalibrationError(f"pass-cost emulator: a spin of {probe_cycles} cycles took "
+                               f"{probe!r} us")
     rough = probe_cycles / probe
     hi = max(float(max_us), 4 * min_us)
     targets = [min_us * (hi / min_us) ** (i / (points - 1)) for i in range(points)]
@@ -185,24 +192,26 @@ def calibrate(device: SpinDevice, max_us: float, reps: int = 5, points: int = 6,
     for us in targets:
         c = max(1, int(round(us * rough)))
         pts.append((c, _median_us(device, c, reps)))
-    # least squares on relative residuals (weights 1/y^2): the waits span three orders of magnitude, and
-    # each must be right within a share of itself, not within microseconds of the longest
+    # least squares on relative residuals (weights 1/y^2): the waits span three orders of magnitude,
+    # and each must be right within a share of itself, not within microseconds of the longest
     ws = [1.0 / (y * y) if y > 0 else 0.0 for _, y in pts]
     sw = sum(ws)
     mx = sum(w * x for w, (x, _) in zip(ws, pts)) / sw if sw > 0 else 0.0
     my = sum(w * y for w, (_, y) in zip(ws, pts)) / sw if sw > 0 else 0.0
     var = sum(w * (x - mx) ** 2 for w, (x, _) in zip(ws, pts))
-    slope = sum(w * (x - mx) * (y - my) for w, (x, y) in zip(ws, pts)) / var if var > 0 else 0.0
+    cov = sum(w * (x - mx) * (y - my) for w, (x, y) in zip(ws, pts))
+    slope = cov / var if var > 0 else 0.0
     if not slope > 0:
-        raise CalibrationError(f"pass-cost emulator: spin time does not grow with cycles (points {pts})")
+        raise CalibrationError(f"pass-cost emulator: spin time does not grow with cycles "
+                               f"(points {pts})")
     overhead = my - slope * mx
     resid = max(abs(y / (overhead + slope * x) - 1.0) for x, y in pts)
     cal = Calibration(1.0 / slope, overhead, tuple(pts), resid)
     if resid > fit_tolerance:
         listing = ", ".join(f"{x} cycles: {y:.1f} us" for x, y in pts)
-        raise CalibrationError(f"pass-cost emulator: spin time is not linear in cycles (worst point "
-                               f"{100 * resid:.1f} % off the line, allowed {100 * fit_tolerance:g} %): "
-                               f"{listing}")
+        raise CalibrationError(f"pass-cost emulator: spin time is not linear in cycles (worst "
+                               f"point {100 * resid:.1f} % off the line, allowed "
+                               f"{100 * fit_tolerance:g} %): {listing}")
     return cal
 
 
@@ -226,9 +235,9 @@ class CheckResult:
 def self_check(device: SpinDevice, calibration: Calibration, config: EmulatorConfig,
                tokens: Iterable[int], reps: int = 5, tolerance: float = TOLERANCE,
                graph_modes: Sequence[bool] = (False, True)) -> List[CheckResult]:
-    """The wait of each token count, timed (median of `reps`) eagerly and replayed from a device graph,
-    against the profile's time. Raises CalibrationError listing every result when one is off by more
-    than `tolerance`."""
+    """The wait of each token count, timed (median of `reps`) eagerly and replayed from a device
+    graph, against the profile's time. Raises CalibrationError listing every result when one is off
+    by more than `tolerance`."""
     results = []
     for n in sorted({int(t) for t in tokens if int(t) > 0}):
         target = config.wait_us(n)
@@ -236,7 +245,8 @@ def self_check(device: SpinDevice, calibration: Calibration, config: EmulatorCon
             continue
         cycles = calibration.cycles_for(target)
         for graph in graph_modes:
-            results.append(CheckResult(n, target, _median_us(device, cycles, reps, graph=graph), graph))
+            measured = _median_us(device, cycles, reps, graph=graph)
+            results.append(CheckResult(n, target, measured, graph))
     bad = [r for r in results if abs(r.error) > tolerance]
     if bad:
         raise CalibrationError(
@@ -259,24 +269,26 @@ class _Window:
 
 
 class PassEmulator:
-    """What the server holds while emulation is on: the wait of each token count (cycles, memoized), a
-    count of the passes and their nominal waits per kind, timed samples of whole passes (the real pass =
-    sample - its wait), and the periodic ACTIVE line."""
+    """What the server holds while emulation is on: the wait of each token count (cycles,
+    memoized), a count of the passes and their nominal waits per kind, timed samples of whole passes
+    (the real pass = sample - its wait), and the periodic ACTIVE line."""
 
     def __init__(self, config: EmulatorConfig, calibration: Calibration, device: SpinDevice,
                  checks: Sequence[CheckResult] = (), metrics: Any = None,
-                 clock: Callable[[], float] = time.monotonic, log_interval_s: float = LOG_INTERVAL_S,
-                 sample_every: int = SAMPLE_EVERY, tolerance: float = TOLERANCE):
+                 clock: Callable[[], float] = time.monotonic,
+                 log_interval_s: float = LOG_INTERVAL_S, sample_every: int = SAMPLE_EVERY,
+                 tolerance: float = TOLERANCE):
         self.config, self.calibration, self.device = config, calibration, device
         self.checks, self.metrics, self.clock = tuple(checks), metrics, clock
-        self.log_interval_s, self.sample_every, self.tolerance = log_interval_s, sample_every, tolerance
+        self.log_interval_s, self.sample_every = log_interval_s, sample_every
+        self.tolerance = tolerance
         self._cycles: Dict[int, int] = {}
         self._window = _Window()
         self._since = clock()
         self._count = 0
         self._pending: List[Tuple[str, float, Any, Any]] = []
         self.total_passes = 0
-        self.eager_tokens: Optional[int] = None  # the glue's note: tokens waited eagerly in this pass
+        self.eager_tokens: Optional[int] = None  # the glue's note: tokens waited eagerly this pass
         self.extrapolated_tokens: set = set()
 
     def cycles(self, tokens: int) -> int:
@@ -302,7 +314,8 @@ class PassEmulator:
         self._count += 1
         return self.sample_every > 0 and self._count % self.sample_every == 0
 
-    def record(self, kind: str, tokens: int, in_graph: bool, start: Any = None, end: Any = None) -> None:
+    def record(self, kind: str, tokens: int, in_graph: bool, start: Any = None,
+               end: Any = None) -> None:
         wait_us = self.config.wait_us(tokens)
         w = self._window
         w.passes[kind] += 1
@@ -332,8 +345,8 @@ class PassEmulator:
         return self.log_interval_s > 0 and self.clock() - self._since >= self.log_interval_s
 
     def summary(self, reset: bool = True) -> str:
-        """The periodic line: the banner, then per kind the passes, their mean wait and the sampled real
-        pass (sample - wait, median), and any sampled pass shorter than its wait."""
+        """The periodic line: the banner, then per kind the passes, their mean wait and the sampled
+        real pass (sample - wait, median), and any sampled pass shorter than its wait."""
         w, now = self._window, self.clock()
         span = max(now - self._since, 1e-9)
         parts = []
@@ -359,10 +372,10 @@ class PassEmulator:
                  f"calibration: {self.calibration.describe()}"]
         if self.checks:
             worst = max(abs(r.error) for r in self.checks)
-            lines.append(f"self-check within {100 * self.tolerance:g} % (worst {100 * worst:.1f} %): "
-                         + "; ".join(r.describe() for r in self.checks))
-        lines.append("rule: the wait is added after the real pass of the served model; nothing of the real "
-                     "pass is subtracted (its sampled size is in the periodic line)")
+            lines.append(f"self-check within {100 * self.tolerance:g} % (worst "
+                         f"{100 * worst:.1f} %): " + "; ".join(r.describe() for r in self.checks))
+        lines.append("rule: the wait is added after the real pass of the served model; nothing of "
+                     "the real pass is subtracted (its sampled size is in the periodic line)")
         return lines
 
 
@@ -370,17 +383,23 @@ class PassEmulator:
 # Prometheus
 # --------------------------------------------------------------------------------------------------
 METRIC_HELP = {
-    "sglang:pass_cost_emulation_active": "1 while pass-cost emulation is on: timings are emulated.",
-    "sglang:pass_cost_emulation_selfcheck_error": "Worst relative error of the start-up self-check.",
-    "sglang:pass_cost_emulated_passes": "Forward passes followed by an emulated wait, per kind and path.",
-    "sglang:pass_cost_emulated_wait_seconds": "Sum of the emulated waits (the profile's time) per kind.",
-    "sglang:pass_cost_emulation_short_waits": "Timed passes that took less than their emulated wait.",
+    "sglang:pass_cost_emulation_active":
+        "1 while pass-cost emulation is on: timings are emulated.",
+    "sglang:pass_cost_emulation_selfcheck_error":
+        "Worst relative error of the start-up self-check.",
+    "sglang:pass_cost_emulated_passes":
+        "Forward passes followed by an emulated wait, per kind and path.",
+    "sglang:pass_cost_emulated_wait_seconds":
+        "Sum of the emulated waits (the profile's time) per kind.",
+    "sglang:pass_cost_emulation_short_waits":
+        "Timed passes that took less than their emulated wait.",
 }
 
 
 class EmulatorMetrics:
-    """``prometheus`` is the prometheus_client module, imported by the caller after PROMETHEUS_MULTIPROC_DIR
-    is set, as SGLang's own collectors are; ``registry`` None = its default."""
+    """``prometheus`` is the prometheus_client module, imported by the caller after
+    PROMETHEUS_MULTIPROC_DIR is set, as SGLang's own collectors are; ``registry`` None = its
+    default."""
 
     def __init__(self, prometheus: Any, config: EmulatorConfig, tp_rank: int = 0,
                  worst_check_error: float = 0.0, registry: Any = None):
