@@ -11,11 +11,14 @@ import difflib
 import hashlib
 import io
 import os
+import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -261,6 +264,67 @@ def test_failure_half_way_restores_every_file(env, monkeypatch):
     with pytest.raises(DriftError, match=r"(?s)0003-new-module.patch failed.*Restored every touched file"):
         patchtool.cmd_apply(**kw)
     assert calls == ["0001-first.patch", "0002-second.patch", "0003-new-module.patch"]
+    assert snapshot(tree) == before
+
+
+STOPS = [s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s)]
+RESTORED = r"error: interrupted by {} while applying: restored every touched file byte for byte; " \
+           r"nothing changed in .*"
+
+
+@pytest.mark.parametrize("name", STOPS)
+def test_signal_mid_apply_restores_every_file(env, monkeypatch, capsys, name):
+    """The signal arrives after 0002 is written for real: the CLI restores the tree, says so in one
+    line and exits 128 + the signal number (no traceback)."""
+    tree, _, _, _, kw = env
+    before = snapshot(tree)
+    real = patchtool.run_patch
+    sig = getattr(signal, name)
+
+    def stopped(root, patch, *, reverse=False, dry_run=False):
+        r = real(root, patch, reverse=reverse, dry_run=dry_run)
+        if Path(root) == tree and not dry_run and patch.name.startswith("0002"):
+            assert (tree / "sglang/sub/b.py").read_text() == "".join(B2)  # half-applied now
+            os.kill(os.getpid(), sig)
+        return r
+
+    monkeypatch.setattr(patchtool, "run_patch", stopped)
+    assert cli.main(cli_args(kw, "apply")) == 128 + sig
+    err = capsys.readouterr().err
+    assert re.fullmatch(RESTORED.format(name) + r"\n", err), err
+    assert snapshot(tree) == before
+    assert signal.getsignal(sig) is not patchtool._raise_interrupted  # handlers put back
+
+
+@pytest.mark.parametrize("name", STOPS)
+def test_signal_to_a_running_apply_process(env, tmp_path, name):
+    """`python -m fastverify patches apply` as its own process, stopped while `patch` runs on 0002
+    in the tree (a wrapper applies it for real, says so through a file and waits)."""
+    tree, _, _, _, kw = env
+    before = snapshot(tree)
+    bin_dir, ready = tmp_path / "bin", tmp_path / "ready"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "patch"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'"{shutil.which("patch")}" "$@"; rc=$?\n'
+        'case " $* " in *" --dry-run "*) exit $rc;; esac\n'
+        f'case "$*" in *"-d {tree} "*0002-second.patch*) touch "{ready}"; exec sleep 60;; esac\n'
+        "exit $rc\n")
+    wrapper.chmod(0o755)
+    env_vars = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                    PYTHONPATH=str(ROOT / "python"))
+    proc = subprocess.Popen([sys.executable, "-m", "fastverify", *cli_args(kw, "apply")],
+                            env=env_vars, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate(timeout=60)
+    assert (tree / "sglang/sub/b.py").read_text() == "".join(B2)  # half-applied at the signal
+    proc.send_signal(getattr(signal, name))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + getattr(signal, name), (out, err)
+    assert "Traceback" not in err and re.fullmatch(RESTORED.format(name) + r"\n", err), err
     assert snapshot(tree) == before
 
 

@@ -36,9 +36,12 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +63,50 @@ class DriftError(PatchToolError):
     """A patch applies neither forwards nor backwards; nothing was changed."""
 
     exit_code = 1
+
+
+# The signals that end a run early (Ctrl-C, kill, a closed terminal): each is turned into
+# Interrupted in the main thread, so the all-or-nothing step restores the files before the end.
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, n))
+
+
+class Interrupted(BaseException):
+    """A stop signal arrived; a BaseException like KeyboardInterrupt, so only the handlers meant
+    for it catch it. Exit code 128 + the signal number, as a shell reports a process ended by it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted by {self.name}")
+
+
+class InterruptedRun(PatchToolError):
+    """A stop signal arrived while files were being written; every touched file was restored."""
+
+    def __init__(self, interrupted: Interrupted, message: str):
+        super().__init__(message)
+        self.exit_code = interrupted.exit_code
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals(handler):
+    """Within the block the stop signals call ``handler`` (a function, or signal.SIG_IGN); the
+    previous handlers come back after it. A no-op outside the main thread (no handlers there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -703,18 +750,27 @@ def _transaction(target, plan, steps, expected: dict, verb: str) -> None:
     """Run ``steps`` on the touched files all or nothing: every file is backed up first, and restored byte for
     byte if a step fails or a file does not end as the dry run computed (``expected``)."""
     check_writable(target, plan.files)
-    backup = Backup.take(target.root, plan.files)
-    try:
-        steps()
-        wrong = _mismatches(target.root, expected)
-        if wrong:
-            raise PatchToolError(f"after {verb}, these files differ from the checked result: {', '.join(wrong)}")
-    except BaseException as e:
-        backup.restore()
-        if isinstance(e, PatchToolError):
-            e.args = (f"{e.args[0]}\nRestored every touched file; nothing changed in {target.root}.",)
-        raise
-    purge_pycache(target.root, plan.files)
+    with _signals(_raise_interrupted):  # SIGTERM and SIGHUP restore the files too, as SIGINT does
+        backup = Backup.take(target.root, plan.files)
+        try:
+            steps()
+            wrong = _mismatches(target.root, expected)
+            if wrong:
+                raise PatchToolError(f"after {verb}, these files differ from the checked result: "
+                                     f"{', '.join(wrong)}")
+        except BaseException as e:
+            with _signals(signal.SIG_IGN):  # a second Ctrl-C does not stop the restore
+                backup.restore()
+            if isinstance(e, (Interrupted, KeyboardInterrupt)):
+                why = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+                raise InterruptedRun(why, f"{why} while {verb}: restored every touched file byte "
+                                          f"for byte; nothing changed in {target.root}.") from None
+            if isinstance(e, PatchToolError):
+                e.args = (f"{e.args[0]}\nRestored every touched file; nothing changed in "
+                          f"{target.root}.",)
+            raise
+        with _signals(signal.SIG_IGN):  # the series is in: finish the clean-up
+            purge_pycache(target.root, plan.files)
 
 
 def cmd_apply(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None, say=None) -> int:
@@ -899,7 +955,12 @@ def run_cli(args) -> int:
     if args.patches_action == "revert":
         common["keep_foreign"] = args.keep_foreign
     try:
-        return commands[args.patches_action](**common)
+        with _signals(_raise_interrupted):
+            return commands[args.patches_action](**common)
     except PatchToolError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Interrupted as e:  # outside the writing step: no file was being changed
+        print(f"error: {e} while no file was being written; the files are whole "
+              "(`fastverify patches status` shows their state)", file=sys.stderr, flush=True)
         return e.exit_code
