@@ -76,6 +76,22 @@ def test_replay_form_sums_the_steps():
     assert f.ar_now_us == pytest.approx(400.0)
 
 
+def test_typed_chain_with_widths_is_the_mean_of_its_steps():
+    """chainK+widths=A@M: M of the steps verify K + 1 tokens, the rest are plain decode steps; the
+    same as replaying such steps."""
+    prof = advise.passcost.load_profile("reference-kimi-tp8")
+    (kind, k, vals, match), = advise.parse_accept("chain1+widths=1.3@0.75")
+    assert (kind, k, vals, match) == ("chain+widths", 1, (1.3,), 0.75)
+    row = advise.typed_rows(prof, [(kind, k, vals, match)], 0.0, "x")[0]
+    steps = advise.replay_form(prof, [1, 1, 2, 1.2], [1, 2, 2, 2], 0.0)  # 3 of 4 steps verify
+    assert row.forms[0].time_ms(122) == pytest.approx(steps.time_ms(122) / 4)
+    assert row.label == "chain1+widths" and "--speculative-ngram-verify-widths 1,2" in row.flags
+    with pytest.raises(advise.AdviseError, match=r"chain1\+widths needs =ACCEPT@MATCHED"):
+        advise.parse_accept("chain1+widths=1.3")
+    with pytest.raises(advise.AdviseError, match=r"unknown shape 'tree8\+widths'"):
+        advise.parse_accept("tree8+widths=1.3@0.5")
+
+
 def test_json_fields_and_repro_command(tmp_path, capsys):
     rep, _ = _run(tmp_path, REFERENCE, capsys)
     assert {"repro_command", "preamble", "costs", "plain", "acceptance", "rows",

@@ -9,9 +9,10 @@ Costs (one of):
 a bench json whose compute column is taken).
 
 Acceptance (n-gram shapes, one of): `--trace FILE` (replayed through SGLang's own n-gram corpus, as
-`fastverify replay` does), `--accept tree8=1.3-1.5,chain3=1.6` (accept length = tokens per step,
-bonus included, as SGLang logs it; A-B: a range), the embedded default trace when neither is given,
-`--trace none` for no n-gram shapes. Model drafters: `--drafter eagle3:k=3,accept=2.0,step_ms=1.0`
+`fastverify replay` does), `--accept tree8=1.3-1.5,chain3=1.6,chain3+widths=1.6@0.7` (accept
+length = tokens per step, bonus included, as SGLang logs it; A-B: a range; @M: the share of steps
+whose lookup matched, the rest run as plain decode steps), the embedded default trace when
+neither is given, `--trace none` for no n-gram shapes. Model drafters: `--drafter eagle3:k=3,accept=2.0,step_ms=1.0`
 (repeatable; `draft_ms=` for the whole draft of a step instead of per draft step).
 
 One stream (batch size 1). A shape's step costs its verify pass plus its extra host or drafter time:
@@ -60,7 +61,7 @@ class StepForm:
 
     tokens: float
     steps: int
-    verify_passes: int
+    verify_passes: float  # a count over replayed steps; a share of one typed-in mean step
     fixed_ms: float
     ar_now_us: float
 
@@ -183,22 +184,39 @@ def _check_accept(flag: str, label: str, vals: tuple, width: int) -> None:
 
 
 def parse_accept(text: str, flag: str = "--accept") -> list:
-    """'tree8=1.3-1.5,chain3=1.6' -> [("tree", 8, (1.3, 1.5)), ("chain", 3, (1.6,))]. tree D: a
-    tree of D tokens (root included, SGLang's --speculative-num-draft-tokens D); chain K: K draft
-    tokens (a verify pass of K + 1)."""
+    """'tree8=1.3-1.5,chain3=1.6,chain3+widths=1.6@0.7' -> [("tree", 8, (1.3, 1.5), None),
+    ("chain", 3, (1.6,), None), ("chain+widths", 3, (1.6,), 0.7)]. tree D: a tree of D tokens (root
+    included, SGLang's --speculative-num-draft-tokens D); chain K: K draft tokens (a verify pass of
+    K + 1); chainK+widths=A@M: the same with verify widths, where the M of the steps whose lookup
+    matched verify (at most K + 1 tokens) and the others run as plain decode steps."""
     out, seen = [], set()
     for part in [p for p in text.split(",") if p.strip()]:
         name, sep, val = part.partition("=")
         name = name.strip()
         if not sep:
             raise AdviseError(f"{flag}: {part!r} is not SHAPE=ACCEPT (e.g. tree8=1.4, chain3=1.6)")
+        base, widths = (name[:-len("+widths")], True) if name.endswith("+widths") else (name, False)
         for kind in ("tree", "chain"):
-            if name.startswith(kind) and name[len(kind):].isdigit():
-                k = int(name[len(kind):])
+            if base.startswith(kind) and base[len(kind):].isdigit() and (kind == "chain"
+                                                                         or not widths):
+                k = int(base[len(kind):])
                 break
         else:
             raise AdviseError(f"{flag}: unknown shape {name!r}; allowed: treeD (D >= 2 tokens, "
-                              f"root included), chainK (K >= 1 draft tokens)")
+                              f"root included), chainK (K >= 1 draft tokens), "
+                              f"chainK+widths=ACCEPT@MATCHED")
+        match = None
+        if widths:
+            val, at, m = val.partition("@")
+            try:
+                match = float(m) if at else None
+            except ValueError:
+                match = None
+            if match is None or not 0 < match <= 1:
+                raise AdviseError(f"{flag}: {name} needs =ACCEPT@MATCHED, MATCHED the share of "
+                                  f"steps whose lookup found a draft, in (0, 1] (e.g. "
+                                  f"{name}=1.4@0.7)")
+            kind = "chain+widths"
         if (kind == "tree" and k < 2) or (kind == "chain" and k < 1):
             raise AdviseError(f"{flag}: {name}: a tree needs >= 2 tokens, a chain >= 1 draft")
         if name in seen:
@@ -206,7 +224,7 @@ def parse_accept(text: str, flag: str = "--accept") -> list:
         seen.add(name)
         vals = _range(val, flag, f"{name}'s accept length")
         _check_accept(flag, name, vals, k if kind == "tree" else k + 1)
-        out.append((kind, k, vals))
+        out.append((kind, k, vals, match))
     if not out:
         raise AdviseError(f"{flag}: no shapes (e.g. tree8=1.3-1.5,chain3=1.6)")
     return out
@@ -392,12 +410,19 @@ def typed_rows(profile: PassCostProfile, accepts: list, lookup_ms: float, spec: 
     from fastverify.controller import CHAIN, Option, evaluate
 
     rows = []
-    for kind, k, vals in accepts:
+    for kind, k, vals, match in accepts:
         width = k if kind == "tree" else k + 1
-        forms = tuple(typed_form(profile, width, a, lookup_ms) for a in vals)
-        rows.append(Row(f"{kind}{k}", kind, width, forms, f"typed in (--accept {spec})",
-                        ngram_flags(kind, k), lookup_ms))
-    chains = [(k, vals) for kind, k, vals in accepts if kind == "chain"]
+        if match is None:
+            forms = tuple(typed_form(profile, width, a, lookup_ms) for a in vals)
+        else:  # a mean step: `match` of a verify pass of at most `width`, the rest plain decode
+            forms = tuple(StepForm(a, 1, match, match * profile.compute_pass_ms(width)
+                                   + (1 - match) * profile.pass_ms(1) + lookup_ms,
+                                   profile.ar_us(width)) for a in vals)
+        label = f"chain{k}+widths" if kind == "chain+widths" else f"{kind}{k}"
+        rows.append(Row(label, kind, width, forms, f"typed in (--accept {spec})",
+                        ngram_flags(kind, k), lookup_ms,
+                        note="" if match is None else f"{match:.0%} of steps matched (typed)"))
+    chains = [(k, vals) for kind, k, vals, _ in accepts if kind == "chain"]
     table = profile.cost_table(sorted({1} | {k + 1 for k, _ in chains}))
     best = 1000.0 / profile.pass_ms(1)
     for k, vals in chains:  # the controller's rate (plain's where it would gate the chain off)
@@ -633,7 +658,7 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", help="JSONL trace of greedy outputs to replay through SGLang's "
                    "n-gram corpus (default: the embedded trace); 'none': no n-gram shapes")
     g.add_argument("--accept", help="accept lengths per n-gram shape, e.g. "
-                   "tree8=1.3-1.5,chain3=1.6")
+                   "tree8=1.3-1.5,chain3=1.6,chain3+widths=1.6@0.7 (@: share of steps matched)")
     g.add_argument("--drafter", action="append", default=[],
                    help="a model drafter, e.g. eagle3:k=3,accept=2.0,step_ms=1.0 (kinds: "
                         + ", ".join(DRAFTER_KINDS) + "; draft_ms= for a whole step; repeatable)")
