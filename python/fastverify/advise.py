@@ -12,8 +12,9 @@ Acceptance (n-gram shapes, one of): `--trace FILE` (replayed through SGLang's ow
 `fastverify replay` does), `--accept tree8=1.3-1.5,chain3=1.6,chain3+widths=1.6@0.7` (accept
 length = tokens per step, bonus included, as SGLang logs it; A-B: a range; @M: the share of steps
 whose lookup matched, the rest run as plain decode steps), the embedded default trace when
-neither is given, `--trace none` for no n-gram shapes. Model drafters: `--drafter eagle3:k=3,accept=2.0,step_ms=1.0`
-(repeatable; `draft_ms=` for the whole draft of a step instead of per draft step).
+neither is given, `--trace none` for no n-gram shapes. Model drafters:
+`--drafter eagle3:k=3,accept=2.0,step_ms=1.0` (repeatable; `draft_ms=` for the whole draft of a
+step instead of per draft step).
 
 One stream (batch size 1). A shape's step costs its verify pass plus its extra host or drafter time:
 
