@@ -614,12 +614,12 @@ def scenario_report(batch_sizes=(1, 8, 64), tables=COST_TABLES, n_requests=48, l
     scenario (the CLI prints it to stderr)."""
     cfg = cfg or AutoConfig()
     rows = []
-    done = _progress(len(tables) * len(batch_sizes) * (len(SCENARIOS) + 3 + bool(replay)), progress)
     replayed = None
-    if replay:
+    if replay:  # before the clock of the scenarios starts: the corpus' start-up is no scenario's
         progress("replaying the default trace through SGLang's n-gram corpus (its start-up: ~15 s, "
                  "the first run compiles it: ~1 min)")
         replayed = replay_requests(max_chain=cfg.max_chain, tree_width=cfg.tree_width)
+    done = _progress(len(tables) * len(batch_sizes) * (len(SCENARIOS) + 3 + bool(replay)), progress)
     for table in tables:
         costs = cost_table(table)
         for bs in batch_sizes:
