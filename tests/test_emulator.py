@@ -214,6 +214,36 @@ def test_self_check_within_tolerance_at_four_percent_passes():
     assert max(r.error for r in results) == pytest.approx(0.04, abs=0.002)
 
 
+class BusyAtFirstDevice(FakeDevice):
+    """Replayed spins run 10 % long during the first `busy_calls` timings with graph=True (another
+    process on the device for a moment), as calibrated afterwards."""
+
+    def __init__(self, busy_calls, **kw):
+        super().__init__(**kw)
+        self.busy_calls = busy_calls
+
+    def time_us(self, fn, reps, graph=False):
+        if graph and self.busy_calls > 0:
+            self.busy_calls -= 1
+            self.graph_factor = 1.10
+        out = super().time_us(fn, reps, graph)
+        self.graph_factor = 1.0
+        return out
+
+
+def test_a_round_disturbed_once_is_repeated_and_a_device_off_every_time_fails():
+    cfg = config_from_flags(REF)
+    notes = []
+    cal, checks = emulator.calibrate_and_check(BusyAtFirstDevice(busy_calls=1), cfg, (1, 8),
+                                               log=notes.append)
+    assert len(notes) == 1 and "calibration round 1 of 3 failed, again" in notes[0]
+    assert all(abs(r.error) < 0.01 for r in checks) and len(checks) == 4
+    notes.clear()
+    with pytest.raises(CalibrationError, match=r"\(graph\): profile 7.198 ms, measured 7.91\d ms"):
+        emulator.calibrate_and_check(FakeDevice(graph_factor=1.10), cfg, (1, 8), log=notes.append)
+    assert len(notes) == 2
+
+
 class KneeDevice(FakeDevice):
     """Spins past `knee` cycles run at 80 % of the clock (a device that throttles long kernels)."""
 

@@ -163,10 +163,8 @@ def install(runner, device: Any = None, metrics: Any = None,
         return None
     if device is None:
         device = CudaSpinDevice()
-    tokens = check_tokens(server_args)
-    max_us = max(config.wait_us(t) for t in tokens)
-    calibration = emulator.calibrate(device, max_us=max_us)
-    checks = emulator.self_check(device, calibration, config, tokens)
+    calibration, checks = emulator.calibrate_and_check(device, config, check_tokens(server_args),
+                                                       log=logger.warning)
     worst = max((abs(r.error) for r in checks), default=0.0)
     if metrics is None:
         metrics = _build_metrics(server_args, config, _tp_rank(runner), worst)
