@@ -597,11 +597,15 @@ def plot(adv: Advice, out: str) -> None:
     xs = [xmax * i / 200 for i in range(201)]
     fig, ax = plt.subplots(figsize=(9, 5.5))
     ax.axhline(adv.plain_tok_s, color="k", ls="--", label=f"plain {adv.plain_tok_s:.1f} tok/s")
+    bases = list(dict.fromkeys(r.label.replace("+widths", "") for r in rows))
+    cmap = plt.get_cmap("tab10" if len(bases) <= 10 else "tab20")
     for r in rows:  # a range of accept lengths: its middle drawn, its ends shaded
         def mid(x=None):
             return sum(f.tok_s(n, x) for f in r.forms) / len(r.forms)
-        line, = ax.plot(xs, [mid(x) for x in xs], label=r.label)
-        ax.plot([r.forms[0].ar_now_us], [mid()], "o", color=line.get_color(), ms=7)
+        color = cmap(bases.index(r.label.replace("+widths", "")) % cmap.N)
+        line, = ax.plot(xs, [mid(x) for x in xs], label=r.label, color=color,
+                        ls="--" if r.kind == "chain+widths" else "-")
+        ax.plot([r.forms[0].ar_now_us], [mid()], "o", color=color, ms=7)
         if len(r.forms) > 1:
             ax.fill_between(xs, [r.forms[0].tok_s(n, x) for x in xs],
                             [r.forms[-1].tok_s(n, x) for x in xs], color=line.get_color(),
