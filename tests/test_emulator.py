@@ -432,6 +432,22 @@ def test_eager_pass_waits_at_its_token_count(mode, tokens, bs):
     assert em._window.wait_ms[mode] == pytest.approx(em.config.wait_us(tokens) / 1000)
 
 
+def test_pass_scope_times_one_pass_in_sample_every():
+    r, dev = runner(), FakeDevice()
+    em = emulator_hook.install(r, device=dev)
+    em.sample_every = 2
+    for _ in range(4):
+        fb = batch("decode", 2, bs=2)
+        with emulator_hook.pass_scope(r, fb):
+            dev.now += 700.0  # the served model's pass
+            emulator_hook.eager_wait(r, fb)
+    (samples,) = em._window.samples.values()
+    assert len(samples) == 2
+    for total, wait_us in samples:
+        assert wait_us == em.config.wait_us(2)
+        assert total - wait_us == pytest.approx(700.0, abs=5.0)  # the spin lands within its launch
+
+
 def test_split_prefill_and_idle_do_not_wait():
     r, dev = runner(), FakeDevice()
     emulator_hook.install(r, device=dev)

@@ -98,7 +98,7 @@ class CudaSpinDevice:
         g = None
         if graph:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
                 fn()
             replay = g.replay
         pairs = []
@@ -122,7 +122,7 @@ class CudaSpinDevice:
 def _stream_capturing() -> bool:
     import torch
 
-    return bool(torch.cuda.is_current_stream_capturing())
+    return torch.cuda.is_available() and bool(torch.cuda.is_current_stream_capturing())
 
 
 _METRICS: dict = {}  # one set of collectors per process and labels (a second would be a duplicate)
@@ -257,7 +257,7 @@ def _graph_tokens(em: PassEmulator, runner) -> Optional[int]:
 
 @contextlib.contextmanager
 def _pass(em: PassEmulator, runner, forward_batch):
-    sampled = em.take_sample()
+    sampled = em.take_sample() and not _stream_capturing()  # no timing events inside a capture
     start = em.device.mark() if sampled else None
     em.eager_tokens = None  # eager_wait adds the tokens of a pass that waited outside a graph
     yield
