@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, Option, RequestView, choose,
-                                   evaluate, follow_bound_steps, options_for)
+from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, Option, RequestView,
+                                   choose, evaluate, follow_bound_steps, options_for)
 from fastverify.costs import CostTable
 from fastverify.gains import DraftFeatures
 
