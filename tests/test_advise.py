@@ -163,6 +163,8 @@ def _fail_factory(cfg):
     (["--profile", "pcie-ipc-sm120", "--compute-ms", "/no/such.json"],
      r"--compute-ms /no/such.json: file not found"),
     (["--bench", "/no/bench.json"], r"--bench /no/bench.json: file not found"),
+    (["--bench", str(advise.passcost.PROFILE_DIR / "pcie-ipc-sm120.json")],
+     r"not a `fastverify bench allreduce --json` result .*goes to --profile"),
     (["--profile", "pcie-ipc-sm120", "--accept", "fork8=1.2"], r"unknown shape 'fork8'; allowed"),
     (["--profile", "pcie-ipc-sm120", "--accept", "chain1=2.5"],
      r"chain1 accept length 2.5 is outside 1..2"),
