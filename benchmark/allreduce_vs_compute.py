@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Where one verify pass spends its time: all-reduces against GEMMs, per all-reduce backend (2+ GPUs).
+"""Where one verify pass spends its time: all-reduces against GEMMs, per backend (2+ GPUs).
 
-The same as `fastverify bench allreduce`; the code is fastverify.bench.allreduce_vs_compute (--help).
+The same as `fastverify bench allreduce`; the code: fastverify.bench.allreduce_vs_compute.
 """
 import sys
 from pathlib import Path

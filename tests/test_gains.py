@@ -1,5 +1,5 @@
-"""The gain model, draft features and shadow resolution of drafts (fastverify/gains.py). Pure Python; runs in
-both CPU environments."""
+"""The gain model, draft features and shadow resolution of drafts (fastverify/gains.py). Pure
+Python; runs in both CPU environments."""
 import pytest
 
 from fastverify.controller import AutoConfig, Controller

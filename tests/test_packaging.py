@@ -1,7 +1,7 @@
-"""pyproject.toml installs what the package reads at run time: every module folder is a package that
-setuptools finds, every data file under fastverify/data matches a package-data pattern, and the console
-script points at the CLI's entry function. (Without the package-data patterns a wheel silently left
-the replay tool's embedded trace and the built-in pass-cost profiles out.)"""
+"""pyproject.toml installs what the package reads at run time: every module folder is a package
+that setuptools finds, every data file under fastverify/data matches a package-data pattern, and
+the console script points at the CLI's entry function. (Without the package-data patterns a wheel
+silently left the replay tool's embedded trace and the built-in pass-cost profiles out.)"""
 import fnmatch
 import importlib
 from pathlib import Path
@@ -28,7 +28,8 @@ def test_every_module_folder_is_a_package_setuptools_finds():
 def test_every_data_file_is_package_data():
     patterns = _pyproject()["tool"]["setuptools"]["package-data"]["fastverify"]
     files = [p.relative_to(PKG).as_posix() for p in (PKG / "data").rglob("*") if p.is_file()]
-    assert any(f.startswith("data/profiles/") for f in files) and "data/smollm2_135m_greedy.jsonl" in files
+    assert "data/smollm2_135m_greedy.jsonl" in files
+    assert any(f.startswith("data/profiles/") for f in files)
     left_out = [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)]
     assert not left_out, f"data files no package-data pattern installs: {left_out}"
 
@@ -36,4 +37,5 @@ def test_every_data_file_is_package_data():
 def test_console_script_is_the_cli_entry():
     target = _pyproject()["project"]["scripts"]["fastverify"]
     module, _, func = target.partition(":")
-    assert target == "fastverify.cli:main" and callable(getattr(importlib.import_module(module), func))
+    assert target == "fastverify.cli:main"
+    assert callable(getattr(importlib.import_module(module), func))

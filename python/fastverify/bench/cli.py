@@ -4,10 +4,10 @@
     fastverify bench kernels   [ARGS]   -> fastverify.bench.kernels.run
     fastverify bench compare   [ARGS]   -> fastverify.bench.kernels.compare
 
-The fastverify CLI wires it with ``add_parser(subparsers)``; the handler returns the benchmark's exit
-status. Each benchmark module is imported only when its subcommand runs. From a checkout, the same
-benchmarks run as ``python benchmark/allreduce_vs_compute.py``, ``python benchmark/kernels/run.py`` and
-``python benchmark/kernels/compare.py``.
+The fastverify CLI wires it with ``add_parser(subparsers)``; the handler returns the benchmark's
+exit status. Each benchmark module is imported only when its subcommand runs. From a checkout, the
+same benchmarks run as ``python benchmark/allreduce_vs_compute.py``,
+``python benchmark/kernels/run.py`` and ``python benchmark/kernels/compare.py``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ def run_benchmark(name: str, argv: Sequence[str]) -> int:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="microbenchmarks: all-reduce vs compute, per-kernel regressions")
+    p = subparsers.add_parser("bench",
+                              help="microbenchmarks: all-reduce vs compute, per-kernel regressions")
     sp = p.add_subparsers(dest="bench_cmd", metavar="{" + ",".join(BENCHMARKS) + "}")
     sp.required = True
     for name, (_, help_) in BENCHMARKS.items():
         q = sp.add_parser(name, help=help_, add_help=False, prefix_chars="\0")
-        q.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's arguments (--help for its own)")
+        q.add_argument("args", nargs=argparse.REMAINDER,
+                       help="the benchmark's arguments (--help for its own)")
         q.set_defaults(func=lambda a, name=name: run_benchmark(name, a.args))
     return p
 
