@@ -622,6 +622,19 @@ def cmd_compare(args):
     return 0 if same or not args.strict else 1
 
 
+def model_label(server_args) -> str:
+    """The model of a run for a plot title: the last part of its served name or model path (a folder
+    on the GPU host says nothing to a reader, and a repository id keeps its model name)."""
+    sa = server_args or {}
+    name = str(sa.get("served_model_name") or sa.get("model_path") or "").rstrip("/")
+    return os.path.basename(name) or name
+
+
+def plot_title(preamble) -> str:
+    gpus = "; ".join(preamble.get("gpus_visible_to_client") or [])
+    return "  ".join(x for x in (model_label(preamble.get("server_args")), gpus) if x)
+
+
 def plot(results, out_png):
     try:
         import matplotlib
@@ -651,8 +664,7 @@ def plot(results, out_png):
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
     pre = results[0]["preamble"]
-    fig.suptitle(f"{(pre.get('server_args') or {}).get('model_path', '')}  "
-                 f"{'; '.join(pre.get('gpus_visible_to_client') or [])}", fontsize=9)
+    fig.suptitle(plot_title(pre), fontsize=9)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)

@@ -347,3 +347,13 @@ def test_warmup_runs_at_every_measured_concurrency(tmp_path):
     assert [b["sampling_params"]["max_new_tokens"] for b in warm] == [32] * 4  # 1 at c=1, then 3 at c=3
     assert all(b["sampling_params"]["max_new_tokens"] == 40 for b in measured)
     assert len(measured) == sum(lv["summary"]["requests"] for lv in res["levels"]) == 2 + 6  # 2 per slot
+
+
+def test_plot_title_names_the_model_not_a_path_of_the_gpu_host():
+    pre = {"server_args": {"model_path": "/root/.cache/huggingface/hub/models--x/snapshots/ab12/"},
+           "gpus_visible_to_client": ["NVIDIA H200", "NVIDIA H200"]}
+    assert serving.plot_title(pre) == "ab12  NVIDIA H200; NVIDIA H200"
+    pre["server_args"]["served_model_name"] = "/data/models/SmolLM2-135M-Instruct"
+    assert serving.plot_title(pre) == "SmolLM2-135M-Instruct  NVIDIA H200; NVIDIA H200"
+    assert serving.model_label({"model_path": "HuggingFaceTB/SmolLM2-135M"}) == "SmolLM2-135M"
+    assert serving.plot_title({}) == ""
