@@ -529,6 +529,26 @@ def cell_name(c):
     return f"{c['set']} c={c['c']} ignore_eos={'on' if c['ignore_eos'] else 'off'}"
 
 
+def overview(g):
+    """One line per server: its decode tok/s ratio in every cell, with the verdict as + (faster),
+    - (slower) or = (tie)."""
+    mark = {"faster": "+", "slower": "-", "tie": "=", "n/a": "?"}
+    cells = [c for c in g["cells"] if c["set"] != "all"]
+    heads = [f"{c['set'][:4]} c{c['c']} {'eos' if c['ignore_eos'] else 'stop'}" for c in cells]
+    out = ["# decode tok/s vs plain per cell (+ faster, - slower, = tie; eos: ignore_eos on)",
+           f"{'server':<10} " + " ".join(f"{h:>15}" for h in heads)]
+    for name in cells[0]["servers"] if cells else []:
+        if name == g["baseline"]:
+            continue
+        vals = []
+        for c in cells:
+            d = c["servers"][name].get("decode") or {}
+            vals.append(f"{f(d.get('ratio'))} {mark.get(d.get('verdict'), '?')}"
+                        if d.get("ratio") is not None else "-")
+        out.append(f"{name:<10} " + " ".join(f"{v:>15}" for v in vals))
+    return out
+
+
 def report(summary):
     lines = []
     env = summary.get("environment") or {}
@@ -543,12 +563,17 @@ def report(summary):
     for g in summary["groups"]:
         cfg = g["config"]
         lines.append("")
-        lines.append(f"## group {g['group']}  server flags: {g.get('group_flags') or '(none)'}")
+        lines.append(f"## profile {g['group']}  server flags: {g.get('group_flags') or '(none)'}")
         lines.append(f"# rounds {g['rounds_done']} (stopped: {g.get('stopped')}); round s "
                      f"{', '.join(f'{x:.0f}' for x in g.get('round_s') or [])}; max_new_tokens "
                      f"{cfg['max_new_tokens']}; prompts per set {cfg['per_set']}; greedy")
         lines.append(f"# ratios vs {g['baseline']} (geomean of per-request pairs, 95 % bootstrap); "
                      "TTFT ratio: lower is better")
+        if g.get("group_flags"):
+            lines.append(f"# EMULATED: every pass of these servers waits what profile "
+                         f"{g['group']} says it costs (pass-cost emulator on this GPU); not a "
+                         "measurement of that deployment")
+        lines += overview(g)
         for s in g["servers"]:
             emu = s.get("emulator_metrics")
             if emu:
@@ -607,7 +632,7 @@ def plot_group(g, path):
                 ys.append(d["ratio"])
                 errs[0].append(d["ratio"] - d["ci95"][0])
                 errs[1].append(d["ci95"][1] - d["ratio"])
-            ax.bar(xs, ys, w, yerr=errs, capsize=2, label=n)
+            ax.bar(xs, [y - 1.0 for y in ys], w, bottom=1.0, yerr=errs, capsize=2, label=n)
         for i, c in enumerate(cells):
             lo, hi = c["noise_band"][m]
             ax.fill_between([i - 0.45, i + 0.45], lo, hi, color="grey", alpha=0.2, lw=0)
@@ -621,7 +646,7 @@ def plot_group(g, path):
     axes[1].set_xticks(range(len(cells)))
     axes[1].set_xticklabels([cell_name(c).replace(" ignore_eos=", "\neos ") for c in cells],
                             fontsize=7)
-    fig.suptitle(f"group {g['group']} ({g.get('group_flags') or 'no extra flags'}): paired ratios "
+    fig.suptitle(f"profile {g['group']} ({g.get('group_flags') or 'no extra flags'}): ratios "
                  f"vs plain, 95 % bootstrap; grey: A-vs-P noise band", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -21,7 +21,10 @@
 #   STAGGER=1     start the profiles one after the other (each healthy before the next starts),
 #                 so that no server calibrates while another one captures graphs on the same GPU
 #   DEADLINE_S    (default 570) the whole command, with ANALYZE_S (default 35) kept for analysis
-#   HEALTH_WAIT_S (default 170) how long to wait for servers to answer /health
+#   HEALTH_WAIT_S (default 170) how long to wait for servers to answer /health; RETRY=1 (default)
+#                 starts a server that died during the start once more, after the others are up,
+#                 if RETRY_MIN_LEFT_S (default 250) seconds are left
+#   SHARE_<profile> its weight in the sharing of the measuring time among profiles (default 1)
 #   SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; the rehearsal puts a stand-in here)
 #   OUT           results (default $HOME/eval-out): summary.json, summary.txt, eval_<profile>.png,
 #                 evaluate.tar.xz (raw records, server logs, command lines, timeline), timeline.txt
@@ -112,7 +115,7 @@ log "prepared: jit modules $(ls "$HOME/jitcache" | wc -l), model $MODEL"
 COMMIT=$(sed -n 's/^# bundle built .* from \([0-9a-f+dirty]*\).*/\1/p' "$B/MANIFEST.txt" \
   2>/dev/null)
 
-declare -A PID PORT ROLE UP
+declare -A PID PORT ROLE UP CMD RETRIED
 launch_group() {  # index profile
   local n r port args cmd
   while IFS='|' read -r n r port args; do
@@ -121,10 +124,15 @@ launch_group() {  # index profile
     cmd="${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $args --port $port"
     cmd="$cmd --nccl-port $((port + 5))"
     echo "$key: TVM_FFI_CACHE_DIR=$HOME/jit-$key $cmd" >> "$W/commands.txt"
-    TVM_FFI_CACHE_DIR="$HOME/jit-$key" setsid $cmd > "$W/logs/$key.log" 2>&1 &
-    PID[$key]=$!; PORT[$key]=$port; ROLE[$key]=$r
+    CMD[$key]=$cmd; PORT[$key]=$port; ROLE[$key]=$r
+    start_one "$key"
   done < <(servers_of "$1" "$2")
   log "launched profile $2: $(servers_of "$1" "$2" | cut -d'|' -f1 | tr '\n' ' ')"
+}
+start_one() {  # key: (re)start one server in a process group of its own
+  # shellcheck disable=SC2086
+  TVM_FFI_CACHE_DIR="$HOME/jit-$1" setsid ${CMD[$1]} > "$W/logs/$1.log" 2>&1 &
+  PID[$1]=$!
 }
 healthy() {
   python3 -c "import sys, urllib.request as u
@@ -141,7 +149,22 @@ wait_up() {  # until every launched server answers, died, or HEALTH_WAIT_S passe
         tail -4 "$W/logs/$n.log" | cut -c1-300 >> "$W/timeline.txt"; continue; fi
       if healthy "${PORT[$n]}"; then UP[$n]=ok; log "$n: healthy"; else pending=$((pending + 1)); fi
     done
-    [ $pending -eq 0 ] && return 0
+    if [ $pending -eq 0 ]; then
+      # RETRY=1 (default): a server that died while the others started (a start-up check that the
+      # others' graph captures on the same GPU disturbed, say) is started once more, alone
+      local again=""
+      for n in "${!PID[@]}"; do
+        [ "${UP[$n]}" = dead ] && [ -z "${RETRIED[$n]:-}" ] && [ "${RETRY:-1}" = 1 ] \
+          && again="$again $n"
+      done
+      [ -z "$again" ] && return 0
+      if [ "$(left)" -lt "${RETRY_MIN_LEFT_S:-250}" ]; then
+        log "no time to start$again again"; return 0; fi
+      for n in $again; do
+        mv "$W/logs/$n.log" "$W/logs/$n.first.log"; RETRIED[$n]=1; UP[$n]=""; start_one "$n"
+      done
+      log "started again:$again"; set -- "$(el)"; continue
+    fi
     if [ $(( $(el) - $1 )) -gt "${HEALTH_WAIT_S:-170}" ]; then
       log "giving up on $pending server(s)"; return 1; fi
     sleep 2
@@ -162,7 +185,9 @@ nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader \
 wait $ENVJOB
 pack
 
-gi=0; ngroups=$(echo $PROFILES | wc -w); RAWS=()
+share() { local v="SHARE_$(echo "$1" | tr -- '-.' '__')"; echo "${!v:-1}"; }
+shares_left=0; for g in $PROFILES; do shares_left=$((shares_left + $(share "$g"))); done
+gi=0; RAWS=()
 for g in $PROFILES; do
   args=(); skip=""
   while IFS='|' read -r n r port _; do
@@ -170,7 +195,9 @@ for g in $PROFILES; do
       [ "$r" = plain ] && skip="plain server $g.$n is not up"; continue; fi
     args+=(--server "$n,$r,http://127.0.0.1:$port")
   done < <(servers_of $gi "$g")
-  budget=$(( ($(left) - ANALYZE_S) / (ngroups - gi) ))
+  # the time left, shared among the profiles still to run by their SHARE_<profile> (default 1)
+  budget=$(( ($(left) - ANALYZE_S) * $(share "$g") / shares_left ))
+  shares_left=$((shares_left - $(share "$g")))
   gi=$((gi + 1))
   if [ -n "$skip" ] || [ "$budget" -lt 30 ]; then
     log "profile $g skipped: ${skip:-$budget s left}"; continue; fi

@@ -1,0 +1,32 @@
+#!/bin/bash
+# CPU rehearsal of the evaluation command (lab/gpu/evaluate.sh) against the stand-in server
+# (scripts/gpu/dryrun/fake_server.py): every staged chunk received into a store, assembled and
+# unpacked by device_env.sh, the SmolLM2 weights rebuilt and checked, then evaluate.sh end to end
+# (launch, health wait, interleaved flushed rounds, analysis, packing). It proves the scripts, not the
+# server: no number from it means anything.
+#   [PROFILES="none reference-kimi-tp8"] [EVAL_ARGS=...] [FAIL_ONCE="PORT ..."] \
+#     bash lab/gpu/evaluate_dryrun.sh [WORKDIR]
+# FAIL_ONCE: the stand-ins on those ports exit at their first start (rehearses the retry).
+# Needs a python3 with torch, numpy, safetensors (and matplotlib for the PNG): PY=/path/python
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+D=${1:-$ROOT/.scratch/eval-dryrun}
+PY=${PY:-$ROOT/.venv-0.5.16/bin/python}
+rm -rf "$D"; mkdir -p "$D/home" "$D/out" "$D/store" "$D/bin"
+printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/python3"
+{ echo '#!/bin/bash'
+  echo 'port=$(echo "$@" | sed -n "s/.*--port \([0-9]*\).*/\1/p")'
+  echo "if [[ \" ${FAIL_ONCE:-} \" == *\" \$port \"* ]] && [ ! -f \"$D/failed-\$port\" ]; then"
+  echo "  touch \"$D/failed-\$port\"; echo 'stand-in: failing its first start on purpose'; exit 3"
+  echo "fi"
+  echo "exec python3 $ROOT/scripts/gpu/dryrun/fake_server.py \"\$@\""; } > "$D/bin/launch"
+chmod +x "$D/bin/launch"
+for c in "$ROOT"/.scratch/gpu-stage/chunk-*; do
+  python3 "$ROOT/scripts/gpu/stage_chunks.py" receive "$c" "$D/store"
+done
+cd "$ROOT"
+HOME=$D/home OUT=$D/out STORE=$D/store PATH="$D/bin:$PATH" DEADLINE_S=${DEADLINE_S:-300} \
+  ANALYZE_S=${ANALYZE_S:-20} EVAL_ARGS=${EVAL_ARGS:-"--max-new-tokens 24 --per-set 3"} \
+  PROFILES=${PROFILES:-"none reference-kimi-tp8"} SGLANG_LAUNCH="$D/bin/launch" \
+  bash "$ROOT/lab/gpu/evaluate.sh" "$ROOT/.scratch/gpu-bundle"
+echo "--- rehearsal output in $D/out:"; ls -la "$D/out"
