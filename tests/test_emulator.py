@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -584,3 +585,45 @@ def test_patched_model_runner_seams_in_order(model_runner_module):
     assert graph_return < raw.index("emulator_hook.eager_wait(")
     last = "return ModelRunnerOutput(logits_output=ret, can_run_graph=can_run_graph)"
     assert raw.rstrip().endswith(last)
+
+
+# --------------------------------------------------------------------------------------------------
+# On the GPU machine (`pytest -m gpu tests/test_emulator.py`, about half a minute): the real spin
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", passcost.builtin_names())
+def test_cuda_spin_calibrates_and_passes_its_self_check(name):
+    dev = emulator_hook.CudaSpinDevice()
+    cal, checks = emulator.calibrate_and_check(dev, config_from_flags(name), (1, 8, 64))
+    assert 500 < cal.cycles_per_us < 3000  # an SM clock in MHz
+    assert len(checks) == 6 and all(abs(r.error) <= emulator.TOLERANCE for r in checks)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_captured_with_the_hook_replays_pass_plus_wait():
+    dev = emulator_hook.CudaSpinDevice()
+    cfg = config_from_flags(REF)
+    cal, _ = emulator.calibrate_and_check(dev, cfg, (1, 8))
+    em = PassEmulator(cfg, cal, dev)
+    hook = emulator_hook._CaptureTail(em)  # the real "is the stream capturing" test
+    x = torch.randn(512, 512, device="cuda")
+
+    def forward():
+        y = x @ x
+        hook(SimpleNamespace(), y, SimpleNamespace(batch_size=1), 8)  # a verify pass of width 8
+        return y
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        forward()  # a warm-up run: no wait
+    torch.cuda.synchronize()
+    assert hook.graph_tokens == {}
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        forward()
+    bare = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(bare):
+        x @ x
+    with_wait = statistics.median(dev.time_us(g.replay, 5))
+    without = statistics.median(dev.time_us(bare.replay, 5))
+    assert with_wait - without == pytest.approx(cfg.wait_us(8), rel=emulator.TOLERANCE)
