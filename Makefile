@@ -1,13 +1,22 @@
 # Every user-facing command. Each target calls the fastverify CLI or one script.
 #   make apply-patches [SGLANG_DIR=/path]   patch the SGLang in the active Python (or the folder given)
 #   make test                               CPU test environments for every pinned SGLang + the tests
-PYTHON ?= python3
 VERSION ?= $(lastword $(shell awk '!/^\#/ && NF {print $$1}' pins.txt))
+# The Python of every target: PYTHON=... if given; else python3 when it has SGLang (an activated venv,
+# a GPU box); else the environment `make demo`/`make setup` built (.venv-$(VERSION), else any .venv-*);
+# else python3 (the patch targets need only the standard library).
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("sglang") is None)' \
+            2>/dev/null && echo python3)
+PYTHON := $(or $(PYTHON),$(wildcard $(CURDIR)/.venv-$(VERSION)/bin/python),\
+            $(lastword $(wildcard $(CURDIR)/.venv-*/bin/python)),python3)
+endif
 FV = PYTHONPATH=$(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m fastverify
 DIRARG = $(if $(SGLANG_DIR),--sglang-dir $(SGLANG_DIR))
 
 .PHONY: apply-patches revert-patches check-patches status-patches test setup demo versions \
-        bench-allreduce bench-kernels replay sim gpu-bundle gpu-repatch gpu-dryrun serving-bench
+        bench-allreduce bench-kernels replay sim advise gpu-bundle gpu-repatch gpu-dryrun serving-bench \
+        which-python
 
 versions:          ## the supported SGLang releases (pins.txt)
 	@awk '!/^#/ && NF {print $$1}' pins.txt
@@ -45,6 +54,12 @@ replay:            ## CPU: will n-gram speculation pay on a trace? (TRACE=file.j
 
 sim:               ## CPU: the auto controller in simulation against fixed modes
 	$(FV) sim $(SIM_ARGS)
+
+advise:            ## CPU: will speculation pay on this box, and how? (ADVISE_ARGS=...)
+	$(FV) advise $(ADVISE_ARGS)
+
+which-python:      ## the Python the targets use (PYTHON=... to choose another)
+	@echo $(PYTHON)
 
 gpu-bundle:        ## host: build the offline GPU bundle of SGLang 0.5.16 + this series (docs/gpu-staging.md)
 	bash scripts/gpu/build_bundle.sh

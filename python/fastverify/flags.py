@@ -85,6 +85,15 @@ def our_actions(parser) -> list:
     return [by_option[opt] for opt in OPTIONS if opt in by_option]
 
 
+def format_help(parser, title: str = "the flags sglang-fastverify adds") -> str:
+    """Our flags with their whole help, as ``parser --help`` would print them (argparse's formatter)."""
+    formatter = parser._get_formatter()
+    formatter.start_section(title)
+    formatter.add_arguments(our_actions(parser))
+    formatter.end_section()
+    return formatter.format_help()
+
+
 def check_parsed(parser, namespace, environ: Mapping[str, str] = (),
                  sglang_version: Optional[str] = None,
                  nccl_version: Optional[Sequence[int]] = None) -> None:
