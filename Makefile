@@ -16,7 +16,7 @@ DIRARG = $(if $(SGLANG_DIR),--sglang-dir $(SGLANG_DIR))
 
 .PHONY: apply-patches revert-patches check-patches status-patches test setup demo versions \
         bench-allreduce bench-kernels replay sim advise gpu-bundle gpu-repatch gpu-dryrun serving-bench \
-        which-python
+        which-python bench-gate
 
 versions:          ## the supported SGLang releases (pins.txt)
 	@awk '!/^#/ && NF {print $$1}' pins.txt
@@ -45,9 +45,12 @@ test:              ## the test command (README): every pinned SGLang, patched, t
 bench-allreduce:   ## GPU: all-reduce backends against the compute of a verify pass (BENCH_ARGS=..., 2+ GPUs)
 	$(FV) bench allreduce $(BENCH_ARGS)
 
-bench-kernels:     ## GPU: per-kernel benchmarks, then the regression compare against the stored H200 baseline
-	$(FV) bench kernels --json benchmark/results/local/kernels.json $(BENCH_ARGS)
-	$(FV) bench compare benchmark/results/h200/kernels.json benchmark/results/local/kernels.json --threshold 0.15
+bench-kernels:     ## GPU: per-kernel benchmarks (median of 3 runs), then the regression gate against the H200 baseline
+	$(FV) bench kernels --runs 3 --json benchmark/results/local/kernels.json $(BENCH_ARGS)
+	$(FV) bench compare benchmark/results/h200/kernels.json benchmark/results/local/kernels.json
+
+bench-gate:        ## GPU: benchmark + compare 5 times, one verdict each (GATE_ARGS=--rehearse on a CPU)
+	$(FV) bench gate benchmark/results/h200/kernels.json --times 5 --out-dir benchmark/results/local/gate $(GATE_ARGS)
 
 replay:            ## CPU: will n-gram speculation pay on a trace? (TRACE=file.jsonl; default: the embedded trace)
 	$(FV) replay $(TRACE) $(REPLAY_ARGS)

@@ -3,6 +3,7 @@
     fastverify bench allreduce [ARGS]   -> fastverify.bench.allreduce_vs_compute
     fastverify bench kernels   [ARGS]   -> fastverify.bench.kernels.run
     fastverify bench compare   [ARGS]   -> fastverify.bench.kernels.compare
+    fastverify bench gate      [ARGS]   -> fastverify.bench.kernels.gate
 
 The fastverify CLI wires it with ``add_parser(subparsers)``; the handler returns the benchmark's
 exit status. Each benchmark module is imported only when its subcommand runs. From a checkout, the
@@ -23,6 +24,8 @@ BENCHMARKS = {
     "kernels": ("fastverify.bench.kernels.run", "per-kernel regression benchmarks (1 GPU)"),
     "compare": ("fastverify.bench.kernels.compare",
                 "compare a kernel-benchmark JSON with a stored baseline"),
+    "gate": ("fastverify.bench.kernels.gate",
+             "kernel benchmarks + compare N times, one verdict each (stability of the gate)"),
 }
 
 

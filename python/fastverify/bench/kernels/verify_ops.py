@@ -38,18 +38,19 @@ def chain_mask(seq_lens, k: int):
 
 
 def _ancestors(parents):
-    """[bs, k, k] bool: ``anc[b, i, j]`` is True when j is i or an ancestor of i."""
+    """[bs, k, k] bool: ``anc[b, i, j]`` is True when j is i or an ancestor of i.
+
+    Device-only ops of fixed shapes (no nonzero, no host read), so that tree_positions and
+    greedy_accept_tree can be captured in a CUDA graph and timed there."""
     import torch
 
     bs, k = parents.shape
-    idx = torch.arange(k, device=parents.device)
-    anc = torch.zeros(bs, k, k, dtype=torch.bool, device=parents.device)
-    anc[:, idx, idx] = True
+    idx = torch.arange(k, device=parents.device)  # [k]
+    anc = (idx[:, None] == idx[None, :]).expand(bs, k, k).clone()  # [bs, k, k], the diagonal
     cur = parents.clone()  # [bs, k]
     for _ in range(k - 1):  # walk up at most k-1 steps
-        valid = cur >= 0
-        b, i = valid.nonzero(as_tuple=True)
-        anc[b, i, cur[b, i]] = True
+        valid = cur >= 0  # [bs, k]
+        anc |= (cur.clamp_min(0)[..., None] == idx) & valid[..., None]  # [bs, k, k]
         cur = torch.where(valid, parents.gather(1, cur.clamp_min(0)), cur)
     return anc
 
