@@ -1,4 +1,5 @@
-"""Which implementation carries the TP all-reduces of the verify and decode passes (`--tp-allreduce`).
+"""Which implementation carries the TP all-reduces of the verify and decode
+passes (`--tp-allreduce`).
 
 Choices and what they map to in each pinned SGLang:
     nccl              custom all-reduce off (disable_custom_all_reduce=True), FlashInfer fusion off and,
@@ -24,8 +25,8 @@ Measured-table format (`fastverify-allreduce-table/1`):
     {"format": "fastverify-allreduce-table/1",
      "rows": [{"sm": 120, "fabric": "pcie"|"nvlink", "tp": 8, "bytes": 12288, "path": "pcie-ipc",
                "us": 5.3, "gpu": "...", "source": "...", "date": "YYYY-MM-DD"}, ...]}
-`us` is the median time of one all-reduce of `bytes` bytes (CUDA-graph replay where the source says so).
-"""
+`us` is the median time of one all-reduce of `bytes` bytes (CUDA-graph replay where
+the source says so). """
 from __future__ import annotations
 
 import dataclasses
@@ -38,24 +39,27 @@ CHOICES = ("auto", "nccl", "custom", "pcie-ipc", "flashinfer-fused")
 PATHS = CHOICES[1:]
 PCIE_IPC_TP_SIZES = (2, 4, 8)          # SGLang 0.5.23 pcie_ipc_ar.py: world sizes 2, 4 and 8
 FUSION_SM_MAJORS = (9, 10, 12)
-FLASHINFER_SM12X_COMM_MIN = (0, 7)     # gen_trtllm_comm_module: majors [9, 10] in 0.6.14, [9, 10, 12] in 0.7.2
+# gen_trtllm_comm_module: majors [9, 10] in 0.6.14, [9, 10, 12] in 0.7.2
+FLASHINFER_SM12X_COMM_MIN = (0, 7)
 
 FLAG_HELP = {
-    "tp_allreduce": "TP all-reduce path for verify/decode: auto (from a measured table), nccl, custom, "
-                    "pcie-ipc (SGLang >= 0.5.23), flashinfer-fused (opt-in fused all-reduce+RMSNorm). "
-                    "Unset: SGLang's own choice.",
+    "tp_allreduce": "TP all-reduce path for verify/decode: auto (from a measured table), nccl, "
+                    "custom, pcie-ipc (SGLang >= 0.5.23), flashinfer-fused (opt-in fused "
+                    "all-reduce+RMSNorm). Unset: SGLang's own choice.",
     "tp_allreduce_table": f"Measured all-reduce table ({TABLE_FORMAT}) for --tp-allreduce auto; "
                           "default: the built-in table.",
 }
 
 # Built-in measured rows. Only numbers somebody measured, each with its source and date.
 BUILTIN_ROWS: Tuple[dict, ...] = (
-    # Project measurement on the 2x H200 machine (NVLink NV18), torch 2.11 + NCCL 2.28.9, [tokens, 7168]
-    # bf16, medians of 20 timings of 122 back-to-back all-reduces replayed in a CUDA graph.
+    # Project measurement on the 2x H200 machine (NVLink NV18), torch 2.11 + NCCL 2.28.9, [tokens,
+    # 7168] bf16, medians of 20 timings of 122 back-to-back all-reduces replayed in a CUDA graph.
     *({"sm": 90, "fabric": "nvlink", "tp": 2, "bytes": tok * 7168 * 2, "path": "nccl", "us": us,
-       "gpu": "2x H200", "source": "fastverify measurement, torch NCCL in a CUDA graph", "date": "2026-11-30"}
+       "gpu": "2x H200", "source": "fastverify measurement, torch NCCL in a CUDA graph",
+       "date": "2026-11-30"}
       for tok, us in ((1, 19.8), (8, 19.5), (64, 24.8))),
-    # SGLang 0.5.23 pcie_ipc_ar.py module docstring: one 8x SM120 (RTX PRO 6000 class) PCIe host, 12 KiB.
+    # SGLang 0.5.23 pcie_ipc_ar.py module docstring: one 8x SM120 (RTX PRO 6000
+    # class) PCIe host, 12 KiB.
     {"sm": 120, "fabric": "pcie", "tp": 8, "bytes": 12 << 10, "path": "pcie-ipc", "us": 5.3,
      "gpu": "8x SM120", "source": "SGLang 0.5.23 pcie_ipc_ar.py docstring", "date": "2026-09"},
     {"sm": 120, "fabric": "pcie", "tp": 8, "bytes": 12 << 10, "path": "nccl", "us": 205.0,
@@ -82,7 +86,8 @@ class Topology:
 
 @dataclasses.dataclass(frozen=True)
 class AllReducePlan:
-    """The chosen path, why, and what to set: server-arg fields (launcher) and environment (TP workers)."""
+    """The chosen path, why, and what to set: server-arg fields (launcher) and
+    environment (TP workers)."""
     path: Optional[str]                       # None: keep SGLang's own choice
     reason: str
     fields: Tuple[Tuple[str, object], ...] = ()
@@ -115,12 +120,13 @@ def has_pcie_ipc(sglang_version) -> bool:
     return _version_tuple(sglang_version)[:3] >= (0, 5, 23)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # FlashInfer fusion gates
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def fusion_blocker(sm: Optional[int], flashinfer_version) -> Optional[str]:
-    """Why FlashInfer's fused all-reduce cannot run on this device, or None when it can (sm None: unknown)."""
+    """Why FlashInfer's fused all-reduce cannot run on this device, or None when it
+    can (sm None: unknown)."""
     if sm is None:
         return None
     major = sm // 10
@@ -129,18 +135,19 @@ def fusion_blocker(sm: Optional[int], flashinfer_version) -> Optional[str]:
                 "Use --tp-allreduce nccl/custom/pcie-ipc instead.")
     fi = _version_tuple(flashinfer_version)
     if major == 12 and fi and fi[:2] < FLASHINFER_SM12X_COMM_MIN:
-        return (f"FlashInfer {'.'.join(map(str, fi))} cannot build its trtllm comm kernels for SM{sm} "
-                "(gen_trtllm_comm_module supports SM majors 9 and 10 only). Remedy: use SGLang 0.5.23 with "
-                "FlashInfer >= 0.7 (0.7.2 builds them for SM12x), or choose --tp-allreduce nccl "
-                "(SGLang 0.5.16 has no PCIe IPC all-reduce).")
+        return (f"FlashInfer {'.'.join(map(str, fi))} cannot build its trtllm comm kernels for "
+                f"SM{sm} (gen_trtllm_comm_module supports SM majors 9 and 10 only). Remedy: use "
+                "SGLang 0.5.23 with FlashInfer >= 0.7 (0.7.2 builds them for SM12x), or choose "
+                "--tp-allreduce nccl (SGLang 0.5.16 has no PCIe IPC all-reduce).")
     return None
 
 
 def fusion_sm_allowed(sm: Optional[int], backend: Optional[str], flashinfer_version) -> bool:
-    """The SM gate at SGLang's fusion seams: upstream SM90/SM100, plus SM12x when fusion was requested.
+    """The SM gate at SGLang's fusion seams: upstream SM90/SM100, plus SM12x
+    when fusion was requested.
 
-    Raises AllReduceConfigError with the remedy when SM12x is requested on a FlashInfer that cannot build
-    the kernels, instead of failing deep inside FlashInfer's JIT.
+    Raises AllReduceConfigError with the remedy when SM12x is requested on a FlashInfer that cannot
+    build the kernels, instead of failing deep inside FlashInfer's JIT.
     """
     if sm is None or backend is None:
         return False
@@ -158,14 +165,14 @@ def fusion_sm_allowed(sm: Optional[int], backend: Optional[str], flashinfer_vers
 def preflight_probes_multicast(multicast_supported: Optional[bool]) -> bool:
     """Whether the FlashInfer workspace preflight should ask for the multicast granularity.
 
-    PCIe boxes have no multicast; asking fails the probe and fusion is silently skipped. Unknown: ask (upstream).
-    """
+    PCIe boxes have no multicast; asking fails the probe and fusion is silently skipped.
+    Unknown: ask (upstream). """
     return multicast_supported is not False
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # measured tables
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _check_rows(rows, origin: str) -> Tuple[dict, ...]:
     need = {"sm": int, "fabric": str, "tp": int, "bytes": int, "path": str, "us": (int, float)}
@@ -175,11 +182,14 @@ def _check_rows(rows, origin: str) -> Tuple[dict, ...]:
             raise AllReduceConfigError(f"{origin}: row {i} is not an object")
         for key, typ in need.items():
             if not isinstance(row.get(key), typ) or isinstance(row.get(key), bool):
-                raise AllReduceConfigError(f"{origin}: row {i} needs {key!r} ({getattr(typ, '__name__', 'number')})")
+                raise AllReduceConfigError(f"{origin}: row {i} needs {key!r} "
+                                           f"({getattr(typ, '__name__', 'number')})")
         if row["path"] not in PATHS:
-            raise AllReduceConfigError(f"{origin}: row {i} path {row['path']!r}; allowed: {', '.join(PATHS)}")
+            raise AllReduceConfigError(f"{origin}: row {i} path {row['path']!r}; allowed: "
+                                       f"{', '.join(PATHS)}")
         if row["fabric"] not in ("nvlink", "pcie"):
-            raise AllReduceConfigError(f"{origin}: row {i} fabric {row['fabric']!r}; allowed: nvlink, pcie")
+            raise AllReduceConfigError(f"{origin}: row {i} fabric {row['fabric']!r}; allowed: "
+                                       "nvlink, pcie")
         if row["us"] <= 0 or row["bytes"] <= 0:
             raise AllReduceConfigError(f"{origin}: row {i} needs positive 'us' and 'bytes'")
         out.append(dict(row))
@@ -194,8 +204,10 @@ def load_table(path) -> Tuple[dict, ...]:
         raise AllReduceConfigError(f"{origin}: file not found") from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AllReduceConfigError(f"{origin}: not a readable JSON file ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or not isinstance(data.get("rows"), list):
-        raise AllReduceConfigError(f"{origin}: expected {{\"format\": \"{TABLE_FORMAT}\", \"rows\": [...]}}")
+    if (not isinstance(data, dict) or data.get("format") != TABLE_FORMAT
+            or not isinstance(data.get("rows"), list)):
+        raise AllReduceConfigError(f"{origin}: expected {{\"format\": \"{TABLE_FORMAT}\", "
+                                   f"\"rows\": [...]}}")
     return _check_rows(data["rows"], origin)
 
 
@@ -204,11 +216,14 @@ def write_table(path, rows: Sequence[Mapping[str, object]]) -> None:
     Path(path).write_text(json.dumps({"format": TABLE_FORMAT, "rows": list(rows)}, indent=2) + "\n")
 
 
-def measured_best(rows, *, sm: int, fabric: str, tp: int, payload_bytes: int, candidates: Sequence[str]):
-    """Per candidate path, its row nearest to payload_bytes; return (best row, all compared rows) or None."""
+def measured_best(rows, *, sm: int, fabric: str, tp: int, payload_bytes: int,
+                  candidates: Sequence[str]):
+    """Per candidate path, its row nearest to payload_bytes; return (best row, all
+    compared rows) or None."""
     per_path = {}
     for row in rows:
-        if row["sm"] != sm or row["fabric"] != fabric or row["tp"] != tp or row["path"] not in candidates:
+        if (row["sm"] != sm or row["fabric"] != fabric or row["tp"] != tp
+                or row["path"] not in candidates):
             continue
         cur = per_path.get(row["path"])
         if cur is None or abs(row["bytes"] - payload_bytes) < abs(cur["bytes"] - payload_bytes):
@@ -219,9 +234,9 @@ def measured_best(rows, *, sm: int, fabric: str, tp: int, payload_bytes: int, ca
     return compared[0], compared
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the decision
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def plan_for_path(path: str, sglang_version, reason: str) -> AllReducePlan:
     pcie_ipc = has_pcie_ipc(sglang_version)
@@ -246,26 +261,31 @@ def _explicit(choice: str, sglang_version, topo: Topology, tp_size: int, nnodes:
     if choice == "custom":
         if tp_size > 2 and topo.has_nvlink is False:
             raise AllReduceConfigError(
-                f"--tp-allreduce custom: SGLang disables its custom all-reduce on more than two PCIe-only GPUs "
-                f"(TP {tp_size} without NVLink). Allowed here: "
-                + ("pcie-ipc, nccl" if has_pcie_ipc(sglang_version) else "nccl (SGLang 0.5.16 has no pcie-ipc)"))
+                "--tp-allreduce custom: SGLang disables its custom all-reduce on more than two "
+                f"PCIe-only GPUs (TP {tp_size} without NVLink). Allowed here: "
+                + ("pcie-ipc, nccl" if has_pcie_ipc(sglang_version)
+                   else "nccl (SGLang 0.5.16 has no pcie-ipc)"))
         return plan_for_path("custom", sglang_version, "requested: SGLang custom all-reduce")
     if choice == "pcie-ipc":
         if not has_pcie_ipc(sglang_version):
             raise AllReduceConfigError(
-                f"--tp-allreduce pcie-ipc: SGLang {sglang_version} has no PCIe IPC all-reduce (it arrived in "
-                "SGLang 0.5.23 as SGLANG_ENABLE_PCIE_IPC_ALLREDUCE). Use SGLang 0.5.23, or here --tp-allreduce "
-                "nccl tuned with --nccl-proto/--nccl-max-channels, or custom at TP 2.")
+                f"--tp-allreduce pcie-ipc: SGLang {sglang_version} has no PCIe IPC all-reduce (it "
+                "arrived in SGLang 0.5.23 as SGLANG_ENABLE_PCIE_IPC_ALLREDUCE). Use SGLang 0.5.23, "
+                "or here --tp-allreduce nccl tuned with --nccl-proto/--nccl-max-channels, or "
+                "custom at TP 2.")
         if tp_size not in PCIE_IPC_TP_SIZES:
-            raise AllReduceConfigError(f"--tp-allreduce pcie-ipc: TP size {tp_size} is not supported; allowed TP "
-                                       f"sizes: {', '.join(map(str, PCIE_IPC_TP_SIZES))}")
-        return plan_for_path("pcie-ipc", sglang_version, "requested: SGLang PCIe IPC all-reduce (bf16; others use NCCL)")
+            raise AllReduceConfigError(f"--tp-allreduce pcie-ipc: TP size {tp_size} is not "
+                                       "supported; allowed TP sizes: "
+                                       f"{', '.join(map(str, PCIE_IPC_TP_SIZES))}")
+        return plan_for_path("pcie-ipc", sglang_version,
+                             "requested: SGLang PCIe IPC all-reduce (bf16; others use NCCL)")
     if choice == "flashinfer-fused":
         if tp_size < 2:
-            raise AllReduceConfigError("--tp-allreduce flashinfer-fused: needs TP size >= 2 (no all-reduce at TP 1)")
+            raise AllReduceConfigError("--tp-allreduce flashinfer-fused: needs TP size >= 2 (no "
+                                       "all-reduce at TP 1)")
         if nnodes > 1:
-            raise AllReduceConfigError("--tp-allreduce flashinfer-fused: the trtllm backend is single-node only; "
-                                       "allowed: nccl, custom" + (", pcie-ipc" if has_pcie_ipc(sglang_version) else ""))
+            raise AllReduceConfigError("--tp-allreduce flashinfer-fused: the trtllm backend is "
+                                       "single-node only; allowed: nccl, custom" + (", pcie-ipc" if has_pcie_ipc(sglang_version) else ""))
         blocker = fusion_blocker(topo.sm, flashinfer_version)
         if blocker:
             raise AllReduceConfigError(f"--tp-allreduce flashinfer-fused: {blocker}")
@@ -274,15 +294,19 @@ def _explicit(choice: str, sglang_version, topo: Topology, tp_size: int, nnodes:
             reason += ("; PCIe fabric: upstream measured a TP4 PCIe regression (sglang#32330), "
                        "compare against nccl/pcie-ipc with the all-reduce benchmark")
         if topo.multicast is False:
-            reason += "; no multicast on this device: the workspace preflight skips the multicast probe"
+            reason += ("; no multicast on this device: the workspace preflight skips the multicast "
+                       "probe")
         return plan_for_path("flashinfer-fused", sglang_version, reason)
     raise AllReduceConfigError(f"--tp-allreduce: {choice!r}; allowed: {', '.join(CHOICES)}")
 
 
-def decide(choice: Optional[str], *, sglang_version, topology: Topology, tp_size: int, nnodes: int = 1,
-           flashinfer_version=None, table: Optional[Sequence[dict]] = None, table_source: str = "built-in table",
+def decide(choice: Optional[str], *, sglang_version, topology: Topology, tp_size: int,
+           nnodes: int = 1,
+           flashinfer_version=None, table: Optional[Sequence[dict]] = None,
+           table_source: str = "built-in table",
            payload_bytes: int = 8 * 7168 * 2) -> AllReducePlan:
-    """Decide the TP all-reduce path. `payload_bytes` is one verify all-reduce ([tokens, hidden] x 2 B)."""
+    """Decide the TP all-reduce path. `payload_bytes` is one verify all-reduce
+    ([tokens, hidden] x 2 B)."""
     if choice is None:
         return AllReducePlan(None, "--tp-allreduce not given: SGLang's own choice")
     if choice != "auto":
@@ -290,7 +314,8 @@ def decide(choice: Optional[str], *, sglang_version, topology: Topology, tp_size
     if tp_size < 2:
         return AllReducePlan(None, "auto: TP 1 has no all-reduce; nothing to choose")
     if topology.sm is None or topology.fabric is None:
-        return AllReducePlan(None, "auto: GPU SM or fabric unknown at launch; keeping SGLang's own choice")
+        return AllReducePlan(None,
+                             "auto: GPU SM or fabric unknown at launch; keeping SGLang's own choice")
     candidates = ["nccl"]
     if tp_size <= 2 or topology.has_nvlink:
         candidates.append("custom")
@@ -303,10 +328,14 @@ def decide(choice: Optional[str], *, sglang_version, topology: Topology, tp_size
                          payload_bytes=payload_bytes, candidates=candidates)
     where = f"SM{topology.sm}/{topology.fabric}/TP{tp_size}"
     if best is None:
-        return AllReducePlan(None, f"auto: {table_source} has fewer than two measured paths for {where} among "
-                                   f"{', '.join(candidates)}; keeping SGLang's own choice (measure with the "
-                                   "all-reduce benchmark and pass --tp-allreduce-table)")
+        return AllReducePlan(None,
+                             f"auto: {table_source} has fewer than two measured paths for {where} "
+                                   f"among {', '.join(candidates)}; keeping SGLang's own choice "
+                                   "(measure with the all-reduce benchmark and pass "
+                                   "--tp-allreduce-table)")
     row, compared = best
-    summary = ", ".join(f"{r['path']} {r['us']:g} us @ {r['bytes']} B ({r.get('source', '?')}, {r.get('date', '?')})"
+    summary = ", ".join(f"{r['path']} {r['us']:g} us @ {r['bytes']} B ({r.get('source', '?')}, "
+                        f"{r.get('date', '?')})"
                         for r in compared)
-    return plan_for_path(row["path"], sglang_version, f"auto: fastest measured for {where} in {table_source}: {summary}")
+    return plan_for_path(row["path"], sglang_version,
+                         f"auto: fastest measured for {where} in {table_source}: {summary}")

@@ -1,4 +1,5 @@
-"""Chain verify for n-gram speculation: reduce SGLang's draft tree to one path, and gate empty drafts.
+"""Chain verify for n-gram speculation: reduce SGLang's draft tree to one
+path, and gate empty drafts.
 
 The pipeline, per decode step (numpy on the host, torch only for the device-side index tensors):
 
@@ -8,34 +9,40 @@ The pipeline, per decode step (numpy on the host, torch only for the device-side
       -> plan_verify(draft_lens, k, buckets)               verify width and the tokens it saves
       -> VerifyStats.record(...)                           accept length, verified tokens per step
 
-Input format (what ``NgramCorpus.batch_get`` returns, identical in SGLang 0.5.16 and 0.5.23): for each of the
-``bs`` requests ``d`` tokens and a ``d x d`` 0/1 matrix, row-major. Node 0 is the root (the last context
-token); ``mask[i, j] == 1`` iff node ``j`` is an ancestor of node ``i`` or ``i`` itself. Nodes are in breadth-first
-order, so a parent always has a smaller index than its children. When the corpus finds fewer than ``d - 1``
-candidates it pads with token 0 attached to the root; a request with no candidate at all is ``[root, 0, 0, ...]``.
+Input format (what ``NgramCorpus.batch_get`` returns, identical in SGLang 0.5.16 and 0.5.23): for
+each of the ``bs`` requests ``d`` tokens and a ``d x d`` 0/1 matrix, row-major. Node 0 is the root
+(the last context token); ``mask[i, j] == 1`` iff node ``j`` is an ancestor of node ``i`` or ``i``
+itself. Nodes are in breadth-first order, so a parent always has a smaller index than its children.
+When the corpus finds fewer than ``d - 1`` candidates it pads with token 0 attached to the root; a
+request with no candidate at all is ``[root, 0, 0, ...]``.
 
-Which path is "best" (decided from csrc/ngram_corpus/trie.cpp and result.cpp, same code in both pins):
+Which path is "best" (decided from csrc/ngram_corpus/trie.cpp and result.cpp,
+same code in both pins):
     The corpus builds its tree with a score, but ``fillResult`` emits each node's children by iterating a
     ``std::unordered_map<token, slot>``, so the sibling order in the output is hash order: neither the recency
     order of BFS mode (children taken from each trie node's LRU list, most recent first) nor the frequency order
     of PROB mode survives. What survives is the shape of the tree, and the two build rules shape it differently:
-    - BFS (recency): anchors (matched context suffixes) are expanded longest first; each anchor's breadth
-      shrinks level by level, so only the most recently seen continuations are followed deep, and continuations
-      that several anchors agree on merge into one deeper branch. The most recent, best-supported continuation
-      is therefore the deepest branch: descend by (subtree height, subtree size, lower index).
-    - PROB (frequency): nodes are popped best-first by path probability (child frequency normalized over the
-      top ``max_bfs_breadth`` children times the parent's probability), so more probable branches receive more
-      of the node budget: descend by (subtree size, subtree height, lower index), i.e. follow the mass.
+    - BFS (recency): anchors (matched context suffixes) are expanded longest first; each anchor's
+      breadth shrinks level by level, so only the most recently seen continuations are followed
+      deep, and continuations that several anchors agree on merge into one deeper branch. The most
+      recent, best-supported continuation is therefore the deepest branch: descend by (subtree
+      height, subtree size, lower index).
+    - PROB (frequency): nodes are popped best-first by path probability (child frequency normalized
+      over the top ``max_bfs_breadth`` children times the parent's probability), so more probable
+      branches receive more of the node budget: descend by (subtree size, subtree height, lower
+      index), i.e. follow the mass.
     Ties fall to the lower output index, which makes the choice deterministic for a given corpus output.
 
-Padding: the trailing nodes that are token 0, children of the root and leaves are padding (``fillResult``
-appends them after every real node). A real token-0 leaf under the root placed last in the output is
-indistinguishable from padding and is treated as padding (it can only shorten a draft, never change output).
+Padding: the trailing nodes that are token 0, children of the root and leaves are padding
+(``fillResult`` appends them after every real node). A real token-0 leaf under the root placed last
+in the output is indistinguishable from padding and is treated as padding (it can only shorten a
+draft, never change output).
 
-The chain is emitted in the same corpus format (tokens[bs*k], mask[bs*k*k]) so the unchanged SGLang path keeps
-working: the chain occupies nodes 0..n, padding nodes n+1..k-1 are token 0 and continue the chain (the mask
-is lower-triangular). Verification stays lossless with padding in the chain: a padding token is accepted only
-where the target itself predicts token 0. ``chain_len`` (real draft tokens, 0..k-1) is returned separately.
+The chain is emitted in the same corpus format (tokens[bs*k], mask[bs*k*k]) so the unchanged SGLang
+path keeps working: the chain occupies nodes 0..n, padding nodes n+1..k-1 are token 0 and continue
+the chain (the mask is lower-triangular). Verification stays lossless with padding in the chain: a
+padding token is accepted only where the target itself predicts token 0. ``chain_len`` (real draft
+tokens, 0..k-1) is returned separately.
 
 No-match gating and static CUDA-graph shapes (``plan_verify``):
     SGLang captures verify graphs for a fixed number of tokens per request. A batch keeps its shapes static by
@@ -74,25 +81,30 @@ class ChainConfig:
     """Verify-mode configuration, built once from the server flags by the glue."""
 
     mode: str = "tree"  # --speculative-ngram-verify-mode
-    num_draft_tokens: int = 12  # --speculative-num-draft-tokens: k, the verify width including the root
+    # --speculative-num-draft-tokens: k, the verify width including the root
+    num_draft_tokens: int = 12
     match_type: str = "BFS"  # --speculative-ngram-match-type
     buckets: tuple = ()  # captured verify widths; () means only k is captured (stock SGLang)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(
-                f"--speculative-ngram-verify-mode must be one of {', '.join(MODES)}; got {self.mode!r}"
+                f"--speculative-ngram-verify-mode must be one of {', '.join(MODES)}; got "
+                f"{self.mode!r}"
             )
         if self.match_type not in MATCH_TYPES:
             raise ValueError(
-                f"--speculative-ngram-match-type must be one of {', '.join(MATCH_TYPES)}; got {self.match_type!r}"
+                f"--speculative-ngram-match-type must be one of {', '.join(MATCH_TYPES)}; got "
+                f"{self.match_type!r}"
             )
         k = self.num_draft_tokens
         if not isinstance(k, (int, np.integer)) or k < 2:
-            raise ValueError(f"--speculative-num-draft-tokens must be an integer >= 2 for n-gram verify; got {k!r}")
+            raise ValueError("--speculative-num-draft-tokens must be an integer >= 2 for n-gram "
+                             f"verify; got {k!r}")
         for w in self.buckets:
             if not 1 <= int(w) <= k:
-                raise ValueError(f"verify width buckets must lie in 1..{k} (--speculative-num-draft-tokens); got {w}")
+                raise ValueError(f"verify width buckets must lie in 1..{k} "
+                                 f"(--speculative-num-draft-tokens); got {w}")
 
     @property
     def widths(self) -> tuple:
@@ -116,7 +128,8 @@ def _as_trees(tokens, mask, d: int | None = None):
 
 
 def tree_parents(mask) -> np.ndarray:
-    """[bs, d, d] ancestor-or-self mask -> [bs, d] parent index (the deepest strict ancestor; -1 for node 0)."""
+    """[bs, d, d] ancestor-or-self mask -> [bs, d] parent index (the deepest strict
+    ancestor; -1 for node 0)."""
     mask = np.asarray(mask).astype(bool)
     bs, d, _ = mask.shape
     strict_below, index = _parent_consts(d)
@@ -126,19 +139,20 @@ def tree_parents(mask) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def _parent_consts(d: int):
-    """The [1, d, d] strictly-lower-triangular mask (ancestors j < i) and the [1, 1, d] column index (read-only:
-    shared between calls)."""
+    """The [1, d, d] strictly-lower-triangular mask (ancestors j < i) and the [1, 1, d] column index
+    (read-only: shared between calls)."""
     below, index = np.tril(np.ones((d, d), dtype=bool), -1)[None], np.arange(d)[None, None, :]
     below.flags.writeable = index.flags.writeable = False
     return below, index
 
 
-# The per-request walks below run on Python lists: a tree has d nodes (the draft token count, 8 by default),
-# where indexing a numpy array one element at a time costs more than the walk itself (the chain hook and the
-# auto glue run them on every lookup).
+# The per-request walks below run on Python lists: a tree has d nodes (the draft token count, 8 by
+# default), where indexing a numpy array one element at a time costs more than the walk itself (the
+# chain hook and the auto glue run them on every lookup).
 def _padding_start(tokens_row: list, parent_row: list) -> int:
-    """Index of the first node of the trailing padding run (d if there is none): token-0 nodes under the root.
-    They are leaves: a child comes after its parent, and every later node of the run hangs from the root."""
+    """Index of the first node of the trailing padding run (d if there is none): token-0 nodes
+    under the root. They are leaves: a child comes after its parent, and every later node of the
+    run hangs from the root."""
     start = len(tokens_row)
     while start > 1:
         i = start - 1
@@ -162,7 +176,8 @@ def real_draft_lengths(tokens, mask, d: int | None = None) -> np.ndarray:
 
 
 def _best_path(parent_row: list, n_real: int, match_type: str) -> list:
-    """Node indices of the chosen root-to-leaf path (root excluded), over the real nodes 0..n_real."""
+    """Node indices of the chosen root-to-leaf path (root excluded), over the
+    real nodes 0..n_real."""
     n = n_real + 1
     children = [[] for _ in range(n)]
     for i in range(1, n):
@@ -188,11 +203,12 @@ def _best_path(parent_row: list, n_real: int, match_type: str) -> list:
 def extract_chains(tokens, mask, match_type: str = "BFS", d: int | None = None):
     """Best root-to-leaf path of each request's tree.
 
-    Returns ``chain_tokens`` [bs, d] int64 (root, the path, then token-0 padding) and ``chain_len`` [bs] int64,
-    the number of real draft tokens on the path (0 when the corpus found nothing).
+    Returns ``chain_tokens`` [bs, d] int64 (root, the path, then token-0 padding) and ``chain_len``
+    [bs] int64, the number of real draft tokens on the path (0 when the corpus found nothing).
     """
     if match_type not in MATCH_TYPES:
-        raise ValueError(f"--speculative-ngram-match-type must be one of {', '.join(MATCH_TYPES)}; got {match_type!r}")
+        raise ValueError(f"--speculative-ngram-match-type must be one of {', '.join(MATCH_TYPES)}; "
+                         f"got {match_type!r}")
     tokens, toks, parents = _rows(tokens, mask, d)
     bs, d = tokens.shape
     chain_tokens = np.zeros((bs, d), dtype=np.int64)  # [bs, d]
@@ -209,9 +225,11 @@ def extract_chains(tokens, mask, match_type: str = "BFS", d: int | None = None):
 
 
 def root_choices(tokens, mask, d: int | None = None) -> np.ndarray:
-    """[bs] how many different next tokens each request's tree offers (distinct real children of the root)."""
+    """[bs] how many different next tokens each request's tree offers (distinct real
+    children of the root)."""
     _, toks, parents = _rows(tokens, mask, d)
-    out = [len({t[j] for j in range(1, _padding_start(t, p)) if p[j] == 0}) for t, p in zip(toks, parents)]
+    out = [len({t[j] for j in range(1, _padding_start(t, p)) if p[j] == 0})
+           for t, p in zip(toks, parents)]
     return np.array(out, dtype=np.int64)
 
 
@@ -230,20 +248,21 @@ def _tril_flat(k: int, dtype) -> np.ndarray:
 def reduce_to_chain(tokens, mask, k: int, match_type: str = "BFS"):
     """Corpus output -> the same format holding one chain per request.
 
-    ``tokens`` flat [bs*k] (or [bs, k]) and ``mask`` flat [bs*k*k] as ``NgramCorpus.batch_get`` returns them.
-    Returns ``(chain_tokens [bs*k] int64, chain_mask [bs*k*k] of the input mask's dtype, chain_len [bs] int64)``.
-    """
+    ``tokens`` flat [bs*k] (or [bs, k]) and ``mask`` flat [bs*k*k] as ``NgramCorpus.batch_get``
+    returns them. Returns ``(chain_tokens [bs*k] int64, chain_mask [bs*k*k] of the input mask's
+    dtype, chain_len [bs] int64)``. """
     mask_dtype = np.asarray(mask).dtype
     chain_tokens, chain_len = extract_chains(tokens, mask, match_type, d=k)
-    return chain_tokens.reshape(-1), chain_mask(chain_tokens.shape[0], k, dtype=mask_dtype), chain_len
+    return (chain_tokens.reshape(-1),
+            chain_mask(chain_tokens.shape[0], k, dtype=mask_dtype), chain_len)
 
 
 def chain_indices(seq_lens, k: int):
     """Verify metadata of ``bs`` chains of width ``k`` (torch tensors on ``seq_lens``' device).
 
-    positions [bs*k] = seq_len + i; retrieve_index [bs, k] = b*k + i; retrieve_next_token [bs, k] = i+1 (-1 at
-    the end); retrieve_next_sibling [bs, k] = -1. Equal to what SGLang's reconstruct_indices_from_tree_mask gives
-    for the lower-triangular mask of ``chain_mask``.
+    positions [bs*k] = seq_len + i; retrieve_index [bs, k] = b*k + i; retrieve_next_token [bs, k] =
+    i+1 (-1 at the end); retrieve_next_sibling [bs, k] = -1. Equal to what SGLang's
+    reconstruct_indices_from_tree_mask gives for the lower-triangular mask of ``chain_mask``.
     """
     import torch
 
@@ -274,11 +293,13 @@ class VerifyPlan:
 
 
 def plan_verify(draft_lens: Sequence[int], k: int, buckets: Sequence[int] = ()) -> VerifyPlan:
-    """Choose the verify width of one step from the per-request real draft lengths (see module docstring)."""
+    """Choose the verify width of one step from the per-request real draft lengths
+    (see module docstring)."""
     lens = [int(x) for x in draft_lens]
     bs = len(lens)
     if any(x < 0 or x > k - 1 for x in lens):
-        raise ValueError(f"draft lengths must lie in 0..{k - 1} (k = --speculative-num-draft-tokens); got {lens}")
+        raise ValueError(f"draft lengths must lie in 0..{k - 1} (k = "
+                         f"--speculative-num-draft-tokens); got {lens}")
     widths = sorted(set(int(w) for w in buckets) | {int(k)})
     longest = max(lens, default=0)
     if longest == 0:
@@ -291,8 +312,9 @@ def plan_verify(draft_lens: Sequence[int], k: int, buckets: Sequence[int] = ()) 
 class VerifyStats:
     """Running accounting of n-gram verify steps (what the server logs and exports).
 
-    accept length = tokens emitted per request per step (accepted drafts + the bonus token); comparable between
-    tree and chain, unlike SGLang's accept rate whose denominator is k - 1 drafts per request.
+    accept length = tokens emitted per request per step (accepted drafts + the bonus
+    token); comparable between tree and chain, unlike SGLang's accept rate whose
+    denominator is k - 1 drafts per request.
     """
 
     steps: int = 0
@@ -306,7 +328,8 @@ class VerifyStats:
     accept_hist: dict = field(default_factory=dict)  # accept length -> request-steps
 
     def record(self, accept_lens: Sequence[int], plan: VerifyPlan | None = None) -> None:
-        """One verify step: per-request accept lengths (bonus included) and the step's plan, if known."""
+        """One verify step: per-request accept lengths (bonus included) and the
+        step's plan, if known."""
         lens = [int(x) for x in accept_lens]
         self.steps += 1
         self.requests += len(lens)

@@ -29,12 +29,15 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "patches": Subcommand("fastverify.patchtool:add_parser",
                           "apply/revert/check/status of the SGLang patch series"),
     "replay": Subcommand("fastverify.replay:add_parser",
-                         "replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)"),
+                         "replay recorded greedy outputs through SGLang's n-gram corpus (tree vs "
+                         "chain)"),
     "sim": Subcommand("fastverify.sim:add_parser",
                       "simulate the auto verify controller on traces and cost tables"),
     "bench": Subcommand("fastverify.bench.cli:add_parser",
-                        "microbenchmarks: all-reduce vs compute of a verify pass, per-kernel regressions"),
-    "advise": Subcommand("fastverify.advise:add_parser", "will speculation pay on this box, and how?"),
+                        "microbenchmarks: all-reduce vs compute of a verify pass, per-kernel "
+                        "regressions"),
+    "advise": Subcommand("fastverify.advise:add_parser",
+                         "will speculation pay on this box, and how?"),
 }
 
 
@@ -60,7 +63,8 @@ def _chosen(argv) -> str | None:
 def build_parser(argv) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastverify",
-        description="Fast verify for speculative decoding in SGLang: patch series, flags, benchmarks.")
+        description="Fast verify for speculative decoding in SGLang: patch series, flags, "
+                    "benchmarks.")
     parser.add_argument("--version", action="version", version=f"fastverify {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     chosen = _chosen(argv)

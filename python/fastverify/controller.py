@@ -1,36 +1,40 @@
 """Cost-aware verify control for n-gram speculation (`--speculative-ngram-verify-mode auto`).
 
-Each decode step the controller picks, for the whole batch, the option with the highest expected tokens per
-second among: no speculation, a chain of k draft tokens (k = 1..K), and the corpus tree:
+Each decode step the controller picks, for the whole batch, the option with the highest expected
+tokens per second among: no speculation, a chain of k draft tokens (k = 1..K), and the corpus tree:
 
     rate(option) = E[tokens emitted by the batch] / t(pass)
                  = (bs + sum_i E[accepted_i | option]) / t_verify(tokens in the pass)        speculating
     rate(none)   = bs / t_decode(bs)
 
 Two inputs, both measured, neither taken from a paper:
-- cost (costs.py): `CostTable`, a verify-cost table t_verify(tokens in the pass) and the plain decode cost
-  t_decode(bs), calibrated at server start (glue/auto.py) or loaded from the microbenchmark's JSON; or
-  `StepCosts`, the whole step as measured while serving;
-- gain (gains.py): `GainModel`, per request, the observed distribution of accepted draft tokens as a function
-  of the n-gram match (matched depth, root branch count), updated online and forgetting with a half-life in
-  steps.
+- cost (costs.py): `CostTable`, a verify-cost table t_verify(tokens in the pass) and the plain
+  decode cost t_decode(bs), calibrated at server start (glue/auto.py) or loaded from the
+  microbenchmark's JSON; or `StepCosts`, the whole step as measured while serving;
+- gain (gains.py): `GainModel`, per request, the observed distribution of accepted draft tokens as a
+  function of the n-gram match (matched depth, root branch count), updated online and forgetting
+  with a half-life in steps.
 
-Per-request gating: request i speculates under an option only if its own expected speedup is at least one,
+Per-request gating: request i speculates under an option only if its own expected
+speedup is at least one,
 
     gain_i(option) = E[1 + accepted_i | option] * t_decode(bs) / t_verify(bs * width(option)) >= 1,
 
-otherwise it verifies nothing that step (one token: the plain decode token). Hysteresis: the current option is
-kept unless another one is expected to be more than `hysteresis` (relative) faster; so the option kept is never
-expected to be slower than the best, and in particular than no speculation, by more than that margin.
+otherwise it verifies nothing that step (one token: the plain decode token). Hysteresis: the
+current option is kept unless another one is expected to be more than `hysteresis` (relative)
+faster; so the option kept is never expected to be slower than the best, and in particular than no
+speculation, by more than that margin.
 
-The gain model learns from *resolved drafts*: a draft made at position p resolves once the request's real
-continuation shows where it first diverges (`gains.ShadowTracker`). This needs no verify at all, so the controller
-keeps learning while it does not speculate and never has to gamble to explore: with acceptance 0 it stays at
-no speculation after the first steps. Greedy output does not depend on the option chosen (verification is exact).
+The gain model learns from *resolved drafts*: a draft made at position p resolves once the request's
+real continuation shows where it first diverges (`gains.ShadowTracker`). This needs no verify at
+all, so the controller keeps learning while it does not speculate and never has to gamble to
+explore: with acceptance 0 it stays at no speculation after the first steps. Greedy output does not
+depend on the option chosen (verification is exact).
 
-Follow bound (stated and tested in tests/test_sim.py): after acceptance changes, the estimate's weight on the
-old regime after n steps is at most 2**(-n / half_life); a draft resolves at most K + 1 steps after it is made.
-`follow_bound_steps` returns K + 1 + ceil(half_life * log2(1 / eps)) with eps = 0.1.
+Follow bound (stated and tested in tests/test_sim.py): after acceptance changes, the
+estimate's weight on the old regime after n steps is at most 2**(-n / half_life); a draft
+resolves at most K + 1 steps after it is made. `follow_bound_steps` returns K + 1 +
+ceil(half_life * log2(1 / eps)) with eps = 0.1.
 """
 from __future__ import annotations
 
@@ -45,10 +49,11 @@ from fastverify.gains import DraftFeatures, GainModel
 SHAPES = ("ragged", "uniform")
 NONE, CHAIN, TREE = "none", "chain", "tree"
 PLAN_PROBE, PLAN_WANTED = "probe", "wanted"  # why Controller.plan_lookup looked drafts up
-WANTED_REFRESH_STEPS = 4  # Controller._wanted: an unchanged question is answered again after this many steps
+# Controller._wanted: an unchanged question is answered again after this many steps
+WANTED_REFRESH_STEPS = 4
 
 
-# ------------------------------------------------------------------------------------------- the rule
+# ----------------------------------------------------------------------------------------- the rule
 @dataclass(frozen=True)
 class Option:
     kind: str  # "none" | "chain" | "tree"
@@ -57,7 +62,8 @@ class Option:
 
     @property
     def label(self) -> str:
-        return NONE if self.kind == NONE else (f"chain{self.k}" if self.kind == CHAIN else f"tree{self.width}")
+        return NONE if self.kind == NONE else (f"chain{self.k}" if self.kind == CHAIN
+                                               else f"tree{self.width}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,8 @@ class Evaluation:
     speculate: tuple  # per request: takes part (True) or verifies nothing (False)
 
 
-def evaluate(option: Option, costs: CostTable, gains: Sequence[float], shape: str = "ragged") -> Evaluation:
+def evaluate(option: Option, costs: CostTable, gains: Sequence[float],
+             shape: str = "ragged") -> Evaluation:
     """Expected batch rate of `option` given per-request E[accepted | option] (`gains`)."""
     bs = len(gains)
     t_dec = costs.decode_ms(bs)
@@ -87,8 +94,8 @@ def evaluate(option: Option, costs: CostTable, gains: Sequence[float], shape: st
 
 
 def choose(evals: Sequence[Evaluation], current: Optional[Option], hysteresis: float) -> Evaluation:
-    """Best expected rate, but keep `current` unless the best beats it by more than `hysteresis` (relative).
-    Ties go to the cheaper option (the order of `evals`)."""
+    """Best expected rate, but keep `current` unless the best beats it by more than `hysteresis`
+    (relative). Ties go to the cheaper option (the order of `evals`)."""
     best = max(evals, key=lambda e: e.rate)  # max keeps the first of equals
     if current is not None:
         for e in evals:
@@ -98,31 +105,36 @@ def choose(evals: Sequence[Evaluation], current: Optional[Option], hysteresis: f
 
 
 def options_for(max_chain: int, tree_width: int, chain_widths: Sequence[int] = ()) -> tuple:
-    """The option list: none, chain k for k = 1..max_chain (or only the widths a server captured), the tree."""
-    ks = range(1, max_chain + 1) if not chain_widths else sorted({w - 1 for w in chain_widths if 2 <= w})
+    """The option list: none, chain k for k = 1..max_chain (or only the widths a
+    server captured), the tree."""
+    ks = (range(1, max_chain + 1) if not chain_widths
+          else sorted({w - 1 for w in chain_widths if 2 <= w}))
     opts = [Option(NONE)] + [Option(CHAIN, k, k + 1) for k in ks if k <= max_chain]
     if tree_width >= 2:
         opts.append(Option(TREE, tree_width - 1, tree_width))
     return tuple(opts)
 
 
-# ---------------------------------------------------------------------------------------- controller
+# --------------------------------------------------------------------------------------- controller
 @dataclass(frozen=True)
 class AutoConfig:
     """Built once from the server flags by glue/auto.py."""
 
     max_chain: int = 7  # K: longest chain considered (--speculative-num-draft-tokens - 1)
     tree_width: int = 8  # tokens of a tree verify per request (root included); 0: no tree option
-    chain_widths: tuple = ()  # verify widths the server can run for chains (root included); () = 2..K+1
+    # verify widths the server can run for chains (root included); () = 2..K+1
+    chain_widths: tuple = ()
     hysteresis: float = 0.03  # --speculative-ngram-auto-hysteresis
-    half_life_steps: float = 16.0  # forgetting of the gain model; sets the follow bound (follow_bound_steps)
+    # forgetting of the gain model; sets the follow bound (follow_bound_steps)
+    half_life_steps: float = 16.0
     prior_strength: float = 4.0
-    prior_floor: float = 1.0  # pseudo-observations of 0 accepted the gain model never forgets (GainModel)
+    # pseudo-observations of 0 accepted the gain model never forgets (GainModel)
+    prior_floor: float = 1.0
     shape: str = "ragged"  # "uniform": every request in a verify pass occupies `width` slots
     log_interval_s: float = 30.0
-    # probes (drafts looked up only to learn from) may add at most this share to the time of the steps without
-    # speculation, by their measured cost (Controller.probe_cost), though one still comes every probe_max steps
-    # (plan_lookup); 1.0: no limit
+    # probes (drafts looked up only to learn from) may add at most this share to the time of the
+    # steps without speculation, by their measured cost (Controller.probe_cost), though one still
+    # comes every probe_max steps (plan_lookup); 1.0: no limit
     probe_budget: float = 0.002
     # without speculation, drafts are still looked up after 1, 2, 4, ... up to this many steps
     probe_max: int = 32
@@ -131,12 +143,13 @@ class AutoConfig:
 
     def __post_init__(self):
         if not isinstance(self.max_chain, int) or self.max_chain < 1:
-            raise ValueError(f"--speculative-num-draft-tokens must be >= 2 for auto verify (max chain "
-                             f"{self.max_chain!r})")
+            raise ValueError("--speculative-num-draft-tokens must be >= 2 for auto verify (max "
+                             f"chain {self.max_chain!r})")
         if not isinstance(self.tree_width, int) or self.tree_width < 0 or self.tree_width == 1:
             raise ValueError(f"tree width must be 0 (no tree) or >= 2, got {self.tree_width!r}")
         if not (isinstance(self.hysteresis, (int, float)) and 0.0 <= self.hysteresis < 0.5):
-            raise ValueError(f"--speculative-ngram-auto-hysteresis must be in [0, 0.5), got {self.hysteresis!r}")
+            raise ValueError("--speculative-ngram-auto-hysteresis must be in [0, 0.5), got "
+                             f"{self.hysteresis!r}")
         if not self.half_life_steps > 0:
             raise ValueError(f"half_life_steps must be > 0, got {self.half_life_steps!r}")
         if self.shape not in SHAPES:
@@ -150,9 +163,9 @@ class AutoConfig:
 
 
 def follow_bound_steps(cfg: AutoConfig, eps: float = 0.1, probe_max: int = 0) -> int:
-    """Steps after an acceptance change within which the controller acts on the new regime: the next draft is
-    looked up within `probe_max` steps (0: every step has drafts), it resolves within K + 1 steps, and after
-    n more steps the old regime's weight is <= 2**(-n / half_life) <= eps."""
+    """Steps after an acceptance change within which the controller acts on the new regime: the next
+    draft is looked up within `probe_max` steps (0: every step has drafts), it resolves within K + 1
+    steps, and after n more steps the old regime's weight is <= 2**(-n / half_life) <= eps."""
     return probe_max + cfg.max_chain + 1 + math.ceil(cfg.half_life_steps * math.log2(1.0 / eps))
 
 
@@ -178,52 +191,63 @@ class Decision:
 class Controller:
     """The per-step decision: `decide(requests)` then, when drafts resolve, `observe(...)`."""
 
-    def __init__(self, cfg: AutoConfig, costs: CostTable, log: Optional[Callable[[dict], None]] = None,
+    def __init__(self, cfg: AutoConfig, costs: CostTable,
+                 log: Optional[Callable[[dict], None]] = None,
                  clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self._costs_version = 0
         self.costs = costs
         self._wanted_epoch, self._wanted_cache = None, {}
         self._evaluated = (None, None)  # (question, answer) of the last _evaluate
-        self._step_costs = (None, {})  # (costs key, {bs: (plain step ms, probe cost ms)}): `_plain_and_probe`
+        # (costs key, {bs: (plain step ms, probe cost ms)}): `_plain_and_probe`
+        self._step_costs = (None, {})
         self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
-        self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps, cfg.prior_strength,
-                              prior_floor=cfg.prior_floor)
+        self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps,
+                              cfg.prior_strength, prior_floor=cfg.prior_floor)
         self.current: Optional[Option] = None
         self.step = 0
         self._log = log
         self._clock = clock
         self._last_log = -math.inf
         self._suppressed = 0
-        self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0, "lean_steps": 0,
-                         "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0}
-        self.planned: Optional[str] = None  # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
+        self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0,
+                         "lean_steps": 0, "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0}
+        # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
+        self.planned: Optional[str] = None
         self._since_lookup = 0
-        self._probe_gap = 1  # steps between lookups while none is expected to pay (doubles up to probe_max)
-        self._probe_credit = 0.0  # ms that probes may still add (`probe_cost`; grows with each step's cost)
+        # steps between lookups while none is expected to pay (doubles up to probe_max)
+        self._probe_gap = 1
+        # ms that probes may still add (`probe_cost`; grows with each step's cost)
+        self._probe_credit = 0.0
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
-        self._sampled: set = set()  # requests that sample (note_sampling); the others decode greedily
+        # requests that sample (note_sampling); the others decode greedily
+        self._sampled: set = set()
 
     @property
     def costs(self):
         return self._costs
 
+    # a new table (the server shares rank 0's measurements every few steps)
     @costs.setter
-    def costs(self, value) -> None:  # a new table (the server shares rank 0's measurements every few steps)
+    def costs(self, value) -> None:
         self._costs = value
         self._costs_version += 1
 
     def _costs_key(self) -> tuple:
-        """Changes whenever the costs the controller reads may have: a new table, or a record into its own."""
+        """Changes whenever the costs the controller reads may have: a new table, or
+        a record into its own."""
         return self._costs_version, getattr(self._costs, "version", 0)
 
     def _evaluate(self, requests: Sequence[RequestView], step: int) -> tuple:
-        """(per-request (chain, tree) expectations, an Evaluation per option in `self.options` order).
+        """(per-request (chain, tree) expectations, an Evaluation per option
+        in `self.options` order).
 
-        The last answer is kept: a step that speculated asks the same question twice (`plan_lookup` with each
-        request's last features, then `decide` with the new drafts', the same on a steady load)."""
-        key = (step, self.gain.version, self._costs_key(), tuple((r.req_id, r.features) for r in requests))
+        The last answer is kept: a step that speculated asks the same question twice
+        (`plan_lookup` with each request's last features, then `decide` with the new drafts', the
+        same on a steady load)."""
+        key = (step, self.gain.version, self._costs_key(),
+               tuple((r.req_id, r.features) for r in requests))
         if key == self._evaluated[0]:
             return self._evaluated[1]
         out = self._evaluate_now(requests, step)
@@ -244,8 +268,8 @@ class Controller:
         return per_req, evals
 
     def decide(self, requests: Sequence[RequestView], behind: bool = False) -> Decision:
-        """A step whose drafts were looked up: the option and who takes part. ``behind``: the drafts were looked
-        up without waiting for the step in flight (counted apart)."""
+        """A step whose drafts were looked up: the option and who takes part. ``behind``: the drafts
+        were looked up without waiting for the step in flight (counted apart)."""
         self.step += 1
         self.counters["behind_lookups"] += int(behind)
         self._since_lookup = 0
@@ -257,36 +281,41 @@ class Controller:
         if self.current is not None and chosen.option != self.current:
             self.counters["switches"] += 1
         self.current = chosen.option
-        d = Decision(chosen.option, chosen.speculate, {e.option.label: e.rate for e in evals}, chosen.pass_ms,
-                     self.step)
+        d = Decision(chosen.option, chosen.speculate, {e.option.label: e.rate for e in evals},
+                     chosen.pass_ms, self.step)
         self._back_off(chosen.option.kind != NONE)
         self.last = d
         self.counters["steps"] += 1
         self.counters["requests"] += len(requests)
-        self.counters["gated_requests"] += sum(1 for s in chosen.speculate if not s) if chosen.option.kind != NONE else 0
+        self.counters["gated_requests"] += (sum(1 for s in chosen.speculate if not s)
+                                            if chosen.option.kind != NONE else 0)
         self.steps_by_mode[chosen.option.label] += 1
         self._maybe_log(d, requests, per_req)
         return d
 
     def plan_lookup(self, requests: Sequence[RequestView], probe_max: int = 0, behind: bool = False,
                     refill: bool = False) -> bool:
-        """Before a step's drafts exist: is the draft lookup worth making? `requests` carry each request's
-        last known features (the glue looks a request it has not seen up without asking). True when an
-        option that speculates is expected to beat no speculation by more than the hysteresis, or when the
-        probe gap has passed since the last lookup: the gain model learns only from drafts that were made,
-        and a request whose last lookup found nothing may match a few tokens later (output that starts to
-        repeat itself). The gap is 1 step after a lookup that chose to speculate (or `reset_probe`: a new
-        request) and doubles after each lookup that chose not to, up to `probe_max` (0: no probes).
-        False: the step runs without speculation and without a lookup (`note_lean`). Always True unless
-        skipping the lookup is measured to pay (`lean_pays`). `planned` says how to look up: PLAN_WANTED (for
-        real: the drafts may be verified this step) or PLAN_PROBE (the gap passed and even drafts that matched
-        in full are not expected to pay: drafts only to learn from, see `note_probe`).
-        ``behind``: the lookup would not wait for the step in flight (its drafts are looked up on the host's
-        tokens and verified at once if `decide` says so): it costs host time only, so it is made when wanted or
-        when the probe gap passed, and never just because a lookup step was not measured dearer.
-        ``refill``: one of the steps right after a prefill, whose host work is not hidden behind the GPU's (the
-        forward before was the prefill, and the host still has the prefill's result to process): a probe that
-        could not pay waits, as it waits for the probe credit (never past `probe_max` steps)."""
+        """Before a step's drafts exist: is the draft lookup worth making? `requests` carry each
+        request's last known features (the glue looks a request it has not seen up without asking).
+        True when an option that speculates is expected to beat no speculation by more than the
+        hysteresis, or when the probe gap has passed since the last lookup: the gain model learns
+        only from drafts that were made, and a request whose last lookup found nothing may match a
+        few tokens later (output that starts to repeat itself). The gap is 1 step after a lookup
+        that chose to speculate (or `reset_probe`: a new request) and doubles after each lookup that
+        chose not to, up to `probe_max` (0: no probes).
+        False: the step runs without speculation and without a lookup (`note_lean`). Always True
+        unless skipping the lookup is measured to pay (`lean_pays`). `planned` says how to look
+        up: PLAN_WANTED (for real: the drafts may be verified this step) or PLAN_PROBE (the gap
+        passed and even drafts that matched in full are not expected to pay: drafts only to learn
+        from, see `note_probe`).
+        ``behind``: the lookup would not wait for the step in flight (its drafts are looked up on
+        the host's tokens and verified at once if `decide` says so): it costs host time only, so
+        it is made when wanted or when the probe gap passed, and never just because a lookup step
+        was not measured dearer.
+        ``refill``: one of the steps right after a prefill, whose host work is not hidden behind
+        the GPU's (the forward before was the prefill, and the host still has the prefill's result
+        to process): a probe that could not pay waits, as it waits for the probe credit (never
+        past `probe_max` steps)."""
         self.planned = None
         if not requests:
             return False
@@ -298,12 +327,13 @@ class Controller:
             self.planned = PLAN_WANTED
             return True
         if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
-            # a probe that may find drafts worth verifying at once is a real lookup; one whose drafts would not
-            # pay even if they matched in full (the requests' own acceptance of matching drafts is low) is for
-            # learning only, and cheaper (PLAN_PROBE: looked up behind, scored, the step stays plain), but not
-            # free where the host has little time to spare: it waits until the probe credit covers its
-            # measured cost (the next step asks again), though never past `probe_max` steps since the last
-            # lookup (so that a change in acceptance is still noticed within follow_bound_steps)
+            # a probe that may find drafts worth verifying at once is a real lookup; one whose
+            # drafts would not pay even if they matched in full (the requests' own acceptance of
+            # matching drafts is low) is for learning only, and cheaper (PLAN_PROBE: looked up
+            # behind, scored, the step stays plain), but not free where the host has little time to
+            # spare: it waits until the probe credit covers its measured cost (the next step asks
+            # again), though never past `probe_max` steps since the last lookup (so that a change in
+            # acceptance is still noticed within follow_bound_steps)
             promising = self._full_match_wanted([r.req_id for r in requests])
             if not promising:
                 cost = self._plain_and_probe(len(requests))[1]
@@ -311,7 +341,8 @@ class Controller:
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
                     return False
-                self._probe_credit -= cost  # below 0 after a probe the credit did not cover: paid back first
+                # below 0 after a probe the credit did not cover: paid back first
+                self._probe_credit -= cost
             self._since_lookup = 0
             self.planned = PLAN_WANTED if promising else PLAN_PROBE
             return True
@@ -319,13 +350,14 @@ class Controller:
         return False
 
     def probe_cost(self, bs: int) -> float:
-        """What a probe adds to a plain step at batch size `bs` (ms): the mean period of steps that probed
-        (PROBE) less that of plain steps (LEAN), both measured (`StepCosts.mean_ms`, `min_samples` each); 0
-        until then (the first probes measure it) and with a cost table that measures no whole steps. A probe's
-        lookup runs on the host while the GPU decodes, so it costs nothing until the host's share of the step
-        outgrows the GPU's, and then first in the steps where the host had little to spare: the mean, not the
-        median (2x H200, 24-layer dummy model: at batch size 4 0-0.8 ms of a 4.6 ms step by the host the machine
-        came with; at batch size 1 the median probe step was 0.06 ms longer, the mean 0.25 ms)."""
+        """What a probe adds to a plain step at batch size `bs` (ms): the mean period of steps that
+        probed (PROBE) less that of plain steps (LEAN), both measured (`StepCosts.mean_ms`,
+        `min_samples` each); 0 until then (the first probes measure it) and with a cost table that
+        measures no whole steps. A probe's lookup runs on the host while the GPU decodes, so it
+        costs nothing until the host's share of the step outgrows the GPU's, and then first in the
+        steps where the host had little to spare: the mean, not the median (2x H200, 24-layer dummy
+        model: at batch size 4 0-0.8 ms of a 4.6 ms step by the host the machine came with; at batch
+        size 1 the median probe step was 0.06 ms longer, the mean 0.25 ms)."""
         mean_ms = getattr(self.costs, "mean_ms", None)
         if mean_ms is None:
             return 0.0
@@ -335,7 +367,8 @@ class Controller:
         return max(probe - plain, 0.0)
 
     def _plain_and_probe(self, bs: int) -> tuple:
-        """(a plain step's cost, `probe_cost`) at batch size `bs`, kept until the costs change (every step asks)."""
+        """(a plain step's cost, `probe_cost`) at batch size `bs`, kept until the costs
+        change (every step asks)."""
         key = self._costs_key()
         if key != self._step_costs[0]:
             self._step_costs = (key, {})
@@ -345,19 +378,23 @@ class Controller:
         return hit
 
     def _accrue_probe_credit(self, bs: int) -> None:
-        """Each step adds `probe_budget` of a plain step's cost to the probe credit, kept to at most one probe's
-        cost (a long stretch without probes does not buy a burst of them)."""
+        """Each step adds `probe_budget` of a plain step's cost to the probe credit, kept to at most
+        one probe's cost (a long stretch without probes does not buy a burst of them)."""
         plain, cap = self._plain_and_probe(bs)
         gain = self.cfg.probe_budget * plain
-        self._probe_credit = min(self._probe_credit + gain, max(cap, gain))  # a debt is paid back step by step
+        # a debt is paid back step by step
+        self._probe_credit = min(self._probe_credit + gain, max(cap, gain))
 
     def _wanted(self, requests: Sequence[RequestView]) -> bool:
-        """Is an option that speculates expected to beat no speculation (by the hysteresis) for `requests`?
+        """Is an option that speculates expected to beat no speculation (by the
+        hysteresis) for `requests`?
 
-        Asked on most steps without speculation with the same requests and features, so the answer is kept
-        until the gain model observes something, the costs or the current option change, or WANTED_REFRESH_STEPS
-        steps pass (the model's forgetting moves its estimates a little every step)."""
-        epoch = (self.gain.version, self._costs_key(), self.current, (self.step + 1) // WANTED_REFRESH_STEPS)
+        Asked on most steps without speculation with the same requests and features, so the
+        answer is kept until the gain model observes something, the costs or the current option
+        change, or WANTED_REFRESH_STEPS steps pass (the model's forgetting moves its estimates
+        a little every step)."""
+        epoch = (self.gain.version, self._costs_key(), self.current,
+                 (self.step + 1) // WANTED_REFRESH_STEPS)
         if epoch != self._wanted_epoch:
             self._wanted_epoch, self._wanted_cache = epoch, {}
         key = tuple((r.req_id, r.features) for r in requests)
@@ -365,32 +402,36 @@ class Controller:
         if hit is not None:
             return hit
         _, evals = self._evaluate(requests, self.step + 1)
-        best = choose(evals, self.current if self.current is not None else evals[0].option, self.cfg.hysteresis)
+        best = choose(evals, self.current if self.current is not None else evals[0].option,
+                      self.cfg.hysteresis)
         wanted = best.option.kind != NONE and any(best.speculate)
         if len(self._wanted_cache) < 64:
             self._wanted_cache[key] = wanted
         return wanted
 
     def _full_match_wanted(self, req_ids: Sequence) -> bool:
-        """Would drafts that matched in full (the longest chain) be worth verifying for these requests, with
-        what the gain model knows of each (a request without history: all requests' recent acceptance)?"""
+        """Would drafts that matched in full (the longest chain) be worth verifying for these
+        requests, with what the gain model knows of each (a request without history: all
+        requests' recent acceptance)?"""
         k = self.cfg.max_chain
         return self._wanted([RequestView(r, DraftFeatures(k, 1, self.samples(r))) for r in req_ids])
 
     def note_probe(self, requests: Sequence[RequestView]) -> Decision:
-        """A probe step (`plan_lookup` gave PLAN_PROBE) whose drafts were looked up only to be scored, and which
-        ran without speculation: `requests` carry the features of those drafts. The probe gap goes back to 1
-        when they make speculation look worthwhile (the next step then looks up for real) and doubles
-        otherwise; the step counts as a step without a lookup's drafts verified (`note_lean`)."""
+        """A probe step (`plan_lookup` gave PLAN_PROBE) whose drafts were looked up only to be
+        scored, and which ran without speculation: `requests` carry the features of those drafts.
+        The probe gap goes back to 1 when they make speculation look worthwhile (the next step then
+        looks up for real) and doubles otherwise; the step counts as a step without a lookup's
+        drafts verified (`note_lean`)."""
         self._back_off(self._wanted(requests))
         self.counters["probe_lookups"] += 1
         return self.note_lean(len(requests))
 
     def lean_pays(self, bs: int, margin: float = 0.02) -> bool:
-        """Is a step without a lookup measured to be cheaper than a lookup step that verifies nothing? A lean
-        step saves the lookup's host time but its drafts are never scored, so the gain model learns less; it is
-        taken only where the whole-step costs (StepCosts) show it at least `margin` cheaper, and, to measure
-        it, until it has `min_samples` periods. A plain cost table has no such difference: always False."""
+        """Is a step without a lookup measured to be cheaper than a lookup step that verifies
+        nothing? A lean step saves the lookup's host time but its drafts are never scored, so the
+        gain model learns less; it is taken only where the whole-step costs (StepCosts) show it at
+        least `margin` cheaper, and, to measure it, until it has `min_samples` periods. A plain cost
+        table has no such difference: always False."""
         step_ms = getattr(self.costs, "step_ms", None)
         if step_ms is None:
             return False
@@ -399,14 +440,15 @@ class Controller:
         return step_ms(LEAN, bs, 1) * (1.0 + margin) < step_ms(SPEC, bs, 1)
 
     def first_lookup_behind(self, req_ids: Sequence) -> bool:
-        """A batch with requests not looked up yet: may their first lookup be a probe (made behind, the step
-        a plain one) instead of a lookup step that waits for the step in flight? Only when (a) a lookup step
-        at this batch size has been measured (`min_samples` SPEC periods of width 1: until then these first
-        lookups are what measures it) and measured dearer than a plain step (`lean_pays`), and (b) not even
-        drafts that matched in full would be worth verifying for any of the requests (the gain model: a
-        request without history gets the recent acceptance of all requests, none once it has been forgotten).
-        A load whose drafts have been paying keeps its first lookups real. Sets `planned` to PLAN_PROBE when
-        True (then `note_probe` with the probe's features)."""
+        """A batch with requests not looked up yet: may their first lookup be a probe (made behind,
+        the step a plain one) instead of a lookup step that waits for the step in flight? Only when
+        (a) a lookup step at this batch size has been measured (`min_samples` SPEC periods of width
+        1: until then these first lookups are what measures it) and measured dearer than a plain
+        step (`lean_pays`), and (b) not even drafts that matched in full would be worth verifying
+        for any of the requests (the gain model: a request without history gets the recent
+        acceptance of all requests, none once it has been forgotten). A load whose drafts have been
+        paying keeps its first lookups real. Sets `planned` to PLAN_PROBE when True (then
+        `note_probe` with the probe's features)."""
         self.planned = None
         bs = len(req_ids)
         samples = getattr(self.costs, "samples", None)
@@ -421,21 +463,22 @@ class Controller:
         return True
 
     def defer_first_lookup(self, req_ids: Sequence) -> bool:
-        """A step right after new requests' prefill, whose drafts would be looked up behind the token in flight:
-        may that lookup wait? True when not even drafts that matched in full would be verified for any request
-        of the batch (`_full_match_wanted`): the lookup can then only be a probe, and made in this step it
-        delays the new requests' first token (the scheduler processes the prefill's result after launching this
-        step), while made later it runs on the host as the GPU decodes. The probe gap goes to 1: the first
-        `plan_lookup` not in the steps right after the prefill (``refill``) looks up. False: look up now; always
-        before the gain model observed anything (a cold start learns from these first drafts)."""
+        """A step right after new requests' prefill, whose drafts would be looked up behind the
+        token in flight: may that lookup wait? True when not even drafts that matched in full would
+        be verified for any request of the batch (`_full_match_wanted`): the lookup can then only be
+        a probe, and made in this step it delays the new requests' first token (the scheduler
+        processes the prefill's result after launching this step), while made later it runs on the
+        host as the GPU decodes. The probe gap goes to 1: the first `plan_lookup` not in the steps
+        right after the prefill (``refill``) looks up. False: look up now; always before the gain
+        model observed anything (a cold start learns from these first drafts)."""
         if not req_ids or self.gain.version == 0 or self._full_match_wanted(req_ids):
             return False
         self._probe_gap = 1
         return True
 
     def _back_off(self, speculating: bool) -> None:
-        """Lookups back off while they buy nothing: after a lookup (or probe) the gap goes back to 1 if it
-        chose (or would choose) to speculate, and doubles otherwise."""
+        """Lookups back off while they buy nothing: after a lookup (or probe) the gap goes back to 1
+        if it chose (or would choose) to speculate, and doubles otherwise."""
         self._probe_gap = 1 if speculating else min(self._probe_gap * 2, 1 << 16)
 
     def reset_probe(self) -> None:
@@ -458,7 +501,8 @@ class Controller:
         self.steps_by_mode[NONE] += 1
         return d
 
-    def observe(self, req_id, features: DraftFeatures, chain_accept: int, tree_accept: Optional[int] = None) -> None:
+    def observe(self, req_id, features: DraftFeatures, chain_accept: int,
+                tree_accept: Optional[int] = None) -> None:
         self.gain.observe(req_id, features, self.step, chain_accept, tree_accept)
 
     def finish(self, req_id) -> None:
@@ -466,9 +510,9 @@ class Controller:
         self._sampled.discard(req_id)
 
     def note_sampling(self, req_id, sampled: bool) -> None:
-        """Whether a request samples (temperature > 0) or decodes greedily, told once when it joins: a full
-        match wanted for it (`_full_match_wanted`) is judged by the drafts of requests that decode as it does.
-        Its drafts carry the same in their features (`DraftFeatures.sampled`)."""
+        """Whether a request samples (temperature > 0) or decodes greedily, told once when it joins:
+        a full match wanted for it (`_full_match_wanted`) is judged by the drafts of requests that
+        decode as it does. Its drafts carry the same in their features (`DraftFeatures.sampled`)."""
         if sampled:
             self._sampled.add(req_id)
         else:
@@ -479,8 +523,8 @@ class Controller:
         return req_id in self._sampled
 
     def no_draft(self, req_id) -> DraftFeatures:
-        """A request's features before its first lookup, where that lookup was deferred (`defer_first_lookup`):
-        no draft, sampling as the request does."""
+        """A request's features before its first lookup, where that lookup was deferred
+        (`defer_first_lookup`): no draft, sampling as the request does."""
         return DraftFeatures(0, 0, self.samples(req_id))
 
     def _maybe_log(self, d: Decision, requests, per_req) -> None:
@@ -493,9 +537,11 @@ class Controller:
         self._last_log = now
         k = self.cfg.max_chain
         self._log({
-            "step": d.step, "bs": len(requests), "option": d.option.label, "speedup_vs_none": round(d.speedup, 4),
+            "step": d.step, "bs": len(requests), "option": d.option.label,
+            "speedup_vs_none": round(d.speedup, 4),
             "rates_tok_per_ms": {lbl: round(r, 5) for lbl, r in d.rates.items()},
-            "pass_ms": round(d.pass_ms, 4), "decode_ms": round(self.costs.decode_ms(len(requests)), 4),
+            "pass_ms": round(d.pass_ms, 4),
+            "decode_ms": round(self.costs.decode_ms(len(requests)), 4),
             "speculating": sum(d.speculate) if d.option.kind != NONE else 0,
             "mean_expected_chain_accept": round(sum(c[k - 1] for c, _ in per_req) / max(len(per_req), 1), 4),
             "mean_expected_tree_accept": round(sum(t for _, t in per_req) / max(len(per_req), 1), 4),

@@ -1,12 +1,15 @@
-"""What a verify pass and a whole decode step cost: the inputs of the auto controller's rate (controller.py).
+"""What a verify pass and a whole decode step cost: the inputs of the auto
+controller's rate (controller.py).
 
 - `CostTable`: measured GPU pass times, t_decode(bs) for a plain decode step of bs requests and
-  t_verify(tokens) for a target-verify pass of that many tokens (all requests together), piecewise-linear
-  between the measured points. Calibrated at server start (`calibrate`, glue/auto.py) or read from a JSON file
-  (`load_cost_table`, `parse_cost_table`: the flag's own form, a result carrying it, or the all-reduce
-  microbenchmark's --json). The replay tool's one-stream view of the same table: `CostTable.single_stream`.
-- `StepCosts`: the whole step as the server's host clock sees it (graph replay plus the host's part around it),
-  per kind of step (LEAN: no lookup, SPEC: drafts looked up, PROBE: looked up behind a plain step).
+  t_verify(tokens) for a target-verify pass of that many tokens (all requests together),
+  piecewise-linear between the measured points. Calibrated at server start (`calibrate`,
+  glue/auto.py) or read from a JSON file (`load_cost_table`, `parse_cost_table`: the flag's own
+  form, a result carrying it, or the all-reduce microbenchmark's --json). The replay tool's
+  one-stream view of the same table: `CostTable.single_stream`.
+- `StepCosts`: the whole step as the server's host clock sees it (graph replay plus the
+  host's part around it), per kind of step (LEAN: no lookup, SPEC: drafts looked up, PROBE:
+  looked up behind a plain step).
 """
 from __future__ import annotations
 
@@ -22,16 +25,18 @@ class CostTableError(ValueError):
     """A cost table (flag or file) that cannot be used; the message names its source and the key."""
 
 
-# ----------------------------------------------------------------------------------------------- costs
+# -------------------------------------------------------------------------------------------- costs
 def _positive(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value <= 0):
         raise CostTableError(f"{where} must be a positive number of milliseconds, got {value!r}")
     return float(value)
 
 
 def _points(obj, key: str, source: str) -> tuple:
     if not isinstance(obj, Mapping) or not obj:
-        raise CostTableError(f"{source}: '{key}' must be a non-empty object mapping a count to milliseconds")
+        raise CostTableError(f"{source}: '{key}' must be a non-empty object mapping a count to "
+                             "milliseconds")
     pts = []
     for k, v in obj.items():
         try:
@@ -45,8 +50,8 @@ def _points(obj, key: str, source: str) -> tuple:
 
 
 def _interp(pts: tuple, x: float) -> float:
-    """Piecewise-linear in x; flat below the first point; linear extrapolation from the last two points above
-    the last one (never below the last value)."""
+    """Piecewise-linear in x; flat below the first point; linear extrapolation from the last two
+    points above the last one (never below the last value)."""
     if x <= pts[0][0]:
         return pts[0][1]
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
@@ -74,23 +79,24 @@ class CostTable:
         return _interp(self.verify, tokens)
 
     def verify_step_ms(self, bs: int, width: int, tokens: int) -> float:
-        """A verify step of bs requests at `width` tokens each, `tokens` in the pass (a table knows only tokens)."""
+        """A verify step of bs requests at `width` tokens each, `tokens` in the pass (a
+        table knows only tokens)."""
         return self.verify_ms(tokens)
 
-    # the replay tool's one-stream view: decode_ms(1) is a step without speculation, measured_pass_ms(n) one
-    # with a pass of n tokens
+    # the replay tool's one-stream view: decode_ms(1) is a step without speculation,
+    # measured_pass_ms(n) one with a pass of n tokens
     def single_stream(self) -> "CostTable":
         """This table, where it can model one stream (it has a decode time for one request)."""
         if self.decode[0][0] != 1:
-            raise CostTableError(f"{self.source}: no decode time for one request (the smallest decode entry "
-                                 f"is {self.decode[0][0]}); add bs 1 (or, from the microbenchmark, a 1-token "
-                                 f"pass)")
+            raise CostTableError(f"{self.source}: no decode time for one request (the smallest "
+                                 f"decode entry is {self.decode[0][0]}); add bs 1 (or, from the "
+                                 f"microbenchmark, a 1-token pass)")
         return self
 
     def measured_pass_ms(self, tokens: int) -> float:
-        """A pass of `tokens` that never leaves the measured range (a prediction, where `verify_ms` must
-        answer for any batch and extrapolates): a verify entry as given, 1 token a decode of one request,
-        linear between two verify entries, and an error outside them."""
+        """A pass of `tokens` that never leaves the measured range (a prediction, where `verify_ms`
+        must answer for any batch and extrapolates): a verify entry as given, 1 token a decode of
+        one request, linear between two verify entries, and an error outside them."""
         for n, ms in self.verify:
             if n == tokens:
                 return ms
@@ -98,8 +104,8 @@ class CostTable:
             return self.decode_ms(1)
         lo, hi = self.verify[0][0], self.verify[-1][0]
         if tokens < lo or tokens > hi:
-            raise CostTableError(f"{self.source}: no verify time for {tokens} tokens (table covers {lo}..{hi} "
-                                 f"tokens); add an entry for {tokens}")
+            raise CostTableError(f"{self.source}: no verify time for {tokens} tokens (table covers "
+                                 f"{lo}..{hi} tokens); add an entry for {tokens}")
         return self.verify_ms(tokens)
 
     def scaled(self, verify: float = 1.0, decode: float = 1.0) -> "CostTable":
@@ -118,22 +124,24 @@ def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] =
     1. {"decode_ms": {"<bs>": ms, ...}, "verify_ms": {"<tokens in the pass>": ms, ...}}
     2. the same with a scalar "decode_ms" (one stream: decode of bs=1, the replay tool's form);
     3. a result that carries form 1 under the key "cost_table";
-    4. benchmark/allreduce_vs_compute.py's --json: summary.rows of {backend, tokens, pass_us} (a CUDA-graph
-       median of one modeled pass of that many tokens; it stands for decode of bs = tokens as well). With several
-       backends in the file, name one: `PATH#backend` (load_cost_table) or `backend=`; `pick_backend` is how the
-       error message tells the user to name one (the replay tool has its own flag for it).
+    4. benchmark/allreduce_vs_compute.py's --json: summary.rows of {backend, tokens, pass_us} (a
+       CUDA-graph median of one modeled pass of that many tokens; it stands for decode of bs =
+       tokens as well). With several backends in the file, name one: `PATH#backend`
+       (load_cost_table) or `backend=`; `pick_backend` is how the error message tells the user to
+       name one (the replay tool has its own flag for it).
     """
     if isinstance(obj, Mapping) and "cost_table" in obj and "verify_ms" not in obj:
         return parse_cost_table(obj["cost_table"], f"{source} ['cost_table']")
-    if isinstance(obj, Mapping) and isinstance(obj.get("summary"), Mapping) and "rows" in obj["summary"]:
+    if (isinstance(obj, Mapping) and isinstance(obj.get("summary"), Mapping)
+            and "rows" in obj["summary"]):
         return _from_microbenchmark(obj["summary"]["rows"], source, backend, pick_backend)
     if not isinstance(obj, Mapping):
         raise CostTableError(f"{source}: expected a JSON object with 'decode_ms' and 'verify_ms'")
     for key in ("decode_ms", "verify_ms"):
         if key not in obj:
             raise CostTableError(
-                f"{source}: missing key '{key}' (format: {{\"decode_ms\": {{\"1\": 12.2, \"8\": 12.9}}, "
-                f"\"verify_ms\": {{\"2\": 14.8, \"8\": 30.0}}}})")
+                f"{source}: missing key '{key}' (format: {{\"decode_ms\": {{\"1\": 12.2, \"8\": "
+                f"12.9}}, \"verify_ms\": {{\"2\": 14.8, \"8\": 30.0}}}})")
     dec = obj["decode_ms"]
     decode = ((1, _positive(dec, f"{source}: 'decode_ms'")),) if not isinstance(dec, Mapping) else \
         _points(dec, "decode_ms", source)
@@ -144,22 +152,26 @@ def _from_microbenchmark(rows, source: str, backend: Optional[str], pick_backend
     usable = [r for r in rows if isinstance(r, Mapping) and not r.get("error") and r.get("pass_us")]
     backends = sorted({str(r.get("backend")) for r in usable if r.get("backend")})
     if not backends:
-        raise CostTableError(f"{source}: the microbenchmark result has no rows with a pass time (pass_us)")
+        raise CostTableError(f"{source}: the microbenchmark result has no rows with a pass time "
+                             "(pass_us)")
     if backend is None and len(backends) > 1:
         raise CostTableError(f"{source}: several all-reduce backends; name one as {pick_backend} "
                              f"({', '.join(backends)})")
     backend = backend or backends[0]
     if backend not in backends:
-        raise CostTableError(f"{source}: backend {backend!r} not in the file; allowed: {', '.join(backends)}")
-    pts = tuple(sorted((int(r["tokens"]), _positive(float(r["pass_us"]) / 1000.0, f"{source}: pass_us"))
+        raise CostTableError(f"{source}: backend {backend!r} not in the file; allowed: "
+                             f"{', '.join(backends)}")
+    pts = tuple(sorted((int(r["tokens"]),
+                        _positive(float(r["pass_us"]) / 1000.0, f"{source}: pass_us"))
                        for r in usable if r.get("backend") == backend))
     return CostTable(pts, pts, f"{source} [{backend}]")
 
 
-def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table", backend: Optional[str] = None,
-                    pick_backend: str = "PATH#backend") -> CostTable:
-    """A cost table from a JSON file (`parse_cost_table`'s forms). `PATH#backend` names the microbenchmark
-    backend, or `backend=`; `flag` names the option the path came from in every error message."""
+def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table",
+                    backend: Optional[str] = None, pick_backend: str = "PATH#backend") -> CostTable:
+    """A cost table from a JSON file (`parse_cost_table`'s forms). `PATH#backend` names
+    the microbenchmark backend, or `backend=`; `flag` names the option the path came from
+    in every error message."""
     path, _, named = str(path).partition("#")
     backend = backend or named or None
     p = Path(path)
@@ -172,18 +184,21 @@ def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table", bac
     return parse_cost_table(obj, f"{flag} {path}", backend, pick_backend)
 
 
-def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], verify_tokens: Sequence[int],
+def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int],
+              verify_tokens: Sequence[int],
               repeats: int = 5, budget_s: float = 20.0, clock: Callable[[], float] = time.monotonic,
-              log: Optional[Callable[[str], None]] = None, source: str = "calibration") -> CostTable:
-    """Build a cost table from `time_pass(kind, n) -> ms` ("decode", bs) / ("verify", tokens), e.g. a replay of
-    the server's captured CUDA graph timed with CUDA events. Median of `repeats` per point; points are measured
-    small to large and measurement stops at `budget_s` (the points taken so far are kept; at least one of each
-    kind must fit or this raises)."""
+              log: Optional[Callable[[str], None]] = None,
+              source: str = "calibration") -> CostTable:
+    """Build a cost table from `time_pass(kind, n) -> ms` ("decode", bs) / ("verify", tokens), e.g.
+    a replay of the server's captured CUDA graph timed with CUDA events. Median of `repeats` per
+    point; points are measured small to large and measurement stops at `budget_s` (the points taken
+    so far are kept; at least one of each kind must fit or this raises)."""
     if repeats < 1:
         raise ValueError(f"calibration repeats must be >= 1, got {repeats}")
     t0 = clock()
     tables = {"decode": [], "verify": []}
-    plan = [("decode", n) for n in sorted(set(decode_bs))] + [("verify", n) for n in sorted(set(verify_tokens))]
+    plan = [("decode", n) for n in sorted(set(decode_bs))] + [("verify", n)
+                                                              for n in sorted(set(verify_tokens))]
     # interleave kinds so that a budget cut keeps both ends of the table
     plan.sort(key=lambda kn: (kn[1], kn[0]))
     skipped = []
@@ -192,22 +207,26 @@ def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int], 
             skipped.append((kind, n))
             continue
         samples = sorted(float(time_pass(kind, n)) for _ in range(repeats))
-        med = samples[len(samples) // 2] if repeats % 2 else 0.5 * (samples[repeats // 2 - 1] + samples[repeats // 2])
+        med = (samples[len(samples) // 2] if repeats % 2
+               else 0.5 * (samples[repeats // 2 - 1] + samples[repeats // 2]))
         tables[kind].append((n, _positive(med, f"{source}: {kind}[{n}]")))
     if not tables["decode"] or not tables["verify"]:
-        raise CostTableError(f"{source}: the time budget of {budget_s} s ran out before one decode and one verify "
-                             f"point were measured; pass --speculative-ngram-auto-cost-table instead")
+        raise CostTableError(f"{source}: the time budget of {budget_s} s ran out before one decode "
+                             "and one verify point were measured; pass "
+                             "--speculative-ngram-auto-cost-table instead")
     table = CostTable(tuple(tables["decode"]), tuple(tables["verify"]), source)
     if log is not None:
         log(f"{source}: {len(tables['decode'])} decode + {len(tables['verify'])} verify points in "
-            f"{clock() - t0:.2f} s ({repeats} repeats each, median); skipped {len(skipped)} past the "
-            f"{budget_s} s budget; table {json.dumps(table.to_json())}")
+            f"{clock() - t0:.2f} s ({repeats} repeats each, median); skipped {len(skipped)} past "
+            f"the {budget_s} s budget; table {json.dumps(table.to_json())}")
     return table
 
 
-# ------------------------------------------------------------------------------------ whole-step costs
-LEAN, SPEC = "lean", "spec"  # a step that skipped the draft lookup (no speculation) / one that looked drafts up
-PROBE = "probe"  # a step without speculation that looked drafts up behind its launch, only to score them
+# --------------------------------------------------------------------------------- whole-step costs
+# a step that skipped the draft lookup (no speculation) / one that looked drafts up
+LEAN, SPEC = "lean", "spec"
+# a step without speculation that looked drafts up behind its launch, only to score them
+PROBE = "probe"
 STEP_KINDS = (LEAN, SPEC, PROBE)
 
 
@@ -220,18 +239,20 @@ def _median(xs) -> float:
 class StepCosts:
     """What a whole decode step costs, measured on the host clock while the server runs.
 
-    A cost table of graph replays (`CostTable`, from the start-up calibration or a file) holds only the GPU
-    pass. A server step also spends host time outside it (scheduling, the draft lookup, sampling and
-    acceptance, result processing), and that part differs between a step that looked drafts up (SPEC, at a
-    verify width) and one that did not (LEAN: no speculation, no lookup). Measured on the 2x H200 with
-    SmolLM2-135M TP=2: graph replays ~1.0-1.2 ms, a plain decode step 3.7 ms, an n-gram step 6.7 ms.
+    A cost table of graph replays (`CostTable`, from the start-up calibration or a file) holds only
+    the GPU pass. A server step also spends host time outside it (scheduling, the draft lookup,
+    sampling and acceptance, result processing), and that part differs between a step that looked
+    drafts up (SPEC, at a verify width) and one that did not (LEAN: no speculation, no lookup).
+    Measured on the 2x H200 with SmolLM2-135M TP=2: graph replays ~1.0-1.2 ms, a plain decode step
+    3.7 ms, an n-gram step 6.7 ms.
 
-    `record(kind, bs, width, ms)` adds one measured step period. An estimate for (kind, bs, width) is the
-    median of its last `window` periods once it has `min_samples`; otherwise the table's GPU time plus the
-    kind's host part, the median of (measured - table) over the kind's recent steps at any size (0 before the
-    first measurement). Medians, so the occasional period that contains a prefill or an idle gap does not move
-    the estimate. LEAN is width 1 by definition, and so is PROBE (a LEAN step that also looked drafts up behind
-    its launch: what a probe adds to a plain step, `Controller.probe_cost`).
+    `record(kind, bs, width, ms)` adds one measured step period. An estimate for (kind, bs, width)
+    is the median of its last `window` periods once it has `min_samples`; otherwise the table's GPU
+    time plus the kind's host part, the median of (measured - table) over the kind's recent steps at
+    any size (0 before the first measurement). Medians, so the occasional period that contains a
+    prefill or an idle gap does not move the estimate. LEAN is width 1 by definition, and so is
+    PROBE (a LEAN step that also looked drafts up behind its launch: what a probe adds to a plain
+    step, `Controller.probe_cost`).
     """
 
     def __init__(self, table: CostTable, window: int = 32, min_samples: int = 3):
@@ -252,11 +273,13 @@ class StepCosts:
         return kind, int(bs), 1 if kind != SPEC else int(width)
 
     def graph_ms(self, kind: str, bs: int, width: int) -> float:
-        return self.table.decode_ms(bs) if kind != SPEC or width == 1 else self.table.verify_ms(bs * width)
+        return (self.table.decode_ms(bs) if kind != SPEC or width == 1
+                else self.table.verify_ms(bs * width))
 
     def record(self, kind: str, bs: int, width: int, ms: float) -> None:
         if kind not in STEP_KINDS:
-            raise ValueError(f"step kind must be one of {', '.join(map(repr, STEP_KINDS))}, got {kind!r}")
+            raise ValueError(f"step kind must be one of {', '.join(map(repr, STEP_KINDS))}, got "
+                             f"{kind!r}")
         if not (bs >= 1 and width >= 1 and math.isfinite(ms) and ms > 0):
             return
         key = self._key(kind, bs, width)
@@ -273,9 +296,10 @@ class StepCosts:
         return len(self._periods.get(self._key(kind, bs, width), ()))
 
     def mean_ms(self, kind: str, bs: int, width: int) -> Optional[float]:
-        """The mean of (kind, bs, width)'s recent periods, those over twice their median left out (a period
-        that held a prefill or an idle wait); None before `min_samples`. Where a kind's periods have a tail (a
-        step that now and then comes late), the mean counts it and the median does not."""
+        """The mean of (kind, bs, width)'s recent periods, those over twice their median left
+        out (a period that held a prefill or an idle wait); None before `min_samples`. Where a
+        kind's periods have a tail (a step that now and then comes late), the mean counts it
+        and the median does not."""
         q = self._periods.get(self._key(kind, bs, width))
         if q is None or len(q) < self.min_samples:
             return None
@@ -297,7 +321,8 @@ class StepCosts:
             self._estimates[key] = ms
         return ms
 
-    # the cost interface of evaluate(): no speculation = a LEAN step, a chain of width w = a SPEC step
+    # the cost interface of evaluate(): no speculation = a LEAN step, a chain
+    # of width w = a SPEC step
     def decode_ms(self, bs: int) -> float:
         return self.step_ms(LEAN, bs, 1)
 
@@ -309,6 +334,7 @@ class StepCosts:
 
     def to_json(self) -> dict:
         return {"table": self.table.to_json(), "host_ms": {k: self.host_ms(k) for k in STEP_KINDS},
-                "measured": {f"{k}/bs{bs}/w{w}": round(_median(q), 4) for (k, bs, w), q in sorted(self._periods.items())}}
+                "measured": {f"{k}/bs{bs}/w{w}": round(_median(q), 4)
+                             for (k, bs, w), q in sorted(self._periods.items())}}
 
 

@@ -1,11 +1,11 @@
 """The gain side of the auto controller's rate: how many draft tokens a request would have accepted.
 
-- `DraftFeatures` / `draft_features`: what the n-gram lookup says about one request's draft (matched depth,
-  root branches, greedy or sampled), bucketed by `feature_bucket`.
-- `GainModel`: per request, the forgetting distribution of accepted draft tokens for a chain and for the tree,
-  blended from all requests -> the feature bucket -> the request itself.
-- `ShadowTracker` (with `chain_accept`, `tree_accept`): resolves each draft against the tokens the request
-  really produced, verified or not, so the model keeps learning while nothing speculates.
+- `DraftFeatures` / `draft_features`: what the n-gram lookup says about one request's draft (matched
+  depth, root branches, greedy or sampled), bucketed by `feature_bucket`.
+- `GainModel`: per request, the forgetting distribution of accepted draft tokens for a chain and for
+  the tree, blended from all requests -> the feature bucket -> the request itself.
+- `ShadowTracker` (with `chain_accept`, `tree_accept`): resolves each draft against the tokens the
+  request really produced, verified or not, so the model keeps learning while nothing speculates.
 """
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 
-# --------------------------------------------------------------------------------------------- features
+# ----------------------------------------------------------------------------------------- features
 @dataclass(frozen=True)
 class DraftFeatures:
     """What the n-gram lookup says about one request's draft this step."""
 
     match_len: int  # depth of the real (non-padding) draft: how far the corpus continuation reaches
-    branches: int  # root children of the real draft (alternatives the corpus offers for the next token)
-    # the request samples (temperature > 0) rather than decoding greedily: the same match is accepted far less
-    # often, so the gain model learns sampled and greedy requests' drafts apart
+    # root children of the real draft (alternatives the corpus offers for the next token)
+    branches: int
+    # the request samples (temperature > 0) rather than decoding greedily: the same match is
+    # accepted far less often, so the gain model learns sampled and greedy requests' drafts apart
     sampled: bool = False
 
 
@@ -36,17 +37,19 @@ def feature_bucket(f: DraftFeatures) -> tuple:
 
 
 def draft_features(tokens: Sequence[int], parents: Sequence[int]) -> DraftFeatures:
-    """Features of one draft tree: draft nodes only (root excluded), parents[j] = index of node j's parent
-    among the draft nodes or -1 for a child of the root. Pass only the real (non-padding) nodes."""
+    """Features of one draft tree: draft nodes only (root excluded), parents[j] = index of
+    node j's parent among the draft nodes or -1 for a child of the root. Pass only the
+    real (non-padding) nodes."""
     depth = [0] * len(tokens)
     for j, p in enumerate(parents):
         depth[j] = 1 if p < 0 else depth[p] + 1
     return DraftFeatures(max(depth, default=0), sum(1 for p in parents if p < 0))
 
 
-# ------------------------------------------------------------------------------------------- gain model
+# --------------------------------------------------------------------------------------- gain model
 class _Hist:
-    """Exponentially forgetting histogram over 0..n: weights decay by 2**(-dt / half_life) per step."""
+    """Exponentially forgetting histogram over 0..n: weights decay by 2**(-dt
+    / half_life) per step."""
 
     __slots__ = ("w", "mass", "step")
 
@@ -69,21 +72,23 @@ class _Hist:
 
 
 class GainModel:
-    """Per-request distribution of accepted drafts for the chain (the best K-token path) and the tree.
+    """Per-request distribution of accepted drafts for the chain (the best
+    K-token path) and the tree.
 
     Three forgetting histograms, each blended into the next finer one with weight `prior_strength`:
-    all requests -> the feature bucket -> the request itself (the first and last kept apart for drafts with
-    and without a corpus match, so that no-match steps do not dilute the estimate for matched ones). The first
-    two are kept apart for sampled and greedy requests (`DraftFeatures.sampled`): a greedy load's full matches
-    say nothing of what a sampled request's will be accepted, and the first drafts of a sampled load that
-    follows a greedy one would otherwise be judged by it. The all-requests histograms start with `prior_mass`
-    pseudo-observations of 0 accepted at step 0 (pessimistic cold start: no speculation until drafts have been
-    seen to match); they are forgotten like any observation.
-    Besides, `prior_floor` pseudo-observations of 0 accepted are never forgotten: what nothing has confirmed
-    for many half-lives goes back to the pessimistic prior instead of keeping its old shape (without them a
-    histogram whose last observations were a repetitive load's would still say so, scaled up from a vanishing
-    mass, long after that load ended: the first drafts of a next load, which resolve few matched drafts,
-    would be judged by it).
+    all requests -> the feature bucket -> the request itself (the first and last kept apart for
+    drafts with and without a corpus match, so that no-match steps do not dilute the estimate for
+    matched ones). The first two are kept apart for sampled and greedy requests
+    (`DraftFeatures.sampled`): a greedy load's full matches say nothing of what a sampled request's
+    will be accepted, and the first drafts of a sampled load that follows a greedy one would
+    otherwise be judged by it. The all-requests histograms start with `prior_mass`
+    pseudo-observations of 0 accepted at step 0 (pessimistic cold start: no speculation until drafts
+    have been seen to match); they are forgotten like any observation.
+    Besides, `prior_floor` pseudo-observations of 0 accepted are never forgotten: what nothing has
+    confirmed for many half-lives goes back to the pessimistic prior instead of keeping its old
+    shape (without them a histogram whose last observations were a repetitive load's would still say
+    so, scaled up from a vanishing mass, long after that load ended: the first drafts of a next
+    load, which resolve few matched drafts, would be judged by it).
     E[accepted | chain k] = sum_{j=1..k} P(A >= j)."""
 
     def __init__(self, max_chain: int, tree_depth: int, half_life_steps: float = 8.0,
@@ -101,7 +106,8 @@ class GainModel:
                     h.w[0] = prior_mass
                     h.mass = prior_mass
         self._local: dict = {}  # (req_id, matched) -> (chain _Hist, tree _Hist)
-        self.version = 0  # counts observations and drops: what the model says changes only with it (and age)
+        # counts observations and drops: what the model says changes only with it (and age)
+        self.version = 0
         self._shared_at, self._shared = None, {}  # (step, version) -> _shared_dist's answers
         self._bucket: dict = {}  # (bucket, sampled) -> (chain _Hist, tree _Hist)
 
@@ -112,8 +118,8 @@ class GainModel:
 
     def observe(self, req_id, features: DraftFeatures, step: int, chain_accept: int,
                 tree_accept: Optional[int] = None) -> None:
-        """A resolved draft: it would have had `chain_accept` tokens accepted as a K-chain (capped at K) and
-        `tree_accept` as the full tree (None when no tree was drafted)."""
+        """A resolved draft: it would have had `chain_accept` tokens accepted as a K-chain (capped
+        at K) and `tree_accept` as the full tree (None when no tree was drafted)."""
         self.version += 1
         m, s = features.match_len > 0, bool(features.sampled)
         for pair in (self._global[(m, s)], self._pair(self._local, (req_id, m)),
@@ -134,10 +140,11 @@ class GainModel:
         tot = h.mass + self.prior_strength
         return [(h.w[a] + self.prior_strength * parent[a]) / tot for a in range(len(parent))]
 
-    def _shared_dist(self, m: bool, bucket: tuple, step: int, which: int, sampled: bool = False) -> list:
-        """The all-requests histogram blended with the feature bucket's (of requests that sample, or of greedy
-        ones): the same for every such request of a batch with these features, so kept until the model or the
-        step changes."""
+    def _shared_dist(self, m: bool, bucket: tuple, step: int, which: int,
+                     sampled: bool = False) -> list:
+        """The all-requests histogram blended with the feature bucket's (of requests that sample, or
+        of greedy ones): the same for every such request of a batch with these features, so kept
+        until the model or the step changes."""
         if self._shared_at != (step, self.version):
             self._shared_at, self._shared = (step, self.version), {}
         key = (m, bucket, which, sampled)
@@ -147,7 +154,8 @@ class GainModel:
             g._age(step, self.decay)
             floor = self.prior_floor
             if floor > 0:  # the observations, and as many 0s as the floor
-                dist = [(x + (floor if a == 0 else 0.0)) / (g.mass + floor) for a, x in enumerate(g.w)]
+                dist = [(x + (floor if a == 0 else 0.0)) / (g.mass + floor)
+                        for a, x in enumerate(g.w)]
             elif g.mass > 1e-12:
                 dist = [x / g.mass for x in g.w]
             else:  # everything forgotten (long idle): back to the pessimistic prior
@@ -163,7 +171,8 @@ class GainModel:
         return self._blend(None if loc is None else loc[which], dist, step)
 
     def expected(self, req_id, features: DraftFeatures, step: int) -> tuple:
-        """(chain, tree): chain[k-1] = E[accepted | chain of k], k = 1..K; tree = E[accepted | tree]."""
+        """(chain, tree): chain[k-1] = E[accepted | chain of k], k = 1..K; tree
+        = E[accepted | tree]."""
         p = self._dist(req_id, features, step, 0)
         tail, chain = 0.0, []
         surv = 1.0 - p[0]  # P(A >= 1)
@@ -179,7 +188,7 @@ class GainModel:
 
 
 
-# ------------------------------------------------------------------------------------ shadow resolution
+# -------------------------------------------------------------------------------- shadow resolution
 @dataclass
 class _Pending:
     pos: int
@@ -190,7 +199,8 @@ class _Pending:
 
 
 def chain_accept(chain: Sequence[int], actual: Sequence[int]) -> tuple:
-    """(accepted, resolved): accepted leading tokens of `chain` against the known continuation `actual`."""
+    """(accepted, resolved): accepted leading tokens of `chain` against the known
+    continuation `actual`."""
     n = 0
     while n < len(chain) and n < len(actual):
         if chain[n] != actual[n]:
@@ -200,7 +210,8 @@ def chain_accept(chain: Sequence[int], actual: Sequence[int]) -> tuple:
 
 
 def tree_accept(tokens: Sequence[int], parents: Sequence[int], actual: Sequence[int]) -> tuple:
-    """(accepted, resolved): greedy walk of the tree (draft nodes, parent -1 = root) along `actual`."""
+    """(accepted, resolved): greedy walk of the tree (draft nodes, parent -1 =
+    root) along `actual`."""
     node, n = -1, 0
     while True:
         kids = [j for j, p in enumerate(parents) if p == node]
@@ -217,19 +228,22 @@ def tree_accept(tokens: Sequence[int], parents: Sequence[int], actual: Sequence[
 class ShadowTracker:
     """Resolves each step's drafts against what the request really produced, verified or not.
 
-    `record(req, pos, ...)`: the draft made when the request had `pos` tokens (it proposes tokens pos, pos+1..).
-    `advance(req, tokens)`: the request's tokens so far (any sequence indexable from 0 that covers pos..);
-    returns resolved (features, chain_accept, tree_accept) tuples. A draft resolves at its first divergence or
-    when fully matched, so at most K + 1 tokens after it was made."""
+    `record(req, pos, ...)`: the draft made when the request had `pos` tokens (it proposes
+    tokens pos, pos+1..). `advance(req, tokens)`: the request's tokens so far (any sequence
+    indexable from 0 that covers pos..); returns resolved (features, chain_accept, tree_accept)
+    tuples. A draft resolves at its first divergence or when fully matched, so at most K + 1
+    tokens after it was made."""
 
     def __init__(self, max_pending: int = 64):
         self._pending: dict = {}
         self.max_pending = max_pending
 
     def record(self, req_id, pos: int, features: DraftFeatures, chain: Sequence[int],
-               tree_tokens: Optional[Sequence[int]] = None, tree_parents: Optional[Sequence[int]] = None) -> None:
+               tree_tokens: Optional[Sequence[int]] = None,
+               tree_parents: Optional[Sequence[int]] = None) -> None:
         q = self._pending.setdefault(req_id, [])
-        q.append(_Pending(pos, features, tuple(chain), None if tree_tokens is None else tuple(tree_tokens),
+        q.append(_Pending(pos, features, tuple(chain), None if tree_tokens is None
+                          else tuple(tree_tokens),
                           None if tree_parents is None else tuple(tree_parents)))
         del q[:-self.max_pending]
 

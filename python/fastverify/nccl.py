@@ -1,9 +1,10 @@
 """NCCL tuning for the TP all-reduces of the verify pass: flags -> validated environment.
 
-The verify pass of a TP model runs two all-reduces per layer (122 for a 61-layer model). On a PCIe box
-whose NCCL picked a poor protocol/channel count they cost ~205 us each (25 of 30 ms per pass); tuned boxes
-measure 17-25 us for 4-256 KB. This module turns the `launch_server` flags into the NCCL_* variables to
-export, validates every value before anything starts, and records where each effective value came from.
+The verify pass of a TP model runs two all-reduces per layer (122 for a 61-layer model). On a PCIe
+box whose NCCL picked a poor protocol/channel count they cost ~205 us each (25 of 30 ms per pass);
+tuned boxes measure 17-25 us for 4-256 KB. This module turns the `launch_server` flags into the
+NCCL_* variables to export, validates every value before anything starts, and records where each
+effective value came from.
 
 Flags (SGLang `launch_server`, added by patch 0002-nccl-tuning-flags):
     --nccl-algo A            NCCL_ALGO: Ring, Tree, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT
@@ -17,12 +18,14 @@ Flags (SGLang `launch_server`, added by patch 0002-nccl-tuning-flags):
     --nccl-tuning-profile F  a tuning profile (format below)
 
 Precedence (documented and tested): explicit flag > profile > variable already in the environment.
-When a flag or the profile replaces a value that was already in the environment, the provenance says so.
+When a flag or the profile replaces a value that was already in the
+environment, the provenance says so.
 
-Tree. A global NCCL_ALGO applies to every collective. Broadcast and Reduce only have a Ring algorithm, so a
-global list that leaves Ring out (e.g. NCCL_ALGO=Tree) makes those collectives fail; this is how a
-CUDA-graph capture failed in the reference report. NCCL >= 2.24 accepts a per-collective form, so such a
-global list is rewritten to `allreduce:<list>`; with an older (or unknown) NCCL it is refused.
+Tree. A global NCCL_ALGO applies to every collective. Broadcast and Reduce only have a Ring
+algorithm, so a global list that leaves Ring out (e.g. NCCL_ALGO=Tree) makes those collectives fail;
+this is how a CUDA-graph capture failed in the reference report. NCCL >= 2.24 accepts a
+per-collective form, so such a global list is rewritten to `allreduce:<list>`; with an older (or
+unknown) NCCL it is refused.
 
 Tuning profile (JSON, written by the all-reduce microbenchmark through `write_profile`):
     {
@@ -33,8 +36,8 @@ Tuning profile (JSON, written by the all-reduce microbenchmark through `write_pr
     }
 Only "env" is applied; "source" and "by_size" document the measurement.
 
-The library never reads os.environ: the caller (fastverify.glue.nccl_hook) passes the environment and the
-NCCL version in, once.
+The library never reads os.environ: the caller (fastverify.glue.nccl_hook) passes the environment
+and the NCCL version in, once.
 """
 from __future__ import annotations
 
@@ -53,8 +56,10 @@ COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce",
                "recv", "alltoall", "gather", "scatter")
 PER_COLLECTIVE_MIN_VERSION = (2, 24, 0)
 MAX_CHANNELS = 64                       # NCCL src/include/device.h: MAXCHANNELS 64
-MIN_BUFFSIZE = 64 << 10                 # below this a Simple-protocol step is smaller than one chunk
-MAX_BUFFSIZE = 1 << 30                  # NCCL keeps buffer sizes in an int; 1 GiB per peer is already absurd
+# below this a Simple-protocol step is smaller than one chunk
+MIN_BUFFSIZE = 64 << 10
+# NCCL keeps buffer sizes in an int; 1 GiB per peer is already absurd
+MAX_BUFFSIZE = 1 << 30
 _NCCL_NAME = re.compile(r"^NCCL_[A-Z0-9_]+$")
 
 # flag name -> NCCL variable it sets
@@ -68,25 +73,27 @@ FLAG_VARS = {
 
 FLAG_HELP = {
     "nccl_algo": "NCCL_ALGO for every TP worker: " + ", ".join(ALGORITHMS) + " (case-insensitive; lists, "
-                 "'^' exclusion, per-collective 'allreduce:tree' on NCCL >= 2.24). A global Tree is "
-                 "rewritten to 'allreduce:tree' (NCCL >= 2.24) or refused.",
+                 "'^' exclusion, per-collective 'allreduce:tree' on NCCL >= 2.24). A global Tree "
+                 "is rewritten to 'allreduce:tree' (NCCL >= 2.24) or refused.",
     "nccl_proto": "NCCL_PROTO for every TP worker: " + ", ".join(PROTOCOLS) + " (same list syntax).",
     "nccl_min_channels": f"NCCL_MIN_NCHANNELS (1..{MAX_CHANNELS}).",
     "nccl_max_channels": f"NCCL_MAX_NCHANNELS (1..{MAX_CHANNELS}).",
-    "nccl_buffsize": f"NCCL_BUFFSIZE in bytes ({MIN_BUFFSIZE}..{MAX_BUFFSIZE}; NCCL default 4194304).",
+    "nccl_buffsize": f"NCCL_BUFFSIZE in bytes ({MIN_BUFFSIZE}..{MAX_BUFFSIZE}; NCCL default "
+                     "4194304).",
     "nccl_env": "Any other NCCL_* variable as NAME=VALUE for every TP worker (repeatable).",
-    "nccl_tuning_profile": f"JSON tuning profile ({PROFILE_FORMAT}) with NCCL_* values; flags override it, "
-                           "it overrides variables already in the environment.",
+    "nccl_tuning_profile": f"JSON tuning profile ({PROFILE_FORMAT}) with NCCL_* values; flags "
+                           "override it, it overrides variables already in the environment.",
 }
 
 
 class NcclConfigError(ValueError):
-    """A bad NCCL flag, --nccl-env entry or tuning profile; the message names the flag and the allowed values."""
+    """A bad NCCL flag, --nccl-env entry or tuning profile; the message names the flag
+    and the allowed values."""
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # value validation
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _fmt_version(version: Optional[Sequence[int]]) -> str:
     return "unknown" if version is None else ".".join(str(v) for v in version)
@@ -95,9 +102,9 @@ def _fmt_version(version: Optional[Sequence[int]]) -> str:
 def _parse_list(value: str, allowed: Sequence[str], origin: str) -> list:
     """Parse NCCL's list grammar into [(collective or None, excluded, [names]), ...].
 
-    Grammar (NCCL src/graph/tuning.cc parseList): groups separated by ';'; only the first may omit the
-    'collective:' prefix; each group is a comma list, optionally led by '^' (everything except).
-    """
+    Grammar (NCCL src/graph/tuning.cc parseList): groups separated by ';'; only the first may
+    omit the 'collective:' prefix; each group is a comma list, optionally led by '^'
+    (everything except). """
     canon = {a.lower(): a for a in allowed}
     groups = []
     text = value.strip()
@@ -113,16 +120,17 @@ def _parse_list(value: str, allowed: Sequence[str], origin: str) -> list:
                                       f"allowed collectives: {', '.join(COLLECTIVES)}")
             coll = coll.lower()
         elif i > 0:
-            raise NcclConfigError(f"{origin}: only the first ';' group may omit the 'collective:' prefix "
-                                  f"(got {value!r}); e.g. 'ring;allreduce:tree'")
+            raise NcclConfigError(f"{origin}: only the first ';' group may omit the 'collective:' "
+                                  f"prefix (got {value!r}); e.g. 'ring;allreduce:tree'")
         excluded = raw.startswith("^")
         names = [n.strip() for n in raw.lstrip("^").split(",")]
         if not names or any(not n for n in names):
-            raise NcclConfigError(f"{origin}: empty name in {value!r}; allowed: {', '.join(allowed)}")
+            raise NcclConfigError(f"{origin}: empty name in {value!r}; allowed: "
+                                  f"{', '.join(allowed)}")
         for n in names:
             if n.lower() not in canon:
-                raise NcclConfigError(f"{origin}: unknown name {n!r} in {value!r}; allowed (case-insensitive): "
-                                      f"{', '.join(allowed)}")
+                raise NcclConfigError(f"{origin}: unknown name {n!r} in {value!r}; allowed "
+                                      f"(case-insensitive): {', '.join(allowed)}")
         groups.append((coll, excluded, [canon[n.lower()] for n in names]))
     return groups
 
@@ -136,13 +144,17 @@ def _render(groups) -> str:
 
 
 def _check_per_collective(groups, origin: str, version) -> None:
-    if any(c for c, _, _ in groups) and version is not None and tuple(version) < PER_COLLECTIVE_MIN_VERSION:
+    if (any(c for c, _, _ in groups) and version is not None
+            and tuple(version) < PER_COLLECTIVE_MIN_VERSION):
         raise NcclConfigError(f"{origin}: per-collective syntax needs NCCL >= 2.24; this NCCL is "
-                              f"{_fmt_version(version)}. Use a global list such as 'Ring,Tree' instead.")
+                              f"{_fmt_version(version)}. Use a global list such as 'Ring,Tree' "
+                              "instead.")
 
 
-def normalize_algo(value: str, origin: str, nccl_version: Optional[Sequence[int]]) -> Tuple[str, str]:
-    """Validate NCCL_ALGO; return (value to export, note). A global list without Ring is moved to allreduce."""
+def normalize_algo(value: str, origin: str,
+                   nccl_version: Optional[Sequence[int]]) -> Tuple[str, str]:
+    """Validate NCCL_ALGO; return (value to export, note). A global list without Ring
+    is moved to allreduce."""
     groups = _parse_list(value, ALGORITHMS, origin)
     _check_per_collective(groups, origin, nccl_version)
     coll, excluded, names = groups[0]
@@ -151,17 +163,20 @@ def normalize_algo(value: str, origin: str, nccl_version: Optional[Sequence[int]
         return _render(groups), ""
     # A global list that removes Ring breaks Broadcast/Reduce (Ring is their only algorithm).
     if any(c == "allreduce" for c, _, _ in groups[1:]):
-        raise NcclConfigError(f"{origin}: {value!r} leaves Ring out for every collective and also names "
-                              "allreduce explicitly; write the allreduce group only, e.g. 'allreduce:tree'.")
-    why = (f"a global NCCL_ALGO={value!r} applies to every collective, and Broadcast/Reduce have no algorithm "
-           "but Ring, so they fail (this is how CUDA-graph capture failed with NCCL_ALGO=Tree)")
+        raise NcclConfigError(f"{origin}: {value!r} leaves Ring out for every collective and also "
+                              "names allreduce explicitly; write the allreduce group only, e.g. "
+                              "'allreduce:tree'.")
+    why = (f"a global NCCL_ALGO={value!r} applies to every collective, and Broadcast/Reduce have "
+           "no algorithm but Ring, so they fail (this is how CUDA-graph capture failed with "
+           "NCCL_ALGO=Tree)")
     if nccl_version is None or tuple(nccl_version) < PER_COLLECTIVE_MIN_VERSION:
-        raise NcclConfigError(f"{origin}: refused: {why}. The per-collective form 'allreduce:{_render([groups[0]])}'"
-                              f" needs NCCL >= 2.24 and this NCCL is {_fmt_version(nccl_version)}. Add Ring "
-                              "(e.g. 'Ring,Tree') or upgrade NCCL.")
+        raise NcclConfigError(f"{origin}: refused: {why}. The per-collective form "
+                              f"'allreduce:{_render([groups[0]])}' needs NCCL >= 2.24 and this "
+                              f"NCCL is {_fmt_version(nccl_version)}. Add Ring (e.g. 'Ring,Tree') "
+                              "or upgrade NCCL.")
     translated = _render([("allreduce", excluded, names)] + groups[1:])
-    return translated, (f"translated from {value!r}: {why}; NCCL {_fmt_version(nccl_version)} >= 2.24 "
-                        f"accepts {translated!r}")
+    return translated, (f"translated from {value!r}: {why}; NCCL {_fmt_version(nccl_version)} >= "
+                        f"2.24 accepts {translated!r}")
 
 
 def normalize_proto(value: str, origin: str, nccl_version: Optional[Sequence[int]]) -> str:
@@ -181,7 +196,8 @@ def _int_in(value, origin: str, lo: int, hi: int, what: str) -> int:
 
 
 def normalize_value(name: str, value, origin: str, nccl_version) -> Tuple[str, str]:
-    """Validate one NCCL_* value (from a flag, --nccl-env, the profile or the environment); return (value, note)."""
+    """Validate one NCCL_* value (from a flag, --nccl-env, the profile or the environment);
+    return (value, note)."""
     if name == "NCCL_ALGO":
         return normalize_algo(str(value), origin, nccl_version)
     if name == "NCCL_PROTO":
@@ -198,18 +214,19 @@ def normalize_value(name: str, value, origin: str, nccl_version) -> Tuple[str, s
 
 def check_name(name: str, origin: str) -> str:
     if not _NCCL_NAME.match(name):
-        raise NcclConfigError(f"{origin}: {name!r} is not an NCCL variable; allowed: names matching "
-                              "NCCL_[A-Z0-9_]+ (e.g. NCCL_P2P_LEVEL=SYS)")
+        raise NcclConfigError(f"{origin}: {name!r} is not an NCCL variable; allowed: names "
+                              "matching NCCL_[A-Z0-9_]+ (e.g. NCCL_P2P_LEVEL=SYS)")
     return name
 
 
 def parse_env_items(items: Optional[Iterable[str]]) -> list:
-    """`--nccl-env NAME=VALUE` entries -> [(name, value)], refusing non-NCCL names and duplicates."""
+    """`--nccl-env NAME=VALUE` entries -> [(name, value)], refusing non-NCCL
+    names and duplicates."""
     out, seen = [], set()
     for item in items or ():
         if "=" not in item:
-            raise NcclConfigError(f"--nccl-env: {item!r} is not NAME=VALUE; allowed: NCCL_<NAME>=<value>, "
-                                  "e.g. --nccl-env NCCL_P2P_LEVEL=SYS")
+            raise NcclConfigError(f"--nccl-env: {item!r} is not NAME=VALUE; allowed: "
+                                  "NCCL_<NAME>=<value>, e.g. --nccl-env NCCL_P2P_LEVEL=SYS")
         name, value = item.split("=", 1)
         name = check_name(name.strip(), "--nccl-env")
         if name in seen:
@@ -219,12 +236,13 @@ def parse_env_items(items: Optional[Iterable[str]]) -> list:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # tuning profile
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def load_profile(path) -> dict:
-    """Read and validate the shape of a tuning profile; values are validated when the tuning is built."""
+    """Read and validate the shape of a tuning profile; values are validated
+    when the tuning is built."""
     origin = f"--nccl-tuning-profile {path}"
     try:
         data = json.loads(Path(path).read_text())
@@ -233,25 +251,29 @@ def load_profile(path) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise NcclConfigError(f"{origin}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
-        raise NcclConfigError(f"{origin}: not valid JSON ({e}); expected {{\"format\": \"{PROFILE_FORMAT}\", "
+        raise NcclConfigError(f"{origin}: not valid JSON ({e}); expected {{\"format\": "
+                              f"\"{PROFILE_FORMAT}\", "
                               "\"env\": {...}}") from None
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise NcclConfigError(f"{origin}: \"format\" must be {PROFILE_FORMAT!r} (got {got!r})")
     env = data.get("env")
     if not isinstance(env, dict) or not env:
-        raise NcclConfigError(f"{origin}: \"env\" must be a non-empty object of NCCL_* names to values")
+        raise NcclConfigError(f"{origin}: \"env\" must be a non-empty object of NCCL_* names to "
+                              "values")
     for k, v in env.items():
         check_name(k, origin)
         if not isinstance(v, (str, int)) or isinstance(v, bool):
-            raise NcclConfigError(f"{origin}: env value of {k} must be a string or integer, got {v!r}")
+            raise NcclConfigError(f"{origin}: env value of {k} must be a string or integer, got "
+                                  f"{v!r}")
     if "source" in data and not isinstance(data["source"], dict):
         raise NcclConfigError(f"{origin}: \"source\" must be an object")
     by_size = data.get("by_size", [])
     if not isinstance(by_size, list) or any(
-            not isinstance(r, dict) or not isinstance(r.get("bytes"), int) or not isinstance(r.get("best"), dict)
-            for r in by_size):
-        raise NcclConfigError(f"{origin}: \"by_size\" must be a list of {{\"bytes\": int, \"best\": {{...}}, "
+            not isinstance(r, dict) or not isinstance(r.get("bytes"), int)
+            or not isinstance(r.get("best"), dict) for r in by_size):
+        raise NcclConfigError(f"{origin}: \"by_size\" must be a list of {{\"bytes\": int, "
+                              f"\"best\": {{...}}, "
                               "\"us\": number}}")
     return data
 
@@ -259,7 +281,8 @@ def load_profile(path) -> dict:
 def write_profile(path, env: Mapping[str, object], source: Mapping[str, object],
                   by_size: Optional[Sequence[Mapping[str, object]]] = None) -> dict:
     """Write a tuning profile (validated by reading it back); returns the written dict."""
-    data = {"format": PROFILE_FORMAT, "env": {k: str(v) for k, v in env.items()}, "source": dict(source)}
+    data = {"format": PROFILE_FORMAT, "env": {k: str(v) for k, v in env.items()},
+            "source": dict(source)}
     if by_size:
         data["by_size"] = [dict(r) for r in by_size]
     Path(path).write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -267,17 +290,19 @@ def write_profile(path, env: Mapping[str, object], source: Mapping[str, object],
     return data
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the frozen tuning
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One effective NCCL variable and where it came from."""
     name: str
     value: str
-    source: str                                 # "--nccl-proto", "--nccl-env", "profile PATH", "environment"
-    replaced: Optional[Tuple[str, str]] = None  # (source, value) of the lower-precedence value it overrode
+    # "--nccl-proto", "--nccl-env", "profile PATH", "environment"
+    source: str
+    # (source, value) of the lower-precedence value it overrode
+    replaced: Optional[Tuple[str, str]] = None
     note: str = ""
 
     def describe(self) -> str:
@@ -305,19 +330,22 @@ class NcclTuning:
         version = tuple(nccl_version) if nccl_version is not None else None
         layers = []  # lowest precedence first: (source, [(name, raw value, origin for errors)])
         environ = dict(environ)
-        layers.append(("environment", [(k, v, f"environment variable {k}") for k, v in sorted(environ.items())
+        layers.append(("environment",
+                       [(k, v, f"environment variable {k}") for k, v in sorted(environ.items())
                                        if k.startswith("NCCL_")]))
         if profile:
             data = load_profile(profile)
             layers.append((f"profile {profile}", [(k, v, f"--nccl-tuning-profile {profile}: {k}")
                                                   for k, v in data["env"].items()]))
-        flag_vals = {"--nccl-algo": algo, "--nccl-proto": proto, "--nccl-min-channels": min_channels,
+        flag_vals = {"--nccl-algo": algo, "--nccl-proto": proto,
+                     "--nccl-min-channels": min_channels,
                      "--nccl-max-channels": max_channels, "--nccl-buffsize": buffsize}
         flags = [(FLAG_VARS[f], v, f) for f, v in flag_vals.items() if v is not None]
         dedicated = {name: f for f, name in FLAG_VARS.items() if flag_vals[f] is not None}
         for name, value in parse_env_items(env):
             if name in dedicated:
-                raise NcclConfigError(f"--nccl-env {name}={value} conflicts with {dedicated[name]}; give it once")
+                raise NcclConfigError(f"--nccl-env {name}={value} conflicts with "
+                                      f"{dedicated[name]}; give it once")
             flags.append((name, value, "--nccl-env"))
         layers.append(("flag", flags))
 
@@ -326,12 +354,14 @@ class NcclTuning:
             for name, raw, origin in items:
                 src = origin if source == "flag" else source
                 if source == "environment":
-                    # Values already in the environment are only checked when something would build on them.
+                    # Values already in the environment are only checked when
+                    # something would build on them.
                     value, note = str(raw), ""
                 else:
                     value, note = normalize_value(name, raw, origin, version)
                 prev = effective.get(name)
-                replaced = (prev.source, prev.value) if prev is not None and prev.value != value else None
+                replaced = ((prev.source, prev.value) if prev is not None
+                            and prev.value != value else None)
                 effective[name] = Setting(name, value, src, replaced, note)
         tuning = cls(tuple(effective[k] for k in sorted(effective)), version, profile)
         tuning._check_channels()
@@ -340,18 +370,22 @@ class NcclTuning:
     def _check_channels(self) -> None:
         by = {s.name: s for s in self.settings}
         lo, hi = by.get("NCCL_MIN_NCHANNELS"), by.get("NCCL_MAX_NCHANNELS")
-        if lo and hi and lo.value.isdigit() and hi.value.isdigit() and int(lo.value) > int(hi.value):
-            raise NcclConfigError(f"channel min > max: NCCL_MIN_NCHANNELS={lo.value} (from {lo.source}) is "
-                                  f"greater than NCCL_MAX_NCHANNELS={hi.value} (from {hi.source}); allowed: "
-                                  f"1 <= --nccl-min-channels <= --nccl-max-channels <= {MAX_CHANNELS}")
+        if (lo and hi and lo.value.isdigit() and hi.value.isdigit()
+                and int(lo.value) > int(hi.value)):
+            raise NcclConfigError(f"channel min > max: NCCL_MIN_NCHANNELS={lo.value} (from "
+                                  f"{lo.source}) is greater than NCCL_MAX_NCHANNELS={hi.value} "
+                                  f"(from {hi.source}); allowed: 1 <= --nccl-min-channels <= "
+                                  f"--nccl-max-channels <= {MAX_CHANNELS}")
 
     @property
     def requested(self) -> bool:
-        """True when any flag or profile sets something (otherwise the environment is left alone)."""
+        """True when any flag or profile sets something (otherwise the
+        environment is left alone)."""
         return any(s.source != "environment" for s in self.settings)
 
     def exports(self) -> dict:
-        """NCCL_* variables to set in each TP worker (those not already in the environment as-is)."""
+        """NCCL_* variables to set in each TP worker (those not already in
+        the environment as-is)."""
         return {s.name: s.value for s in self.settings if s.source != "environment"}
 
     def effective(self) -> dict:
@@ -362,13 +396,17 @@ class NcclTuning:
 
     def log_line(self, rank: int) -> str:
         body = "; ".join(self.provenance_lines()) or "no NCCL_* variables set"
-        return f"fastverify NCCL settings (rank {rank}, NCCL {_fmt_version(self.nccl_version)}): {body}"
+        return (f"fastverify NCCL settings (rank {rank}, NCCL {_fmt_version(self.nccl_version)}): "
+                f"{body}")
 
 
 def tuning_from_args(args, environ: Mapping[str, str], nccl_version) -> NcclTuning:
-    """Build the tuning from any object carrying the SGLang field names (ServerArgs, a namespace)."""
+    """Build the tuning from any object carrying the SGLang field names
+    (ServerArgs, a namespace)."""
     get = lambda k: getattr(args, k, None)  # noqa: E731
     return NcclTuning.from_flags(algo=get("nccl_algo"), proto=get("nccl_proto"),
-                                 min_channels=get("nccl_min_channels"), max_channels=get("nccl_max_channels"),
+                                 min_channels=get("nccl_min_channels"),
+                                 max_channels=get("nccl_max_channels"),
                                  buffsize=get("nccl_buffsize"), env=get("nccl_env"),
-                                 profile=get("nccl_tuning_profile"), environ=environ, nccl_version=nccl_version)
+                                 profile=get("nccl_tuning_profile"), environ=environ,
+                                 nccl_version=nccl_version)

@@ -38,14 +38,16 @@ def parse_pins(text: str, source: str = "pins.txt") -> dict[str, Pin]:
             continue
         version, *rest = line.split()
         if "=" in version:
-            raise PinsError(f"{source}:{lineno}: a line must start with the SGLang version, got {version!r}")
+            raise PinsError(f"{source}:{lineno}: a line must start with the SGLang version, got "
+                            f"{version!r}")
         if version in pins:
             raise PinsError(f"{source}:{lineno}: SGLang {version} is listed twice")
         facts = {}
         for item in rest:
             key, sep, value = item.partition("=")
             if not sep or not key or not value:
-                raise PinsError(f"{source}:{lineno}: expected key=value after the version, got {item!r}")
+                raise PinsError(f"{source}:{lineno}: expected key=value after the version, got "
+                                f"{item!r}")
             if key in facts:
                 raise PinsError(f"{source}:{lineno}: {key!r} given twice for SGLang {version}")
             facts[key] = value

@@ -1,21 +1,23 @@
 """Model profiles: the per-rank work of one forward pass under tensor parallelism.
 
-A profile names the shapes that decide what a verify pass costs on a TP group: how many layers, the hidden
-size (the all-reduce payload is ``[tokens, hidden]``), and the GEMMs each rank runs per layer at the
-TP-sharded shapes. The benchmarks build a pass from these shapes; the verify-cost model can use the same
-byte and FLOP counts.
+A profile names the shapes that decide what a verify pass costs on a TP group: how many layers, the
+hidden size (the all-reduce payload is ``[tokens, hidden]``), and the GEMMs each rank runs per layer
+at the TP-sharded shapes. The benchmarks build a pass from these shapes; the verify-cost model can
+use the same byte and FLOP counts.
 
 Built-in profiles:
-- ``kimi-k2.5``: 61 layers, hidden 7168, MLA attention (q_lora 1536, kv_lora 512, 64 heads of 128+64/128),
-  MoE with 384 routed experts of width 2048, top-8, one shared expert, the first layer dense (18432).
-  Facts from the public Kimi-K2 configuration (DeepSeek-V3 architecture), which Kimi-K2.5's text model keeps.
+- ``kimi-k2.5``: 61 layers, hidden 7168, MLA attention (q_lora 1536, kv_lora 512, 64 heads of
+  128+64/128), MoE with 384 routed experts of width 2048, top-8, one shared expert, the first layer
+  dense (18432). Facts from the public Kimi-K2 configuration (DeepSeek-V3 architecture), which
+  Kimi-K2.5's text model keeps.
 - ``smollm2-135m``: 30 layers, hidden 576, 9 heads / 3 KV heads of 64, MLP 1536, vocab 49152.
   9 heads do not split over 2 ranks, so its TP-sharded shapes exist only for TP 1, 3 and 9.
-- ``dummy-7168``: the Llama-shaped random-weight model of the end-to-end runs: 61 layers, hidden 7168,
-  56 heads / 8 KV heads of 128, MLP 18432, vocab 32000 (override with a config.json if yours differs).
+- ``dummy-7168``: the Llama-shaped random-weight model of the end-to-end runs: 61 layers,
+  hidden 7168, 56 heads / 8 KV heads of 128, MLP 18432, vocab 32000 (override with a
+  config.json if yours differs).
 
-A custom profile comes from a Hugging Face ``config.json`` (Llama/Qwen-style dense, DeepSeek-V3/Kimi MLA+MoE;
-a ``text_config`` inside a multimodal config is used when present).
+A custom profile comes from a Hugging Face ``config.json`` (Llama/Qwen-style dense, DeepSeek-V3/Kimi
+MLA+MoE; a ``text_config`` inside a multimodal config is used when present).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class ProfileError(ValueError):
 class GemmShape:
     """One GEMM a rank runs per layer: ``[tokens, k] @ [k, n]``.
 
-    ``experts > 1`` marks a routed-expert group: ``experts`` weight matrices of ``[k, n]``, of which each token
-    uses ``topk``. ``allreduce_after`` marks the GEMM whose partial sums the TP group all-reduces.
+    ``experts > 1`` marks a routed-expert group: ``experts`` weight matrices of ``[k, n]``,
+    of which each token uses ``topk``. ``allreduce_after`` marks the GEMM whose partial sums
+    the TP group all-reduces.
     """
 
     name: str
@@ -136,7 +139,8 @@ BUILTIN_PROFILES: Dict[str, ModelProfile] = {
         moe_intermediate_size=2048,
         num_experts_per_tok=8,
         first_k_dense_replace=1,
-        source="built-in: public Kimi-K2 config (DeepSeek-V3 architecture), kept by Kimi-K2.5's text model",
+        source="built-in: public Kimi-K2 config (DeepSeek-V3 architecture), kept by Kimi-K2.5's "
+               "text model",
     ),
     "smollm2-135m": ModelProfile(
         name="smollm2-135m",
@@ -181,15 +185,18 @@ def _req(cfg: Mapping[str, Any], key: str, path: str) -> Any:
     return cfg[key]
 
 
-def profile_from_hf_config(cfg: Mapping[str, Any], name: str = "custom", path: str = "config.json") -> ModelProfile:
-    """Build a profile from a Hugging Face config dict (dense Llama-style, or DeepSeek-V3/Kimi MLA+MoE)."""
+def profile_from_hf_config(cfg: Mapping[str, Any], name: str = "custom",
+                           path: str = "config.json") -> ModelProfile:
+    """Build a profile from a Hugging Face config dict (dense Llama-style, or
+    DeepSeek-V3/Kimi MLA+MoE)."""
     if isinstance(cfg.get("text_config"), Mapping):
         cfg = cfg["text_config"]
     hidden = int(_req(cfg, "hidden_size", path))
     heads = int(_req(cfg, "num_attention_heads", path))
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
-    n_routed = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    n_routed = int(cfg.get("n_routed_experts") or cfg.get("num_experts")
+                   or cfg.get("num_local_experts") or 0)
     topk = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)
     if n_routed and not topk:
         raise ProfileError(f"{path}: MoE config ({n_routed} experts) without num_experts_per_tok")
@@ -251,10 +258,10 @@ def _shard(total: int, tp: int, what: str, profile: ModelProfile) -> int:
 def layer_gemms(profile: ModelProfile, tp: int, layer: int) -> List[GemmShape]:
     """The GEMMs one rank runs in ``layer`` at tensor-parallel size ``tp``, in order.
 
-    Column-parallel projections split their output dimension, row-parallel ones (o_proj, down_proj) their
-    input dimension and are followed by the all-reduce of ``[tokens, hidden]``. KV heads are replicated when
-    there are fewer of them than ranks. Routed experts are split by their intermediate width (TP-MoE).
-    """
+    Column-parallel projections split their output dimension, row-parallel ones (o_proj, down_proj)
+    their input dimension and are followed by the all-reduce of ``[tokens, hidden]``. KV heads are
+    replicated when there are fewer of them than ranks. Routed experts are split by their
+    intermediate width (TP-MoE). """
     if tp < 1:
         raise ProfileError(f"TP size must be >= 1, got {tp}")
     h = profile.hidden_size
@@ -263,9 +270,11 @@ def layer_gemms(profile: ModelProfile, tp: int, layer: int) -> List[GemmShape]:
     if profile.is_mla:
         qk_head = profile.qk_nope_head_dim + profile.qk_rope_head_dim
         # q_a + kv_a fused, replicated on every rank: [h] -> [q_lora + kv_lora + rope]
-        g.append(GemmShape("qkv_a", h, profile.q_lora_rank + profile.kv_lora_rank + profile.qk_rope_head_dim))
+        g.append(GemmShape("qkv_a", h,
+                           profile.q_lora_rank + profile.kv_lora_rank + profile.qk_rope_head_dim))
         g.append(GemmShape("q_b", profile.q_lora_rank, heads * qk_head))
-        g.append(GemmShape("kv_b", profile.kv_lora_rank, heads * (profile.qk_nope_head_dim + profile.v_head_dim)))
+        g.append(GemmShape("kv_b", profile.kv_lora_rank,
+                           heads * (profile.qk_nope_head_dim + profile.v_head_dim)))
         g.append(GemmShape("o_proj", heads * profile.v_head_dim, h, allreduce_after=True))
     else:
         kv = profile.num_kv_heads // tp if profile.num_kv_heads >= tp else 1
@@ -280,9 +289,10 @@ def layer_gemms(profile: ModelProfile, tp: int, layer: int) -> List[GemmShape]:
             sh = profile.n_shared_experts * inter
             g.append(GemmShape("shared_gate_up", h, 2 * sh))
             g.append(GemmShape("shared_down", sh, h))
-        g.append(GemmShape("experts_gate_up", h, 2 * inter, profile.n_routed_experts, profile.num_experts_per_tok))
-        g.append(GemmShape("experts_down", inter, h, profile.n_routed_experts, profile.num_experts_per_tok,
-                           allreduce_after=True))
+        g.append(GemmShape("experts_gate_up", h, 2 * inter, profile.n_routed_experts,
+                           profile.num_experts_per_tok))
+        g.append(GemmShape("experts_down", inter, h, profile.n_routed_experts,
+                           profile.num_experts_per_tok, allreduce_after=True))
     else:
         inter = _shard(profile.intermediate_size, tp, "intermediate_size", profile)
         g.append(GemmShape("gate_up_proj", h, 2 * inter))
@@ -291,8 +301,9 @@ def layer_gemms(profile: ModelProfile, tp: int, layer: int) -> List[GemmShape]:
 
 
 def expected_active_experts(n_experts: int, topk: int, tokens: int) -> float:
-    """Expected number of distinct experts hit by ``tokens`` tokens each picking ``topk`` of ``n_experts``
-    uniformly: ``E * (1 - (1 - topk/E)^tokens)``. Decides the expert weight bytes a small batch streams."""
+    """Expected number of distinct experts hit by ``tokens`` tokens each picking ``topk`` of
+    ``n_experts`` uniformly: ``E * (1 - (1 - topk/E)^tokens)``. Decides the expert weight bytes
+    a small batch streams."""
     if n_experts <= 0 or topk <= 0 or tokens <= 0:
         return 0.0
     return n_experts * (1.0 - (1.0 - topk / n_experts) ** tokens)
@@ -302,14 +313,17 @@ def active_experts_int(n_experts: int, topk: int, tokens: int) -> int:
     """``expected_active_experts`` rounded up, at least ``topk`` and at most ``n_experts``."""
     if tokens <= 0:
         return 0
-    return int(min(n_experts, max(topk, math.ceil(expected_active_experts(n_experts, topk, tokens) - 1e-9))))
+    return int(min(n_experts,
+                   max(topk, math.ceil(expected_active_experts(n_experts, topk, tokens) - 1e-9))))
 
 
-def pass_summary(profile: ModelProfile, tp: int, tokens: int, weight_bytes: Optional[int] = None) -> Dict[str, Any]:
-    """Counts for one pass of ``tokens`` tokens on one rank: GEMM FLOPs, weight bytes streamed, all-reduces.
+def pass_summary(profile: ModelProfile, tp: int, tokens: int,
+                 weight_bytes: Optional[int] = None) -> Dict[str, Any]:
+    """Counts for one pass of ``tokens`` tokens on one rank: GEMM FLOPs, weight
+    bytes streamed, all-reduces.
 
-    ``weight_bytes`` per parameter defaults to the profile's dtype (pass 0.5 for INT4-class weights).
-    """
+    ``weight_bytes`` per parameter defaults to the profile's dtype (pass 0.5 for
+    INT4-class weights). """
     wb = profile.dtype_bytes if weight_bytes is None else weight_bytes
     flops = 0.0
     wbytes = 0.0

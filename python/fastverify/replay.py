@@ -1,8 +1,8 @@
 """Offline replay of n-gram speculation over recorded greedy outputs.
 
-Answers "would n-gram speculation pay off on my traffic, and with which verify shape?" before a long model
-load. It drives SGLang's own C++ n-gram corpus (the installed, patched one) over recorded requests exactly as
-the NGRAM worker does during greedy decoding:
+Answers "would n-gram speculation pay off on my traffic, and with which verify shape?" before a long
+model load. It drives SGLang's own C++ n-gram corpus (the installed, patched one) over recorded
+requests exactly as the NGRAM worker does during greedy decoding:
 
     for each decode step of each running request:
         context  = prompt + tokens generated so far                  (the first token comes from prefill)
@@ -13,25 +13,26 @@ the NGRAM worker does during greedy decoding:
         corpus.batch_put(queries)                                      (ngram_worker._update_ngram_corpus)
     requests that left the batch: corpus.erase_match_state(rids)
 
-Greedy verification of a tree (what verify_tree_greedy computes): start at the root (the last context
-token); while some child of the current node carries the target's next token, accept it and descend; the
-target's prediction after the last accepted node is the bonus token. Accept length = accepted drafts + 1.
-Because the recording is the greedy target output, the replayed token stream equals the recording by
-construction, and only the accept lengths and the verify shapes are measured.
+Greedy verification of a tree (what verify_tree_greedy computes): start at the root (the last
+context token); while some child of the current node carries the target's next token, accept
+it and descend; the target's prediction after the last accepted node is the bonus token.
+Accept length = accepted drafts + 1. Because the recording is the greedy target output, the
+replayed token stream equals the recording by construction, and only the accept lengths and
+the verify shapes are measured.
 
 Server facts this mirrors (SGLang 0.5.16 and 0.5.23, ngram_worker.py, identical in both):
-- the corpus is only fed the query window after each verify (prompts are not inserted at prefill), so a
-  request's last accepted tokens are never inserted;
+- the corpus is only fed the query window after each verify (prompts are not inserted at prefill),
+  so a request's last accepted tokens are never inserted;
 - inserts are asynchronous; the next draft preparation waits for them (`synchronize()`);
 - padding nodes are token 0 hung under the root; they are real tree nodes for the verify kernel.
 
 Verify shapes per step (tokens in the target forward pass of one request):
 - tree (today's SGLang): always d = --speculative-num-draft-tokens, root included, match or not;
-- chain: the root plus a path of at most k draft tokens (k = chain length); a request whose lookup finds no
-  real candidate is gated to a plain 1-token decode step (no-match gating).
+- chain: the root plus a path of at most k draft tokens (k = chain length); a request whose lookup
+  finds no real candidate is gated to a plain 1-token decode step (no-match gating).
 
-The end of a recording cuts the last step: a draft that matches past the last recorded token cannot earn
-a bonus token the recording does not have, so a step accepts at most (remaining - 1) drafts.
+The end of a recording cuts the last step: a draft that matches past the last recorded token cannot
+earn a bonus token the recording does not have, so a step accepts at most (remaining - 1) drafts.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class TraceError(ValueError):
 
 
 
-# --------------------------------------------------------------------------------------------- trace
+# -------------------------------------------------------------------------------------------- trace
 @dataclass(frozen=True)
 class TraceRequest:
     prompt_ids: tuple[int, ...]
@@ -77,7 +78,8 @@ class Trace:
 
     @property
     def decode_tokens(self) -> int:
-        """Tokens produced by decode steps (the first output token of each request comes from prefill)."""
+        """Tokens produced by decode steps (the first output token of each
+        request comes from prefill)."""
         return sum(max(0, len(r.output_ids) - 1) for r in self.requests)
 
     @property
@@ -95,7 +97,8 @@ def _token_list(value, key: str, where: str) -> tuple[int, ...]:
         raise TraceError(f"{where}: '{key}' must be a list of token ids, got {type(value).__name__}")
     for i, tok in enumerate(value):
         if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
-            raise TraceError(f"{where}: '{key}'[{i}] must be a non-negative integer token id, got {tok!r}")
+            raise TraceError(f"{where}: '{key}'[{i}] must be a non-negative integer token id, got "
+                             f"{tok!r}")
         if tok > TOKEN_ID_MAX:
             raise TraceError(f"{where}: '{key}'[{i}] = {tok} is outside the int32 token ids "
                              f"SGLang's corpus takes (0..{TOKEN_ID_MAX})")
@@ -105,8 +108,8 @@ def _token_list(value, key: str, where: str) -> tuple[int, ...]:
 def parse_trace(lines: Iterable[str], path: str = "<trace>") -> Trace:
     """Validate and parse JSON Lines: {"prompt_ids": [...], "output_ids": [...]} per line.
 
-    An optional first line {"meta": {...}} describes the trace (model, versions). Blank lines are skipped.
-    """
+    An optional first line {"meta": {...}} describes the trace (model, versions).
+    Blank lines are skipped. """
     requests: list[TraceRequest] = []
     meta: dict = {}
     for lineno, raw in enumerate(lines, start=1):
@@ -121,21 +124,25 @@ def parse_trace(lines: Iterable[str], path: str = "<trace>") -> Trace:
             raise TraceError(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
         if "meta" in obj and "prompt_ids" not in obj:
             if requests or meta:
-                raise TraceError(f"{where}: a {{\"meta\": ...}} header is only allowed as the first line")
+                raise TraceError(f"{where}: a {{\"meta\": ...}} header is only allowed as the "
+                                 "first line")
             if not isinstance(obj["meta"], dict):
                 raise TraceError(f"{where}: 'meta' must be a JSON object")
             meta = obj["meta"]
             continue
         for key in ("prompt_ids", "output_ids"):
             if key not in obj:
-                raise TraceError(f"{where}: missing key '{key}' (each line needs 'prompt_ids' and 'output_ids')")
+                raise TraceError(f"{where}: missing key '{key}' (each line needs 'prompt_ids' and "
+                                 "'output_ids')")
         prompt = _token_list(obj["prompt_ids"], "prompt_ids", where)
         output = _token_list(obj["output_ids"], "output_ids", where)
         if not prompt:
-            raise TraceError(f"{where}: 'prompt_ids' is empty (the corpus needs a non-empty context)")
+            raise TraceError(f"{where}: 'prompt_ids' is empty (the corpus needs a non-empty "
+                             "context)")
         requests.append(TraceRequest(prompt, output, lineno))
     if not requests:
-        raise TraceError(f"{path}: no requests (expected one JSON object per line with 'prompt_ids' and 'output_ids')")
+        raise TraceError(f"{path}: no requests (expected one JSON object per line with "
+                         "'prompt_ids' and 'output_ids')")
     if all(len(r.output_ids) < 2 for r in requests):
         raise TraceError(f"{path}: all {len(requests)} requests have an empty or one-token "
                          f"output; the first output token comes from prefill, so there is no "
@@ -157,9 +164,9 @@ def load_trace(path) -> Trace:
 # ------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class ReplayConfig:
-    """One replayed verify shape. `size` is the tree width d (tokens per verify pass, root included) for
-    mode='tree', and the chain length L (draft tokens after the root) for mode='chain', which the server runs as
-    --speculative-ngram-verify-mode chain --speculative-num-draft-tokens L+1."""
+    """One replayed verify shape. `size` is the tree width d (tokens per verify pass, root included)
+    for mode='tree', and the chain length L (draft tokens after the root) for mode='chain', which
+    the server runs as --speculative-ngram-verify-mode chain --speculative-num-draft-tokens L+1."""
 
     mode: str
     size: int
@@ -167,23 +174,29 @@ class ReplayConfig:
     max_trie_depth: int = SERVER_MAX_TRIE_DEPTH
     min_bfs_breadth: int = SERVER_MIN_BFS_BREADTH
     max_bfs_breadth: int = SERVER_MAX_BFS_BREADTH
-    capacity: int = 1_000_000  # server default 10M; only matters once the trie is full (10M costs ~20 s to build)
+    # server default 10M; only matters once the trie is full (10M costs ~20 s to build)
+    capacity: int = 1_000_000
     concurrency: int = 1  # requests decoded together; they share the corpus like one server batch
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.match_type not in MATCH_TYPES:
-            raise ValueError(f"--match-type must be one of {', '.join(MATCH_TYPES)}, got {self.match_type!r}")
+            raise ValueError(f"--match-type must be one of {', '.join(MATCH_TYPES)}, got "
+                             f"{self.match_type!r}")
         if self.mode == "tree" and self.size < 2:
-            raise ValueError(f"--draft-tokens (tree width) must be >= 2 (root + 1 draft), got {self.size}")
+            raise ValueError("--draft-tokens (tree width) must be >= 2 (root + 1 draft), got "
+                             f"{self.size}")
         if self.mode == "chain" and self.size < 1:
             raise ValueError(f"--chain-lengths must be >= 1, got {self.size}")
-        for name in ("max_trie_depth", "min_bfs_breadth", "max_bfs_breadth", "capacity", "concurrency"):
+        for name in ("max_trie_depth", "min_bfs_breadth", "max_bfs_breadth", "capacity",
+                     "concurrency"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                 f"{getattr(self, name)}")
         if self.min_bfs_breadth > self.max_bfs_breadth:
-            raise ValueError(f"--min-bfs-breadth ({self.min_bfs_breadth}) must be <= --max-bfs-breadth ({self.max_bfs_breadth})")
+            raise ValueError(f"--min-bfs-breadth ({self.min_bfs_breadth}) must be <= "
+                             f"--max-bfs-breadth ({self.max_bfs_breadth})")
 
     @property
     def corpus_draft_tokens(self) -> int:
@@ -199,8 +212,8 @@ class ReplayConfig:
 def tree_parents(mask_rows: Sequence[Sequence[int]]) -> list[int]:
     """Parent of each node from the corpus' ancestor mask ([d, d], row i = ancestors-or-self of i).
 
-    Node 0 is the root (parent -1). The parent is the ancestor one level up (depth = ancestors-or-self count).
-    """
+    Node 0 is the root (parent -1). The parent is the ancestor one level up (depth =
+    ancestors-or-self count). """
     depth = [int(sum(row)) for row in mask_rows]
     parents = [-1]
     for i in range(1, len(mask_rows)):
@@ -211,12 +224,13 @@ def tree_parents(mask_rows: Sequence[Sequence[int]]) -> list[int]:
     return parents
 
 
-def greedy_accept_tree(tokens: Sequence[int], parents: Sequence[int], target: Sequence[int]) -> list[int]:
+def greedy_accept_tree(tokens: Sequence[int], parents: Sequence[int],
+                       target: Sequence[int]) -> list[int]:
     """Indices of the accepted draft nodes (root excluded) when verifying greedily against `target`
     (target[0] is the model's next token after the root, target[1] after that, ...).
 
-    At each node, children are tried in index order, as the verify kernel walks next_token/next_sibling.
-    """
+    At each node, children are tried in index order, as the verify kernel walks
+    next_token/next_sibling. """
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         if p >= 0:
@@ -238,9 +252,11 @@ def has_real_candidate(tokens: Sequence[int], parents: Sequence[int]) -> bool:
     return any(not (t == 0 and p == 0) for t, p in zip(tokens[1:], parents[1:]))
 
 
-# --- chain reduction: fastverify.chain (the same code the patched server runs) ---------------------
+# --- chain reduction: fastverify.chain (the same code the patched server
+# runs) ---------------------
 def chain_corpus_width(length: int) -> int:
-    """Chain of `length` draft tokens = --speculative-num-draft-tokens length + 1 (root included)."""
+    """Chain of `length` draft tokens = --speculative-num-draft-tokens
+    length + 1 (root included)."""
     return length + 1
 
 
@@ -257,11 +273,14 @@ def _mask_from_parents(parents: Sequence[int]) -> list[list[int]]:
     return rows
 
 
-def chain_path(tokens: Sequence[int], parents: Sequence[int], k: int, match_type: str = "BFS") -> list[int]:
-    """Real draft tokens of the corpus' best path (fastverify.chain.extract_chains), cut to k tokens."""
+def chain_path(tokens: Sequence[int], parents: Sequence[int], k: int,
+               match_type: str = "BFS") -> list[int]:
+    """Real draft tokens of the corpus' best path
+    (fastverify.chain.extract_chains), cut to k tokens."""
     from fastverify.chain import extract_chains
 
-    chain_tokens, chain_len = extract_chains([list(tokens)], [_mask_from_parents(parents)], match_type)
+    chain_tokens, chain_len = extract_chains([list(tokens)],
+                                             [_mask_from_parents(parents)], match_type)
     n = int(chain_len[0])
     return [int(t) for t in chain_tokens[0, 1:1 + n]][:k]
 
@@ -274,11 +293,16 @@ _adapter_chain_from_tree = chain_path  # earlier name, still used by fastverify.
 class ReplayResult:
     config: ReplayConfig
     buckets: tuple = ()  # captured verify widths assumed for no-match gating (() = only d)
-    accept_lens: list[int] = field(default_factory=list)  # per request-step: accepted drafts + bonus
-    matched: list[bool] = field(default_factory=list)  # per request-step: the corpus offered a real candidate
-    draft_lens: list[int] = field(default_factory=list)  # per request-step: real draft tokens verified
-    step_static: list[int] = field(default_factory=list)  # per batch step: tokens verified at width d (bs*d)
-    step_planned: list[int] = field(default_factory=list)  # per batch step: tokens with no-match gating
+    # per request-step: accepted drafts + bonus
+    accept_lens: list[int] = field(default_factory=list)
+    # per request-step: the corpus offered a real candidate
+    matched: list[bool] = field(default_factory=list)
+    # per request-step: real draft tokens verified
+    draft_lens: list[int] = field(default_factory=list)
+    # per batch step: tokens verified at width d (bs*d)
+    step_static: list[int] = field(default_factory=list)
+    # per batch step: tokens with no-match gating
+    step_planned: list[int] = field(default_factory=list)
     step_bs: list[int] = field(default_factory=list)  # per batch step: requests in the batch
 
     @property
@@ -349,12 +373,14 @@ def warm_up(corpus_factory: CorpusFactory, cfg: ReplayConfig,
 
 
 def sglang_corpus_factory(cfg: ReplayConfig):
-    """SGLang's installed n-gram corpus (C++, JIT-built on first use), configured like the server."""
+    """SGLang's installed n-gram corpus (C++, JIT-built on first use),
+    configured like the server."""
     try:
         from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
     except ImportError as e:
         raise RuntimeError(
-            f"replay needs SGLang's n-gram corpus (sglang.srt.speculative.cpp_ngram.ngram_corpus): {e}"
+            "replay needs SGLang's n-gram corpus (sglang.srt.speculative.cpp_ngram.ngram_corpus): "
+            f"{e}"
         ) from e
     return NgramCorpus(
         max_trie_depth=cfg.max_trie_depth,
@@ -375,8 +401,9 @@ def _query_window(prompt: Sequence[int], out: Sequence[int], g: int, depth: int)
 
 
 def _step_drafts(cfg: ReplayConfig, flat_tokens, flat_mask, bs: int):
-    """Corpus output of one batch step -> per request (tokens [d], parents [d], real draft length), in the
-    shape the server verifies: the tree as is, or the chain fastverify.chain reduces it to."""
+    """Corpus output of one batch step -> per request (tokens [d], parents [d], real draft
+    length), in the shape the server verifies: the tree as is, or the chain
+    fastverify.chain reduces it to."""
     from fastverify import chain as fc
 
     d = cfg.corpus_draft_tokens
@@ -390,12 +417,14 @@ def _step_drafts(cfg: ReplayConfig, flat_tokens, flat_mask, bs: int):
 
 
 def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sglang_corpus_factory,
-           progress: Optional[Callable[[int], None]] = None, buckets: Sequence[int] = ()) -> ReplayResult:
-    """Replay every request of `trace` through a fresh corpus under `cfg` (see the module docstring).
+           progress: Optional[Callable[[int], None]] = None,
+           buckets: Sequence[int] = ()) -> ReplayResult:
+    """Replay every request of `trace` through a fresh corpus under `cfg`
+    (see the module docstring).
 
-    `buckets`: verify widths assumed captured for no-match gating (fastverify.chain.plan_verify); widths above
-    the config's d are ignored. The static count (every step verifies d tokens per request) is always reported.
-    """
+    `buckets`: verify widths assumed captured for no-match gating (fastverify.chain.plan_verify);
+    widths above the config's d are ignored. The static count (every step verifies d tokens per
+    request) is always reported. """
     import numpy as np
     from fastverify.chain import plan_verify
 
@@ -419,7 +448,8 @@ def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sgla
             total_lens.append(len(req.prompt_ids) + g)
         corpus.synchronize()
         flat_tokens, flat_mask = corpus.batch_get(rids, queries, total_lens)  # [bs*d], [bs*d*d]
-        tokens, parents, lens = _step_drafts(cfg, np.asarray(flat_tokens), np.asarray(flat_mask), len(rids))
+        tokens, parents, lens = _step_drafts(cfg, np.asarray(flat_tokens),
+                                             np.asarray(flat_mask), len(rids))
         plan = plan_verify(lens, d, buckets)
         result.step_bs.append(len(rids))
         result.step_static.append(plan.tokens_static)
@@ -427,8 +457,8 @@ def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sgla
         for b, rid in enumerate(rids):
             req, g = running[rid]
             target = req.output_ids[g:len(req.output_ids) - 1]  # a bonus token must remain
-            # The server as it runs today verifies all d nodes, pads included; a pad is accepted only where the
-            # target itself emits token 0, so gated steps would differ only there.
+            # The server as it runs today verifies all d nodes, pads included; a pad is accepted
+            # only where the target itself emits token 0, so gated steps would differ only there.
             accepted = len(greedy_accept_tree(tokens[b], parents[b], target))
             result.accept_lens.append(accepted + 1)
             result.matched.append(lens[b] > 0)
@@ -455,11 +485,11 @@ PICK_BACKEND = "--cost-backend"
 
 
 def parse_cost_table(obj, source: str = "<cost table>", backend: Optional[str] = None) -> CostTable:
-    """A verify-cost table in any form `fastverify.costs.parse_cost_table` reads (the same JSON forms as
-    `--speculative-ngram-auto-cost-table`, e.g. {"decode_ms": 30.0, "verify_ms": {"1": 30.0, "8": 33.0}}, or
-    the microbenchmark's --json with `backend` picking its rows) that can model one stream. Unlike the
-    controller, which must decide for any batch and extrapolates, a prediction never leaves the measured range
-    (`CostTable.measured_pass_ms`)."""
+    """A verify-cost table in any form `fastverify.costs.parse_cost_table` reads (the same JSON
+    forms as `--speculative-ngram-auto-cost-table`, e.g. {"decode_ms": 30.0, "verify_ms": {"1":
+    30.0, "8": 33.0}}, or the microbenchmark's --json with `backend` picking its rows) that can
+    model one stream. Unlike the controller, which must decide for any batch and extrapolates, a
+    prediction never leaves the measured range (`CostTable.measured_pass_ms`)."""
     return _costs.parse_cost_table(obj, source, backend, PICK_BACKEND).single_stream()
 
 
@@ -470,13 +500,15 @@ def load_cost_table(path, backend: Optional[str] = None) -> CostTable:
 def predict(result: ReplayResult, cost: CostTable) -> dict:
     """Predicted single-stream decode throughput (needs a replay with concurrency 1).
 
-    tokens/s = sum over steps of (accepted + 1) / sum over steps of t(tokens in that pass); with a fixed pass
-    size this is mean(accept length) / t(pass). "static": every step verifies d tokens (stock SGLang, and the
-    chain patch as it runs today); "gated": a step with no real candidate is a plain decode (t_decode) and a
-    step with one verifies the smallest captured width that fits it. No speculation: 1 / t_decode.
+    tokens/s = sum over steps of (accepted + 1) / sum over steps of t(tokens in that pass); with a
+    fixed pass size this is mean(accept length) / t(pass). "static": every step verifies d tokens
+    (stock SGLang, and the chain patch as it runs today); "gated": a step with no real candidate is
+    a plain decode (t_decode) and a step with one verifies the smallest captured width that fits it.
+    No speculation: 1 / t_decode.
     """
     if any(bs != 1 for bs in result.step_bs):
-        raise CostTableError(f"{cost.source}: throughput predictions model one stream; replay with --concurrency 1")
+        raise CostTableError(f"{cost.source}: throughput predictions model one stream; replay with "
+                             "--concurrency 1")
     static_ms = sum(cost.measured_pass_ms(n) for n in result.step_static)
     gated_ms = sum(cost.measured_pass_ms(n) for n in result.step_planned)
     base = 1000.0 / cost.decode_ms(1)
@@ -516,8 +548,9 @@ def format_table(rows: list[dict]) -> str:
         head += f" {'tok/s':>8} {'x no-spec':>9} {'gated tok/s':>11} {'x no-spec':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        line = (f"{r['label']:<12} {r['num_draft_tokens']:>6} {r['steps']:>7} {r['mean_accept_length']:>10.3f} "
-                f"{r['verified_tokens_per_step']:>13.2f} {r['gated_tokens_per_step']:>10.2f} {r['match_rate']:>10.3f}")
+        line = (f"{r['label']:<12} {r['num_draft_tokens']:>6} {r['steps']:>7} "
+                f"{r['mean_accept_length']:>10.3f} {r['verified_tokens_per_step']:>13.2f} "
+                f"{r['gated_tokens_per_step']:>10.2f} {r['match_rate']:>10.3f}")
         if has_cost:
             line += (f" {r['tokens_per_s']:>8.1f} {r['speedup']:>8.2f}x"
                      f" {r['gated_tokens_per_s']:>11.1f} {r['gated_speedup']:>8.2f}x")
@@ -525,7 +558,8 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], out: str, title: str, no_spec_tokens_per_s: Optional[float] = None) -> None:
+def plot(rows: list[dict], out: str, title: str,
+         no_spec_tokens_per_s: Optional[float] = None) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -549,12 +583,15 @@ def plot(rows: list[dict], out: str, title: str, no_spec_tokens_per_s: Optional[
     for mode, marker in (("tree", "o"), ("chain", "s")):
         pts = [r for r in rows if r["mode"] == mode]
         if pts:
-            ax.plot([r["verified_tokens_per_step"] for r in pts], [r["mean_accept_length"] for r in pts],
+            ax.plot([r["verified_tokens_per_step"] for r in pts],
+                    [r["mean_accept_length"] for r in pts],
                     marker=marker, label=f"{mode} (every step verifies d)")
-            ax.plot([r["gated_tokens_per_step"] for r in pts], [r["mean_accept_length"] for r in pts],
+            ax.plot([r["gated_tokens_per_step"] for r in pts],
+                    [r["mean_accept_length"] for r in pts],
                     marker=marker, ls="--", mfc="none", label=f"{mode}, no-match gating")
             for r in pts:
-                ax.annotate(r["label"].split()[1], (r["verified_tokens_per_step"], r["mean_accept_length"]),
+                ax.annotate(r["label"].split()[1],
+                            (r["verified_tokens_per_step"], r["mean_accept_length"]),
                             fontsize=8, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("tokens verified per step")
     ax.set_ylabel("mean accept length")
@@ -563,8 +600,10 @@ def plot(rows: list[dict], out: str, title: str, no_spec_tokens_per_s: Optional[
     if has_cost:
         ax = axes[2]
         xs = list(range(len(rows)))
-        ax.bar([x - 0.2 for x in xs], [r["tokens_per_s"] for r in rows], width=0.4, label="every step verifies d")
-        ax.bar([x + 0.2 for x in xs], [r["gated_tokens_per_s"] for r in rows], width=0.4, label="no-match gating")
+        ax.bar([x - 0.2 for x in xs], [r["tokens_per_s"] for r in rows], width=0.4,
+               label="every step verifies d")
+        ax.bar([x + 0.2 for x in xs], [r["gated_tokens_per_s"] for r in rows], width=0.4,
+               label="no-match gating")
         ax.set_xticks(xs, [r["label"] for r in rows])
         if no_spec_tokens_per_s:
             ax.axhline(no_spec_tokens_per_s, color="k", ls="--", label="no speculation")
@@ -600,7 +639,8 @@ def _buckets(text: str):
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `replay` on a CLI's subparsers (fastverify/cli.py)."""
     p = subparsers.add_parser(
-        "replay", help="replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)",
+        "replay",
+        help="replay recorded greedy outputs through SGLang's n-gram corpus (tree vs chain)",
         description=__doc__.split("\n\n")[0])
     _fill_parser(p)
     return p
@@ -608,37 +648,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", nargs="?", default=None,
-                   help="JSON Lines trace, one {\"prompt_ids\": [...], \"output_ids\": [...]} per line "
-                        f"(default: the embedded trace {DEFAULT_TRACE.name})")
+                   help="JSON Lines trace, one {\"prompt_ids\": [...], \"output_ids\": [...]} per "
+                        f"line (default: the embedded trace {DEFAULT_TRACE.name})")
     p.add_argument("--mode", choices=("tree", "chain", "both"), default="both")
-    p.add_argument("--draft-tokens", "--widths", dest="widths", type=_int_list("--draft-tokens"), default=[4, 8, 12],
-                   help="tree widths d (tokens per verify pass, root included), comma-separated (default 4,8,12)")
+    p.add_argument("--draft-tokens", "--widths", dest="widths", type=_int_list("--draft-tokens"),
+                   default=[4, 8, 12],
+                   help="tree widths d (tokens per verify pass, root included), comma-separated "
+                        "(default 4,8,12)")
     p.add_argument("--chain-lengths", type=_int_list("--chain-lengths"), default=[1, 2, 4, 8],
-                   help="chain lengths k (draft tokens after the root), comma-separated (default 1,2,4,8)")
+                   help="chain lengths k (draft tokens after the root), comma-separated (default "
+                        "1,2,4,8)")
     p.add_argument("--match-type", choices=MATCH_TYPES, default="BFS")
     p.add_argument("--max-trie-depth", type=int, default=SERVER_MAX_TRIE_DEPTH)
     p.add_argument("--min-bfs-breadth", type=int, default=SERVER_MIN_BFS_BREADTH)
     p.add_argument("--max-bfs-breadth", type=int, default=SERVER_MAX_BFS_BREADTH)
     p.add_argument("--buckets", type=_buckets, default=(),
-                   help="verify widths assumed captured for no-match gating: comma-separated, or 'all' (1..d); "
-                        "default: only d (a step with no real candidate becomes a plain decode, others verify d)")
+                   help="verify widths assumed captured for no-match gating: comma-separated, or "
+                        "'all' (1..d); default: only d (a step with no real candidate becomes a "
+                        "plain decode, others verify d)")
     p.add_argument("--capacity", type=int, default=1_000_000,
-                   help="trie node capacity (server default 10,000,000; equal results until the trie fills up)")
+                   help="trie node capacity (server default 10,000,000; equal results until the "
+                        "trie fills up)")
     p.add_argument("--concurrency", type=int, default=1,
-                   help="requests decoded together, sharing the corpus like one server batch (default 1)")
+                   help="requests decoded together, sharing the corpus like one server batch "
+                        "(default 1)")
     p.add_argument("--cost-table", default=None,
-                   help="JSON {\"decode_ms\": x, \"verify_ms\": {\"1\": ms, \"8\": ms, ...}}, or the --json of "
-                        "benchmark/allreduce_vs_compute.py: predict tokens/s")
+                   help="JSON {\"decode_ms\": x, \"verify_ms\": {\"1\": ms, \"8\": ms, ...}}, or "
+                        "the --json of benchmark/allreduce_vs_compute.py: predict tokens/s")
     p.add_argument("--profile", default=None,
                    help="a pass-cost profile instead of --cost-table: a built-in name "
                         "(fastverify/data/profiles), a profile file, or a `fastverify bench "
                         "allreduce --json` result[#backend]")
     p.add_argument("--cost-backend", default=None,
-                   help="with a microbenchmark --json as --cost-table: which all-reduce backend's pass times to use")
+                   help="with a microbenchmark --json as --cost-table: which all-reduce backend's "
+                        "pass times to use")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
     p.add_argument("--from-json", default=None, metavar="RESULT.json",
-                   help="print and plot a saved --json result instead of replaying (no SGLang needed)")
+                   help="print and plot a saved --json result instead of replaying (no SGLang "
+                        "needed)")
     p.set_defaults(func=run_cli)
 
 
@@ -710,12 +758,14 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
                 print(f"error: {e}", file=sys.stderr)
                 return 2
         rows.append(row)
-    print(f"# trace {trace.path}: {len(trace.requests)} requests, {trace.decode_tokens} decode tokens"
+    print(f"# trace {trace.path}: {len(trace.requests)} requests, {trace.decode_tokens} decode "
+          "tokens"
           + (f"; {trace.meta.get('model')}" if trace.meta.get("model") else "")
           + (f"; {len(short)} with an empty or one-token output not replayed" if short else ""))
     print(f"# corpus: match_type={args.match_type} max_trie_depth={args.max_trie_depth} "
-          f"bfs_breadth={args.min_bfs_breadth}..{args.max_bfs_breadth} concurrency={args.concurrency}; "
-          f"gating buckets: {'all widths' if len(args.buckets) > 64 else (args.buckets or 'd only')}")
+          f"bfs_breadth={args.min_bfs_breadth}..{args.max_bfs_breadth} "
+          f"concurrency={args.concurrency}; gating buckets: "
+          f"{'all widths' if len(args.buckets) > 64 else (args.buckets or 'd only')}")
     if cost is not None:
         print(f"# cost table {cost.source}: no speculation {1000.0 / cost.decode_ms(1):.1f} tok/s")
     print(format_table(rows))
@@ -724,7 +774,8 @@ def run_cli(args, corpus_factory: CorpusFactory = sglang_corpus_factory, argv=No
             "repro_command": _repro_command(argv),
             "trace": {"path": str(trace.path), "requests": len(trace.requests),
                       "decode_tokens": trace.decode_tokens, "meta": trace.meta},
-            "corpus": {k: v for k, v in asdict(cfgs[0]).items() if k not in ("mode", "size")} if cfgs else {},
+            "corpus": {k: v for k, v in asdict(cfgs[0]).items() if k not in ("mode", "size")}
+            if cfgs else {},
             "gating_buckets": "all" if len(args.buckets) > 64 else list(args.buckets),
             "sglang_version": _sglang_version(),
             "cost_table": ({"source": cost.source, "decode_ms": cost.decode_ms(1),
@@ -786,7 +837,8 @@ def _sglang_version() -> Optional[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastverify.replay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fastverify.replay",
+                                description=__doc__.split("\n\n")[0])
     _fill_parser(p)
     args = p.parse_args(argv)
     return args.func(args, argv=argv)

@@ -1,27 +1,29 @@
-"""Verify-pass timing: where each TARGET_VERIFY (and, for comparison, decode) pass spends its GPU time.
+"""Verify-pass timing: where each TARGET_VERIFY (and, for comparison, decode)
+pass spends its GPU time.
 
 The server samples one pass in every ``interval`` passes of each mode and splits its GPU time into
   pass      = first kernel of the forward .. last kernel of the forward (CUDA events on the stream)
   all-reduce = sum of the TP all-reduce calls and fused all-reduce+RMSNorm calls inside the pass
   compute   = pass - all-reduce
-and counts the verified tokens and requests of the pass. This module is the accounting; it never touches
-CUDA itself. It talks to the device through a ``DeviceClock`` (CUDA events in the server,
+and counts the verified tokens and requests of the pass. This module is the accounting; it never
+touches CUDA itself. It talks to the device through a ``DeviceClock`` (CUDA events in the server,
 ``fastverify.glue.timing_hook``; a fake in the tests).
 
 How a sampled pass is measured (why, and its bias: docs/eagle-fast-verify.md, "Verify-pass timing"):
-the sampled pass runs eagerly instead of replaying its CUDA graph, with an event before and after every
-all-reduce. Before the pass the stream is held by a GPU busy-wait (``DeviceClock.hold``) long enough for
-the host to enqueue the whole pass, so the GPU then runs the queued kernels back to back, as a graph
-replay would, and host launch overhead does not show up as GPU time. A pass whose start the GPU reached
-before the host finished enqueuing it was starved by the host: it is dropped (counted as ``dropped``)
-and the next hold is doubled.
+the sampled pass runs eagerly instead of replaying its CUDA graph, with an event before and after
+every all-reduce. Before the pass the stream is held by a GPU busy-wait (``DeviceClock.hold``) long
+enough for the host to enqueue the whole pass, so the GPU then runs the queued kernels back to back,
+as a graph replay would, and host launch overhead does not show up as GPU time. A pass whose start
+the GPU reached before the host finished enqueuing it was starved by the host: it is dropped
+(counted as ``dropped``) and the next hold is doubled.
 
-With TP > 1 the ranks' holds end at slightly different times and their hosts enqueue at different speeds, so
-a rank's all-reduce event pair also contains the time that rank waited for the others to arrive. The glue
-gives the timer an ``exchange`` (an all-gather over the TP group's CPU side): the completed pass's per-call
-times of all ranks are gathered at the same point of every rank's pass sequence (the next timed pass), and
-each call's collective time is taken on the rank that arrived last (the minimum over ranks); the rest of each
-rank's call time is reported apart as ``rank wait``. A pass that any rank dropped is dropped on all.
+With TP > 1 the ranks' holds end at slightly different times and their hosts enqueue at different
+speeds, so a rank's all-reduce event pair also contains the time that rank waited for the others to
+arrive. The glue gives the timer an ``exchange`` (an all-gather over the TP group's CPU side): the
+completed pass's per-call times of all ranks are gathered at the same point of every rank's pass
+sequence (the next timed pass), and each call's collective time is taken on the rank that arrived
+last (the minimum over ranks); the rest of each rank's call time is reported apart as ``rank wait``.
+A pass that any rank dropped is dropped on all.
 """
 from __future__ import annotations
 
@@ -32,28 +34,33 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Protocol, Tuple
 
 MODES = ("verify", "decode")
-SPAN_KINDS = ("all_reduce", "allreduce_norm")  # plain TP all-reduce, fused all-reduce+residual+RMSNorm
+# plain TP all-reduce, fused all-reduce+residual+RMSNorm
+SPAN_KINDS = ("all_reduce", "allreduce_norm")
 
 # Flag names (both SGLang series carry the same three flags).
 FLAG_ENABLE = "--enable-verify-timing"
 FLAG_INTERVAL = "--verify-timing-interval"
 FLAG_LOG_INTERVAL = "--verify-timing-log-interval"
 
-DEFAULT_INTERVAL = 0  # 0 = budgeted: at least AUTO_FLOOR passes, widened to keep within OVERHEAD_BUDGET
-AUTO_FLOOR = 500  # a budgeted interval never samples more often than one pass in this many of a mode
+# 0 = budgeted: at least AUTO_FLOOR passes, widened to keep within OVERHEAD_BUDGET
+DEFAULT_INTERVAL = 0
+# a budgeted interval never samples more often than one pass in this many of a mode
+AUTO_FLOOR = 500
 OVERHEAD_BUDGET = 0.005  # budgeted sampling may cost at most this share of the host time
-IDLE_GAP_MS = 1000.0  # a host gap this long between two timed passes is idle time (no request), not a pass
+# a host gap this long between two timed passes is idle time (no request), not a pass
+IDLE_GAP_MS = 1000.0
 DEFAULT_LOG_INTERVAL_S = 30.0
 
 HELP_ENABLE = (
-    "Time a sample of TARGET_VERIFY and decode passes on the GPU and split each into TP all-reduce and "
-    "compute time; exported as sglang:verify_* Prometheus histograms (with --enable-metrics) and a "
-    "periodic 'Verify timing' log line."
+    "Time a sample of TARGET_VERIFY and decode passes on the GPU and split each into TP all-reduce "
+    "and compute time; exported as sglang:verify_* Prometheus histograms (with --enable-metrics) "
+    "and a periodic 'Verify timing' log line."
 )
 HELP_INTERVAL = (
-    "With --enable-verify-timing: time one pass in every N passes of each mode (verify, decode). 0 (default): "
-    f"budgeted, at least {AUTO_FLOOR} and widened so that the measured cost of the samples stays within "
-    f"{100 * OVERHEAD_BUDGET:g} percent of the server's time; N >= 1: exactly N (the log line reports the overhead)."
+    "With --enable-verify-timing: time one pass in every N passes of each mode (verify, decode). 0 "
+    f"(default): budgeted, at least {AUTO_FLOOR} and widened so that the measured cost of the "
+    f"samples stays within {100 * OVERHEAD_BUDGET:g} percent of the server's time; N >= 1: exactly "
+    "N (the log line reports the overhead)."
 )
 HELP_LOG_INTERVAL = (
     "With --enable-verify-timing: seconds between two 'Verify timing' log lines (0 = no log line). "
@@ -77,7 +84,8 @@ class TimingConfig:
 
     @property
     def budgeted(self) -> bool:
-        """Interval 0: sampling widens to keep within OVERHEAD_BUDGET; otherwise exactly ``interval``."""
+        """Interval 0: sampling widens to keep within OVERHEAD_BUDGET; otherwise
+        exactly ``interval``."""
         return self.interval == 0
 
     @property
@@ -96,17 +104,24 @@ class TimingConfig:
         model_name: str = "",
         export_metrics: bool = False,
     ) -> "TimingConfig":
-        """Validate the flag values; every bad value is an error naming the flag and what it accepts."""
+        """Validate the flag values; every bad value is an error naming the
+        flag and what it accepts."""
         if not isinstance(enable_verify_timing, bool):
-            raise ValueError(f"{FLAG_ENABLE} takes no value (a switch); got {enable_verify_timing!r}")
+            raise ValueError(f"{FLAG_ENABLE} takes no value (a switch); got "
+                             f"{enable_verify_timing!r}")
         if isinstance(verify_timing_interval, bool) or not isinstance(verify_timing_interval, int):
-            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 0 (0: budgeted); got {verify_timing_interval!r}")
+            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 0 (0: budgeted); got "
+                             f"{verify_timing_interval!r}")
         if verify_timing_interval < 0:
-            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 0 (0: budgeted); got {verify_timing_interval}")
-        if isinstance(verify_timing_log_interval, bool) or not isinstance(verify_timing_log_interval, (int, float)):
-            raise ValueError(f"{FLAG_LOG_INTERVAL} must be a number of seconds >= 0; got {verify_timing_log_interval!r}")
+            raise ValueError(f"{FLAG_INTERVAL} must be an integer >= 0 (0: budgeted); got "
+                             f"{verify_timing_interval}")
+        if (isinstance(verify_timing_log_interval, bool)
+                or not isinstance(verify_timing_log_interval, (int, float))):
+            raise ValueError(f"{FLAG_LOG_INTERVAL} must be a number of seconds >= 0; got "
+                             f"{verify_timing_log_interval!r}")
         if not math.isfinite(verify_timing_log_interval) or verify_timing_log_interval < 0:
-            raise ValueError(f"{FLAG_LOG_INTERVAL} must be a number of seconds >= 0; got {verify_timing_log_interval}")
+            raise ValueError(f"{FLAG_LOG_INTERVAL} must be a number of seconds >= 0; got "
+                             f"{verify_timing_log_interval}")
         return cls(
             enabled=enable_verify_timing,
             interval=verify_timing_interval,
@@ -123,13 +138,13 @@ class TimingConfig:
 # Sampling: deterministic per-mode pass counters
 # --------------------------------------------------------------------------------------------------
 class Sampler:
-    """A pass of a mode is sampled when ``interval`` passes of that mode have run since its last sample (with
-    a fixed interval: pass k, 1-based, when k % interval == 0).
+    """A pass of a mode is sampled when ``interval`` passes of that mode have run since its last
+    sample (with a fixed interval: pass k, 1-based, when k % interval == 0).
 
-    Deterministic on purpose: every TP rank runs the same sequence of passes, so every rank samples the
-    same pass. That matters: a sampled pass runs eagerly, and ranks that disagreed on graph vs eager
-    would call different communicators and hang. ``interval`` may change only at the same point of every
-    rank's pass sequence (PassTimer applies rank 0's value at the exchange).
+    Deterministic on purpose: every TP rank runs the same sequence of passes, so every rank samples
+    the same pass. That matters: a sampled pass runs eagerly, and ranks that disagreed on graph vs
+    eager would call different communicators and hang. ``interval`` may change only at the same
+    point of every rank's pass sequence (PassTimer applies rank 0's value at the exchange).
     """
 
     def __init__(self, interval: int):
@@ -154,10 +169,11 @@ def _upper_median(values) -> float:
     return xs[len(xs) // 2]
 
 
-def widened_interval(floor: int, sample_cost_ms: float, period_ms: float, budget: float = OVERHEAD_BUDGET) -> int:
-    """The sampling interval that keeps the sampled passes' extra host time within ``budget`` of the total:
-    one sample costs ``sample_cost_ms`` more than an ordinary pass period ``period_ms``, so one sample in N
-    passes costs sample_cost / (N * period); never below ``floor`` (the flag)."""
+def widened_interval(floor: int, sample_cost_ms: float, period_ms: float,
+                     budget: float = OVERHEAD_BUDGET) -> int:
+    """The sampling interval that keeps the sampled passes' extra host time within ``budget`` of the
+    total: one sample costs ``sample_cost_ms`` more than an ordinary pass period ``period_ms``, so
+    one sample in N passes costs sample_cost / (N * period); never below ``floor`` (the flag)."""
     if not (period_ms > 0 and math.isfinite(sample_cost_ms)) or sample_cost_ms <= 0:
         return floor
     return max(floor, math.ceil(round(sample_cost_ms / (budget * period_ms), 6)))
@@ -196,8 +212,8 @@ class PassRecord:
         return self.allreduce_calls + self.fused_calls
 
 
-def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], tokens: int, requests: int,
-                 wait_ms: float = 0.0) -> PassRecord:
+def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], tokens: int,
+                 requests: int, wait_ms: float = 0.0) -> PassRecord:
     """Fold the (kind, ms) spans of one pass into a record (``wait_ms``: see ``across_ranks``)."""
     if mode not in MODES:
         raise ValueError(f"unknown pass mode {mode!r}; expected one of {MODES}")
@@ -225,12 +241,12 @@ def across_ranks(local: List[Tuple[str, float]],
                  ranks: List[List[Tuple[str, float]]]) -> Optional[Tuple[List[Tuple[str, float]], float]]:
     """Separate collective time from waiting for other ranks, per call.
 
-    ``local``: this rank's (kind, ms) spans of one pass; ``ranks``: every rank's spans of the same pass (this
-    one included). A collective cannot finish on any rank before the last rank has joined it, and on the
-    rank that joined last it does not wait, so call j's collective time is min over ranks of its span, and
-    this rank waited (its span - that minimum). Returns (spans with the collective times, total wait) or
-    None when the ranks did not make the same calls (then nothing can be paired; the caller keeps the raw
-    spans)."""
+    ``local``: this rank's (kind, ms) spans of one pass; ``ranks``: every rank's spans of the same
+    pass (this one included). A collective cannot finish on any rank before the last rank has joined
+    it, and on the rank that joined last it does not wait, so call j's collective time is min over
+    ranks of its span, and this rank waited (its span - that minimum). Returns (spans with the
+    collective times, total wait) or None when the ranks did not make the same calls (then nothing
+    can be paired; the caller keeps the raw spans)."""
     if not ranks or any(len(r) != len(local) for r in ranks):
         return None
     out, wait = [], 0.0
@@ -318,10 +334,12 @@ def _count(x: float) -> str:
 def format_mode(s: ModeSummary) -> str:
     """One mode's part of the log line, e.g.
 
-    verify: 30.1 ms, all-reduce 24.9 ms (83%), 8 tok, 1 req, compute 5.2 ms, 122 calls 204.1 us/call, p90 31.2 ms, n 12
-    A fused all-reduce+RMSNorm share is added after the call count when the pass had fused calls:
+    verify: 30.1 ms, all-reduce 24.9 ms (83%), 8 tok, 1 req, compute 5.2 ms, 122 calls 204.1
+    us/call, p90 31.2 ms, n 12 A fused all-reduce+RMSNorm share is added after the call count when
+    the pass had fused calls:
     ..., 122 calls 204.1 us/call (fused 61 calls 12.0 ms), ...
-    and, with TP > 1, the time the collectives waited for other ranks (not part of the pass time above):
+    and, with TP > 1, the time the collectives waited for other ranks (not part
+    of the pass time above):
     ..., rank wait 3.1 ms, p90 ...
     """
     text = (
@@ -338,8 +356,8 @@ def format_mode(s: ModeSummary) -> str:
 
 def format_log_line(summaries: List[ModeSummary], tp_rank: int, tp_size: int, dropped: int,
                     interval: Optional[int] = None, overhead: Optional[float] = None) -> str:
-    """'Verify timing [tp 0/2], verify: ... | decode: ..., dropped 0' (modes in MODES order), then, when
-    given, ', 1 in 500 passes sampled (overhead 0.12%)'."""
+    """'Verify timing [tp 0/2], verify: ... | decode: ..., dropped 0' (modes in MODES order), then,
+    when given, ', 1 in 500 passes sampled (overhead 0.12%)'."""
     parts = " | ".join(format_mode(s) for s in summaries)
     line = f"Verify timing [tp {tp_rank}/{tp_size}], {parts}, dropped {dropped}"
     if interval is not None:
@@ -392,22 +410,32 @@ CALL_BUCKETS = (0, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512)
 SHARE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 METRIC_HELP = {
-    "sglang:verify_pass_seconds": "GPU time of a sampled forward pass (mode=verify: TARGET_VERIFY, mode=decode: plain decode), without the time its collectives waited for other TP ranks.",
-    "sglang:verify_allreduce_seconds": "GPU time inside TP all-reduce and fused all-reduce+RMSNorm calls of a sampled pass.",
-    "sglang:verify_fused_allreduce_norm_seconds": "GPU time inside fused all-reduce+RMSNorm calls of a sampled pass (part of verify_allreduce_seconds).",
-    "sglang:verify_compute_seconds": "GPU time of a sampled pass outside all-reduces (pass - all-reduce).",
+    "sglang:verify_pass_seconds": "GPU time of a sampled forward pass (mode=verify: TARGET_VERIFY, "
+                                  "mode=decode: plain decode), without the time its collectives "
+                                  "waited for other TP ranks.",
+    "sglang:verify_allreduce_seconds": "GPU time inside TP all-reduce and fused all-reduce+RMSNorm "
+                                       "calls of a sampled pass.",
+    "sglang:verify_fused_allreduce_norm_seconds": "GPU time inside fused all-reduce+RMSNorm calls "
+                                                  "of a sampled pass (part of "
+                                                  "verify_allreduce_seconds).",
+    "sglang:verify_compute_seconds": "GPU time of a sampled pass outside all-reduces (pass - "
+                                     "all-reduce).",
     "sglang:verify_allreduce_share": "All-reduce share of a sampled pass's GPU time (0..1).",
-    "sglang:verify_rank_wait_seconds": "Time the collectives of a sampled pass waited for other TP ranks to arrive (not part of verify_pass_seconds).",
-    "sglang:verify_pass_tokens": "Tokens in a sampled pass (verified tokens for mode=verify, batch size for decode).",
+    "sglang:verify_rank_wait_seconds": "Time the collectives of a sampled pass waited for other TP "
+                                       "ranks to arrive (not part of verify_pass_seconds).",
+    "sglang:verify_pass_tokens": "Tokens in a sampled pass (verified tokens for mode=verify, batch "
+                                 "size for decode).",
     "sglang:verify_pass_requests": "Requests in a sampled pass.",
     "sglang:verify_allreduce_calls": "All-reduce calls (plain + fused) in a sampled pass.",
-    "sglang:verify_timing_samples": "Sampled passes by outcome: recorded, or dropped (the host could not enqueue the pass before the GPU reached it).",
+    "sglang:verify_timing_samples": "Sampled passes by outcome: recorded, or dropped (the host "
+                                    "could not enqueue the pass before the GPU reached it).",
 }
 
 
 class VerifyMetrics:
-    """The Prometheus side. ``prometheus`` is the prometheus_client module (imported by the caller after
-    PROMETHEUS_MULTIPROC_DIR is set, as SGLang's own collectors do); ``registry`` None = its default."""
+    """The Prometheus side. ``prometheus`` is the prometheus_client module (imported by the
+    caller after PROMETHEUS_MULTIPROC_DIR is set, as SGLang's own collectors do);
+    ``registry`` None = its default."""
 
     def __init__(self, prometheus: Any, config: TimingConfig, registry: Any = None):
         kw = {} if registry is None else {"registry": registry}
@@ -415,7 +443,8 @@ class VerifyMetrics:
         names = list(METRIC_LABELS)
 
         def hist(name: str, buckets) -> Any:
-            return H(name=name, documentation=METRIC_HELP[name], labelnames=names, buckets=buckets, **kw)
+            return H(name=name, documentation=METRIC_HELP[name], labelnames=names,
+                     buckets=buckets, **kw)
 
         self.pass_seconds = hist("sglang:verify_pass_seconds", SECONDS_BUCKETS)
         self.allreduce_seconds = hist("sglang:verify_allreduce_seconds", SECONDS_BUCKETS)
@@ -432,7 +461,8 @@ class VerifyMetrics:
             labelnames=names + ["outcome"],
             **kw,
         )
-        self._base = {"model_name": config.model_name, "tp_size": str(config.tp_size), "tp_rank": str(config.tp_rank)}
+        self._base = {"model_name": config.model_name, "tp_size": str(config.tp_size),
+                      "tp_rank": str(config.tp_rank)}
 
     def _labels(self, mode: str) -> Dict[str, str]:
         return dict(self._base, mode=mode)
@@ -460,14 +490,15 @@ class VerifyMetrics:
 class HoldController:
     """Sizes the GPU busy-wait that precedes a sampled eager pass.
 
-    The hold must outlast the host's enqueue of the whole eager pass (so the GPU then runs it back to
-    back); anything longer is pure overhead. Target = 1.5 x the last measured host enqueue time, within
-    [min_ms, max_ms]; a starved sample doubles it. The busy-wait is given in GPU clock cycles, so the
-    cycles-per-ms rate is re-estimated from every measured hold (events around the busy-wait).
+    The hold must outlast the host's enqueue of the whole eager pass (so the GPU then runs it
+    back to back); anything longer is pure overhead. Target = 1.5 x the last measured host
+    enqueue time, within [min_ms, max_ms]; a starved sample doubles it. The busy-wait is given
+    in GPU clock cycles, so the cycles-per-ms rate is re-estimated from every measured hold
+    (events around the busy-wait).
 
-    Overhead per sampled pass ~= hold + (eager GPU time - graph GPU time); one sample in ``interval``
-    passes. Example: 30 ms extra per sample, 10 ms passes, interval 500 -> 30 / (500 * 10) = 0.6%.
-    """
+    Overhead per sampled pass ~= hold + (eager GPU time - graph GPU time); one sample in
+    ``interval`` passes. Example: 30 ms extra per sample, 10 ms passes, interval 500 -> 30
+    / (500 * 10) = 0.6%. """
 
     def __init__(self, min_ms: float = 2.0, max_ms: float = 250.0, cycles_per_ms: float = 1.5e6):
         self.min_ms = min_ms
@@ -523,15 +554,18 @@ class _OpenPass:
 
 
 class PassTimer:
-    """Owns sampling, the open pass, the pending (not yet completed on the GPU) passes and the sinks.
+    """Owns sampling, the open pass, the pending (not yet completed on the
+    GPU) passes and the sinks.
 
-    The glue calls: ``begin(mode, tokens, requests)`` before a forward (True = this pass is sampled and
-    must run eagerly), ``span(kind)`` around each all-reduce while a pass is open, ``end()`` after the
-    forward, and ``poll()`` whenever convenient (it only queries events; it never waits on the GPU).
+    The glue calls: ``begin(mode, tokens, requests)`` before a forward (True = this pass is
+    sampled and must run eagerly), ``span(kind)`` around each all-reduce while a pass is open,
+    ``end()`` after the forward, and ``poll()`` whenever convenient (it only queries events; it
+    never waits on the GPU).
 
-    ``exchange(payload) -> [payload of every rank]`` (TP > 1): a sampled pass is then completed at the
-    next ``begin`` on every rank (the same point of every rank's pass sequence, so the all-gather pairs up),
-    after waiting for its end mark; collective time and rank wait are split by ``across_ranks``.
+    ``exchange(payload) -> [payload of every rank]`` (TP > 1): a sampled pass is then completed
+    at the next ``begin`` on every rank (the same point of every rank's pass sequence, so the
+    all-gather pairs up), after waiting for its end mark; collective time and rank wait are
+    split by ``across_ranks``.
     """
 
     def __init__(
@@ -560,8 +594,10 @@ class PassTimer:
         self.records: Deque[PassRecord] = deque(maxlen=256)  # recent records, for inspection
         self.exchange = exchange
         self.unpaired = 0  # exchanged passes whose ranks made different calls (kept with raw spans)
-        self.periods: Deque[float] = deque(maxlen=64)  # host ms between the begins of ordinary passes
-        self.sample_costs: Deque[float] = deque(maxlen=8)  # host ms a sample added to its pass period
+        # host ms between the begins of ordinary passes
+        self.periods: Deque[float] = deque(maxlen=64)
+        # host ms a sample added to its pass period
+        self.sample_costs: Deque[float] = deque(maxlen=8)
         self._last_begin: Optional[float] = None
         self._last_sampled = False
         self.proposed_interval = config.floor
@@ -584,12 +620,14 @@ class PassTimer:
         hold_start = self.clock.mark()
         self.clock.hold(cycles)
         start = self.clock.mark()
-        self.open = _OpenPass(mode, int(tokens), int(requests), cycles, hold_start, start, self.host_clock())
+        self.open = _OpenPass(mode, int(tokens), int(requests), cycles, hold_start, start,
+                              self.host_clock())
         return True
 
     def _account(self, entered: float, ready: float) -> None:
-        """Host time: an ordinary pass period, or what the last sample added to its period (its hold, the
-        eager pass, waiting for it, the exchange), and the interval that keeps samples within the budget."""
+        """Host time: an ordinary pass period, or what the last sample added to its period (its
+        hold, the eager pass, waiting for it, the exchange), and the interval that keeps
+        samples within the budget."""
         last, self._last_begin = self._last_begin, ready
         if last is None:
             return
@@ -597,8 +635,8 @@ class PassTimer:
             if 1000.0 * (entered - last) < IDLE_GAP_MS:
                 self.periods.append(1000.0 * (entered - last))
             return
-        # a sample costs its hold, the eager pass and the wait for it (at most ~2 x the longest hold); a
-        # longer gap also holds idle time and would overstate the cost
+        # a sample costs its hold, the eager pass and the wait for it (at most ~2 x the longest
+        # hold); a longer gap also holds idle time and would overstate the cost
         if self.periods and 1000.0 * (ready - last) < 2 * self.hold.max_ms + IDLE_GAP_MS:
             period = _upper_median(self.periods)
             self.sample_costs.append(max(1000.0 * (ready - last) - period, 0.0))
@@ -609,11 +647,13 @@ class PassTimer:
                 self.sampler.interval = self.proposed_interval
 
     def overhead_estimate(self) -> Optional[float]:
-        """Share of host time the samples cost at the current interval (None before the first sample)."""
+        """Share of host time the samples cost at the current interval (None
+        before the first sample)."""
         if not self.sample_costs or not self.periods:
             return None
         period = _upper_median(self.periods)
-        return _upper_median(self.sample_costs) / (self.sampler.interval * period) if period > 0 else None
+        return (_upper_median(self.sample_costs) / (self.sampler.interval * period)
+                if period > 0 else None)
 
     def end(self) -> None:
         p = self.open
@@ -631,12 +671,13 @@ class PassTimer:
         """The forward raised: forget the open pass (its marks may be incomplete)."""
         self.open = None
 
-    def timed_call(self, kind: str, fn: Callable, args: tuple, kwargs: dict, applied: Optional[Callable[[Any], bool]] = None):
+    def timed_call(self, kind: str, fn: Callable, args: tuple, kwargs: dict,
+                   applied: Optional[Callable[[Any], bool]] = None):
         """Run ``fn(*args, **kwargs)``; while a sampled pass is open, bracket it with two marks.
 
-        ``applied(result)`` False discards the span (a fused call that declined and fell back to a plain
-        all-reduce, which is then timed on its own). A call nested in a timed call is not timed again.
-        """
+        ``applied(result)`` False discards the span (a fused call that declined and fell
+        back to a plain all-reduce, which is then timed on its own). A call nested in a
+        timed call is not timed again. """
         p = self.open
         if p is None or self._in_call:
             return fn(*args, **kwargs)
@@ -667,8 +708,10 @@ class PassTimer:
         wait = 0.0
         starved = p.starved
         if self.exchange is not None:
-            everyone = self.exchange({"starved": p.starved, "spans": spans, "interval": self.proposed_interval})
-            self.sampler.interval = int(everyone[0].get("interval", self.sampler.interval))  # rank 0's
+            everyone = self.exchange({"starved": p.starved, "spans": spans,
+                                      "interval": self.proposed_interval})
+            # rank 0's
+            self.sampler.interval = int(everyone[0].get("interval", self.sampler.interval))
             starved = any(bool(e["starved"]) for e in everyone)
             paired = None if starved else across_ranks(spans, [e["spans"] for e in everyone])
             if paired is not None:
@@ -700,4 +743,5 @@ class PassTimer:
             self.log(format_log_line(summaries, self.config.tp_rank, self.config.tp_size, dropped,
                                      self.sampler.interval, self.overhead_estimate()))
         else:
-            self.log(f"Verify timing [tp {self.config.tp_rank}/{self.config.tp_size}], no pass recorded, dropped {dropped}")
+            self.log(f"Verify timing [tp {self.config.tp_rank}/{self.config.tp_size}], no pass "
+                     f"recorded, dropped {dropped}")

@@ -1,14 +1,17 @@
-"""Torch reference of speculative verification: greedy tree, greedy chain, and sampled (rejection) verify.
+"""Torch reference of speculative verification: greedy tree, greedy chain, and
+sampled (rejection) verify.
 
-This is the CPU reference the CUDA verify kernels are checked against on a GPU. Inputs use SGLang's verify
-layout: ``candidates`` [bs, d] (node 0 is the root, i.e. the last verified token), ``retrieve_index`` [bs, d]
-(row of each node in the flat [bs*d] logits), ``next_token`` [bs, d] (first child, -1 none) and
-``next_sibling`` [bs, d] (next child of the same parent, -1 none). ``target_predict`` [bs, d] / ``target_probs``
-[bs, d, vocab] are the target model's outputs at each node, i.e. its prediction for the token after that node.
+This is the CPU reference the CUDA verify kernels are checked against on a GPU. Inputs use SGLang's
+verify layout: ``candidates`` [bs, d] (node 0 is the root, i.e. the last verified token),
+``retrieve_index`` [bs, d] (row of each node in the flat [bs*d] logits), ``next_token`` [bs, d]
+(first child, -1 none) and ``next_sibling`` [bs, d] (next child of the same parent, -1 none).
+``target_predict`` [bs, d] / ``target_probs`` [bs, d, vocab] are the target model's outputs at each
+node, i.e. its prediction for the token after that node.
 
-Every function returns a ``VerifyResult``: ``accept_index`` [bs, d] (flat rows of the accepted nodes, root first,
--1 after), ``accept_len`` [bs] (accepted drafts + 1 bonus token: what SGLang reports as accept length) and
-``tokens`` (per request, the emitted tokens: accepted drafts then the bonus token).
+Every function returns a ``VerifyResult``: ``accept_index`` [bs, d] (flat rows of the accepted
+nodes, root first, -1 after), ``accept_len`` [bs] (accepted drafts + 1 bonus token: what
+SGLang reports as accept length) and ``tokens`` (per request, the emitted tokens: accepted
+drafts then the bonus token).
 """
 from __future__ import annotations
 
@@ -28,8 +31,10 @@ class VerifyResult:
         return self.accept_len - 1
 
 
-def greedy_verify_tree(candidates, retrieve_index, next_token, next_sibling, target_predict) -> VerifyResult:
-    """Greedy tree verify: from the root, descend into the child whose token equals the target's argmax."""
+def greedy_verify_tree(candidates, retrieve_index, next_token, next_sibling,
+                       target_predict) -> VerifyResult:
+    """Greedy tree verify: from the root, descend into the child whose token
+    equals the target's argmax."""
     bs, d = candidates.shape
     accept_index = torch.full((bs, d), -1, dtype=torch.int64)
     accept_len = torch.zeros(bs, dtype=torch.int64)
@@ -58,10 +63,11 @@ def greedy_verify_tree(candidates, retrieve_index, next_token, next_sibling, tar
 
 
 def greedy_verify_chain(chain_tokens, target_predict, chain_len=None) -> VerifyResult:
-    """Greedy chain verify: accept the longest prefix where each draft equals the target's argmax before it.
+    """Greedy chain verify: accept the longest prefix where each draft equals the
+    target's argmax before it.
 
-    ``chain_tokens`` [bs, k] (root first), ``target_predict`` [bs, k], ``chain_len`` [bs] real drafts (default k-1).
-    """
+    ``chain_tokens`` [bs, k] (root first), ``target_predict`` [bs, k], ``chain_len`` [bs] real
+    drafts (default k-1). """
     bs, k = chain_tokens.shape
     if chain_len is None:
         chain_len = torch.full((bs,), k - 1, dtype=torch.int64)
@@ -81,14 +87,15 @@ def greedy_verify_chain(chain_tokens, target_predict, chain_len=None) -> VerifyR
 def sampled_verify_tree(
     candidates, retrieve_index, next_token, next_sibling, target_probs, coins, final_coins
 ) -> VerifyResult:
-    """Sampled verify of point-mass drafts (n-gram drafts have no draft distribution; draft_probs = 0).
+    """Sampled verify of point-mass drafts (n-gram drafts have no draft
+    distribution; draft_probs = 0).
 
-    Rule (SGLang's tree_speculative_sampling_target_only with threshold_single = threshold_acc = 1): at each level
-    draw one coin u; try the children in sibling order, accepting child i iff p(t_i) > 0 and u < p(t_1)+...+p(t_i),
-    so child i wins with probability p(t_i). If none wins, the bonus token is drawn from p with the tried tokens
-    removed and renormalized, which gives every other token x probability p(x): the output follows p exactly.
-    ``coins`` [bs, d] (coin of the level below node i is ``coins[b, i]``), ``final_coins`` [bs], both uniform [0,1).
-    """
+    Rule (SGLang's tree_speculative_sampling_target_only with threshold_single = threshold_acc = 1):
+    at each level draw one coin u; try the children in sibling order, accepting child i iff p(t_i) >
+    0 and u < p(t_1)+...+p(t_i), so child i wins with probability p(t_i). If none wins, the bonus
+    token is drawn from p with the tried tokens removed and renormalized, which gives every other
+    token x probability p(x): the output follows p exactly. ``coins`` [bs, d] (coin of the level
+    below node i is ``coins[b, i]``), ``final_coins`` [bs], both uniform [0,1). """
     bs, d = candidates.shape
     accept_index = torch.full((bs, d), -1, dtype=torch.int64)
     accept_len = torch.zeros(bs, dtype=torch.int64)
@@ -119,13 +126,15 @@ def sampled_verify_tree(
             n += 1
             accept_index[b, n] = retrieve_index[b, won]
             last = won
-        residual = target_probs[b, last].clone().to(torch.float64)  # relu(p - q), q = p on tried tokens
+        # relu(p - q), q = p on tried tokens
+        residual = target_probs[b, last].clone().to(torch.float64)
         if tried:
             residual[torch.tensor(tried)] = 0.0
         cdf = torch.cumsum(residual, 0)
         x = float(final_coins[b]) * float(cdf[-1])
         bonus = int(torch.searchsorted(cdf, torch.tensor([x], dtype=torch.float64), right=True)[0])
-        bonus = min(bonus, residual.shape[0] - 1)  # first token whose cdf exceeds x, so its mass is > 0
+        # first token whose cdf exceeds x, so its mass is > 0
+        bonus = min(bonus, residual.shape[0] - 1)
         out.append(bonus)
         accept_len[b] = n + 1
         tokens.append(out)
@@ -133,7 +142,8 @@ def sampled_verify_tree(
 
 
 def chain_links(bs: int, k: int):
-    """retrieve_index / next_token / next_sibling [bs, k] of ``bs`` chains (root -> 1 -> ... -> k-1)."""
+    """retrieve_index / next_token / next_sibling [bs, k] of ``bs`` chains
+    (root -> 1 -> ... -> k-1)."""
     ar = torch.arange(k)
     retrieve_index = torch.arange(bs * k).reshape(bs, k)
     next_token = torch.where(ar == k - 1, torch.tensor(-1), ar + 1).expand(bs, k).clone()
@@ -142,7 +152,8 @@ def chain_links(bs: int, k: int):
 
 
 def sampled_verify_chain(chain_tokens, target_probs, coins, final_coins) -> VerifyResult:
-    """Sampled chain verify: ``sampled_verify_tree`` on chain links (the same rule, one child per level)."""
+    """Sampled chain verify: ``sampled_verify_tree`` on chain links (the same rule,
+    one child per level)."""
     bs, k = chain_tokens.shape
     ri, nt, ns = chain_links(bs, k)
     return sampled_verify_tree(chain_tokens, ri, nt, ns, target_probs, coins, final_coins)

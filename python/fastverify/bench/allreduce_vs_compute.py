@@ -49,16 +49,18 @@ from fastverify.bench import common
 
 SCRIPT = "benchmark/allreduce_vs_compute.py"
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
-ALL_BACKENDS = ("nccl", "nccl-tuned", "symm-oneshot", "symm-twoshot", "flashinfer-ar", "flashinfer-fused",
+ALL_BACKENDS = ("nccl", "nccl-tuned", "symm-oneshot", "symm-twoshot", "flashinfer-ar",
+                "flashinfer-fused",
                 "flashinfer-fused-1shot", "flashinfer-pcie", "sglang-custom", "nccl-p2p-off")
 FUSED_BACKENDS = ("flashinfer-fused", "flashinfer-fused-1shot")
 EMULATION_NOTE = ("nccl-p2p-off is an EMULATION of a PCIe-like regime on the NVLink machine "
-                  "(NCCL_P2P_DISABLE=1: peer traffic staged through host shared memory), not a PCIe measurement")
+                  "(NCCL_P2P_DISABLE=1: peer traffic staged through host shared memory), not a "
+                  "PCIe measurement")
 NCCL_PROFILE_FORMAT = "fastverify-nccl-profile/1"
 REL_TOL = 1e-2  # bf16 outputs against an fp32 reference: relative Frobenius error
 
 
-# ============================================================================ plan (CPU-side, tested)
+# ========================================================================== plan (CPU-side, tested)
 
 def parse_int_list(text: str, flag: str) -> List[int]:
     try:
@@ -76,12 +78,15 @@ def parse_backends(text: str) -> List[str]:
         return list(ALL_BACKENDS)
     bad = [b for b in names if b not in ALL_BACKENDS]
     if bad or not names:
-        raise SystemExit(f"error: --backends: unknown {bad or text!r}; allowed: all or {', '.join(ALL_BACKENDS)}")
+        raise SystemExit(f"error: --backends: unknown {bad or text!r}; allowed: all or "
+                         f"{', '.join(ALL_BACKENDS)}")
     return names
 
 
-def nccl_sweep_settings(protos: Sequence[str], channels: Sequence[int], buffsizes: Sequence[str]) -> List[Dict[str, str]]:
-    """The NCCL variable sets of the sweep (protocol x channels x buffer size); 'default' leaves it unset."""
+def nccl_sweep_settings(protos: Sequence[str], channels: Sequence[int],
+                        buffsizes: Sequence[str]) -> List[Dict[str, str]]:
+    """The NCCL variable sets of the sweep (protocol x channels x buffer size);
+    'default' leaves it unset."""
     out = []
     for proto, ch, buf in itertools.product(protos, channels, buffsizes):
         env = {"NCCL_PROTO": proto, "NCCL_MIN_NCHANNELS": str(ch), "NCCL_MAX_NCHANNELS": str(ch)}
@@ -107,25 +112,29 @@ def build_plan(args: argparse.Namespace) -> Dict[str, Any]:
         b = set()
         jobs.append({"name": "compute", "env": {}, "variants": [], "compute": True, "pass": False})
     elif "nccl" in b or args.compute:
-        jobs.append({"name": "nccl", "env": {}, "variants": ["nccl"], "compute": args.compute, "pass": True})
+        jobs.append({"name": "nccl", "env": {}, "variants": ["nccl"], "compute": args.compute,
+                     "pass": True})
     sym = [v for v in ("symm-oneshot", "symm-twoshot") if v in b]
     if sym:
         jobs.append({"name": "symm", "env": {}, "variants": sym, "compute": False, "pass": True})
     fi = [v for v in ("flashinfer-ar", "flashinfer-fused", "flashinfer-fused-1shot") if v in b]
     if fi:
-        jobs.append({"name": "flashinfer", "env": {}, "variants": fi, "compute": False, "pass": True,
-                     "pythonpath": args.flashinfer_site})
+        jobs.append({"name": "flashinfer", "env": {}, "variants": fi, "compute": False,
+                     "pass": True, "pythonpath": args.flashinfer_site})
     if "flashinfer-pcie" in b:
-        jobs.append({"name": "flashinfer-pcie", "env": {}, "variants": ["flashinfer-pcie"], "compute": False,
-                     "pass": True, "pythonpath": args.flashinfer_pcie_site})
+        jobs.append({"name": "flashinfer-pcie", "env": {}, "variants": ["flashinfer-pcie"],
+                     "compute": False, "pass": True, "pythonpath": args.flashinfer_pcie_site})
     if "nccl-p2p-off" in b:
-        jobs.append({"name": "nccl-p2p-off", "env": {"NCCL_P2P_DISABLE": "1"}, "variants": ["nccl-p2p-off"],
+        jobs.append({"name": "nccl-p2p-off", "env": {"NCCL_P2P_DISABLE": "1"},
+                     "variants": ["nccl-p2p-off"],
                      "compute": False, "pass": True, "emulation": EMULATION_NOTE})
-    if "nccl-tuned" in b:  # last: many small jobs, one per setting (NCCL reads its variables once per process)
+    # last: many small jobs, one per setting (NCCL reads its variables once per process)
+    if "nccl-tuned" in b:
         for env in nccl_sweep_settings(args.nccl_protos, args.nccl_channels, args.nccl_buffsizes):
-            tag = ",".join(f"{k.replace('NCCL_', '')}={v}" for k, v in env.items() if k != "NCCL_MIN_NCHANNELS")
-            jobs.append({"name": f"nccl-tuned[{tag}]", "env": env, "variants": ["nccl"], "compute": False,
-                         "pass": False, "sweep": True})
+            tag = ",".join(f"{k.replace('NCCL_', '')}={v}" for k, v in env.items()
+                           if k != "NCCL_MIN_NCHANNELS")
+            jobs.append({"name": f"nccl-tuned[{tag}]", "env": env, "variants": ["nccl"],
+                         "compute": False, "pass": False, "sweep": True})
     n_ar = profile.allreduces_per_pass
     summaries = {t: P.pass_summary(profile, shard_tp, t) for t in tokens}
     return {
@@ -136,7 +145,8 @@ def build_plan(args: argparse.Namespace) -> Dict[str, Any]:
         "batch_sizes": list(args.batch_sizes),
         "tokens": tokens,
         "allreduces_per_pass": n_ar,
-        "gemms_per_layer": {str(i): [g.__dict__ for g in gemms[i]] for i in sorted({0, profile.num_layers - 1})},
+        "gemms_per_layer": {str(i): [g.__dict__ for g in gemms[i]]
+                            for i in sorted({0, profile.num_layers - 1})},
         "pass_counts": {str(t): summaries[t] for t in tokens},
         "jobs": jobs,
         "sglang_custom": "sglang-custom" in b,
@@ -146,14 +156,16 @@ def build_plan(args: argparse.Namespace) -> Dict[str, Any]:
 
 def print_plan(plan: Dict[str, Any]) -> None:
     prof = plan["profile"]
-    print(f"# plan: profile {prof['name']} ({prof['num_layers']} layers, hidden {prof['hidden_size']}), "
-          f"per-rank shapes at TP {plan['shard_tp']}, all-reduce over {plan['world']} GPU(s)")
-    print(f"# {plan['allreduces_per_pass']} all-reduces per pass; widths k={plan['widths']} x batch sizes "
-          f"{plan['batch_sizes']} -> tokens {plan['tokens']}")
+    print(f"# plan: profile {prof['name']} ({prof['num_layers']} layers, hidden "
+          f"{prof['hidden_size']}), per-rank shapes at TP {plan['shard_tp']}, all-reduce over "
+          f"{plan['world']} GPU(s)")
+    print(f"# {plan['allreduces_per_pass']} all-reduces per pass; widths k={plan['widths']} x "
+          f"batch sizes {plan['batch_sizes']} -> tokens {plan['tokens']}")
     rows = []
     for t in plan["tokens"]:
         s = plan["pass_counts"][str(t)]
-        rows.append([t, s["allreduce_bytes_each"] / 1024, s["weight_bytes"] / 1e9, s["gemm_flops"] / 1e12])
+        rows.append([t, s["allreduce_bytes_each"] / 1024, s["weight_bytes"] / 1e9,
+                     s["gemm_flops"] / 1e12])
     print(common.format_table(["tokens", "AR KiB/call", "weights GB/pass", "GEMM TFLOP/pass"], rows,
                               floatfmt="{:.3f}"))
     for j in plan["jobs"]:
@@ -168,7 +180,8 @@ def print_plan(plan: Dict[str, Any]) -> None:
 class _Ctx:
     """Everything one rank needs: device, groups, the profile's weights and activation stand-ins."""
 
-    def __init__(self, rank: int, world: int, port: int, plan: Dict[str, Any], opts: Dict[str, Any]):
+    def __init__(self, rank: int, world: int, port: int, plan: Dict[str, Any],
+                 opts: Dict[str, Any]):
         import torch
         import torch.distributed as dist
 
@@ -180,8 +193,8 @@ class _Ctx:
 
         # a rank that fails alone must not leave its peer waiting for the default 10-30 minutes
         tmo = datetime.timedelta(seconds=opts.get("collective_timeout_s", 60))
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                device_id=self.dev, timeout=tmo)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, device_id=self.dev, timeout=tmo)
         self.group = dist.group.WORLD
         self.cpu_group = dist.new_group(backend="gloo", timeout=tmo)
         self.stream = torch.cuda.Stream()
@@ -214,7 +227,8 @@ class _Ctx:
         return torch.randn(tokens, self.hidden, generator=g, device=self.dev, dtype=torch.float32)
 
     def ref_sum(self, tokens: int, salt: int):
-        return sum(self.rank_input(r, tokens, salt).to(self.dtype).float() for r in range(self.world))
+        return sum(self.rank_input(r, tokens, salt).to(self.dtype).float()
+                   for r in range(self.world))
 
     # ---- profile weights (rotated over a few slots: each layer still streams its full bytes)
     def build_weights(self):
@@ -239,8 +253,10 @@ class _Ctx:
                     w = torch.empty(shape, device=self.dev, dtype=self.dtype).normal_(0, 1.0 / math.sqrt(gm.k))
                     ws.append(w)
                 self.weights[(key, s)] = (gemms, ws)
-        self.slot_count = {key: (slots if sum(1 for k in self.layer_kinds if k == key) > 1 else 1) for key in kinds}
-        # activation stand-ins for GEMM inputs that are not the hidden state ([max_tokens * topk, k])
+        self.slot_count = {key: (slots if sum(1 for k in self.layer_kinds if k == key) > 1 else 1)
+                           for key in kinds}
+        # activation stand-ins for GEMM inputs that are not the hidden state
+        # ([max_tokens * topk, k])
         self.act = {}
         topk = max(1, self.profile.num_experts_per_tok)
         for key, gemms in kinds.items():
@@ -250,7 +266,8 @@ class _Ctx:
                     self.act[gm.k] = torch.randn(rows, gm.k, device=self.dev, dtype=self.dtype)
 
     def layer_half(self, layer: int, x, tokens: int, half: int):
-        """The GEMMs of one half-layer (0: attention, 1: MLP/MoE); returns the [tokens, hidden] partial sum."""
+        """The GEMMs of one half-layer (0: attention, 1: MLP/MoE); returns the
+        [tokens, hidden] partial sum."""
         torch = self.torch
         key = self.layer_kinds[layer]
         gemms, ws = self.weights[(key, layer % self.slot_count[key])]
@@ -307,7 +324,8 @@ def _make_variant(ctx: _Ctx, name: str):
         ops = torch.ops.symm_mem
         info = {"multicast_ptr": int(getattr(hdl, "multicast_ptr", 0) or 0)}
         if info["multicast_ptr"]:
-            raise RuntimeError("symmetric memory reports a multicast pointer; multicast must stay off")
+            raise RuntimeError("symmetric memory reports a multicast pointer; multicast must stay "
+                               "off")
         if name == "symm-oneshot":
             def ar(x):
                 b = buf[: x.numel()].view_as(x)
@@ -337,24 +355,28 @@ def _make_variant(ctx: _Ctx, name: str):
 
         def ar(x):
             out = torch.empty_like(x)
-            comm.allreduce_fusion(input=x, workspace=ws, pattern=pat.kAllReduce, launch_with_pdl=True,
-                                  output=out, use_oneshot=None, fp32_acc=True)
+            comm.allreduce_fusion(input=x, workspace=ws, pattern=pat.kAllReduce,
+                                  launch_with_pdl=True, output=out, use_oneshot=None, fp32_acc=True)
             return out
 
         def ar_norm(x, residual):
             norm_out = torch.empty_like(x)
             res_out = torch.empty_like(x)
-            comm.allreduce_fusion(input=x, workspace=ws, pattern=pat.kARResidualRMSNorm, launch_with_pdl=True,
+            comm.allreduce_fusion(input=x, workspace=ws, pattern=pat.kARResidualRMSNorm,
+                                  launch_with_pdl=True,
                                   residual_out=res_out, norm_out=norm_out, residual_in=residual,
-                                  rms_gamma=ctx.gamma, rms_eps=ctx.eps, use_oneshot=oneshot, fp32_acc=True)
+                                  rms_gamma=ctx.gamma, rms_eps=ctx.eps, use_oneshot=oneshot,
+                                  fp32_acc=True)
             return norm_out, res_out
-        info = {"flashinfer": flashinfer.__version__, "workspace_backend": getattr(ws, "backend", "?")}
+        info = {"flashinfer": flashinfer.__version__,
+                "workspace_backend": getattr(ws, "backend", "?")}
         return ar, (ar_norm if name in FUSED_BACKENDS else None), info
     if name == "flashinfer-pcie":
         import flashinfer
         from flashinfer.comm import PcieIpcAllReduceWorkspace
 
-        ws = PcieIpcAllReduceWorkspace(group=ctx.group, max_numel=ctx.max_tokens * H, dtype=ctx.dtype)
+        ws = PcieIpcAllReduceWorkspace(group=ctx.group, max_numel=ctx.max_tokens * H,
+                                       dtype=ctx.dtype)
         cfgs = ws.prepare([(t, H) for t in ctx.plan["tokens"]], dtype=ctx.dtype)
         unsupported = [t for (t, _), c in cfgs.items() if c is None]
 
@@ -432,7 +454,8 @@ def _sizes_loop(ctx: _Ctx, job: Dict[str, Any], variant: str, out: Dict[str, Any
             if not chk["ok_all_ranks"]:
                 rec["error"] = "wrong result"
                 continue
-            x = ctx.rank_input(ctx.rank, t, 99).to(ctx.dtype).mul_(1e-3)  # values stay finite over 122 sums
+            # values stay finite over 122 sums
+            x = ctx.rank_input(ctx.rank, t, 99).to(ctx.dtype).mul_(1e-3)
             resid = ctx.rank_input(0, t, 98).to(ctx.dtype)
 
             def ar_chain():
@@ -452,7 +475,8 @@ def _sizes_loop(ctx: _Ctx, job: Dict[str, Any], variant: str, out: Dict[str, Any
                     return h
                 return fn
 
-            tg = common.time_gpu_us(ar_chain, replays, graph=True, stream=ctx.stream, sync=ctx.barrier)
+            tg = common.time_gpu_us(ar_chain, replays, graph=True, stream=ctx.stream,
+                                    sync=ctx.barrier)
             rec["ar_graph_us_per_call"] = tg["median_us"] / n_ar
             del tg
             te = common.time_gpu_us(ar_chain, max(5, replays // 4), sync=ctx.barrier)
@@ -465,12 +489,14 @@ def _sizes_loop(ctx: _Ctx, job: Dict[str, Any], variant: str, out: Dict[str, Any
             elif not job.get("sweep"):
                 tn = common.time_gpu_us(arnorm_chain(add_rmsnorm_fused), replays, graph=True,
                                         stream=ctx.stream, sync=ctx.barrier)
-                rec["arnorm_graph_us_pass"] = tn["median_us"]  # all-reduce, then one fused add+RMSNorm kernel
+                # all-reduce, then one fused add+RMSNorm kernel
+                rec["arnorm_graph_us_pass"] = tn["median_us"]
                 del tn
                 if variant == "nccl":
                     tu = common.time_gpu_us(arnorm_chain(add_rmsnorm_torch), replays, graph=True,
                                             stream=ctx.stream, sync=ctx.barrier)
-                    rec["arnorm_unfused_graph_us_pass"] = tu["median_us"]  # all-reduce, then add and norm as torch ops
+                    # all-reduce, then add and norm as torch ops
+                    rec["arnorm_unfused_graph_us_pass"] = tu["median_us"]
                     del tu
             if job.get("pass") and ctx.opts["passes"]:
                 rec.update(_time_pass(ctx, t, ar, ar_norm, with_ar=True))
@@ -508,7 +534,8 @@ def _time_pass(ctx: _Ctx, tokens: int, ar, ar_norm, with_ar: bool) -> Dict[str, 
     one_pass()
     torch.cuda.synchronize()
     est = max(1e-4, time.perf_counter() - t0)
-    replays = int(min(ctx.opts["pass_replays"], max(5, ctx.opts["pass_budget_s"] / ctx.agree(est, "max"))))
+    replays = int(min(ctx.opts["pass_replays"],
+                      max(5, ctx.opts["pass_budget_s"] / ctx.agree(est, "max"))))
     tg = common.time_gpu_us(one_pass, replays, graph=True, stream=ctx.stream, sync=ctx.barrier,
                             pre_capture_warmup=1, warmup=2)
     key = "pass_graph_us" if with_ar else "compute_graph_us"
@@ -518,8 +545,8 @@ def _time_pass(ctx: _Ctx, tokens: int, ar, ar_norm, with_ar: bool) -> Dict[str, 
     return out
 
 
-def _worker(rank: int, world: int, port: int, plan: Dict[str, Any], job: Dict[str, Any], opts: Dict[str, Any],
-            queue) -> None:
+def _worker(rank: int, world: int, port: int, plan: Dict[str, Any], job: Dict[str, Any],
+            opts: Dict[str, Any], queue) -> None:
     out: Dict[str, Any] = {"job": job["name"], "rank": rank}
     try:
         for k, v in job.get("env", {}).items():
@@ -594,17 +621,21 @@ def run_job(mp_ctx, plan, job, opts, timeout_s: float) -> Dict[str, Any]:
             p.kill()
             p.join(5)
     if result is None:
-        result = {"job": job["name"], "error": "timeout" if time.time() >= deadline else "no result",
-                  "fatal": [f.get("fatal") for f in fatal], "traceback": [f.get("traceback") for f in fatal]}
+        result = {"job": job["name"], "error": "timeout" if time.time() >= deadline
+                  else "no result",
+                  "fatal": [f.get("fatal") for f in fatal],
+                  "traceback": [f.get("traceback") for f in fatal]}
     result["wall_s"] = round(time.time() - t0, 1)
     result["job_env"] = job.get("env", {})
     return result
 
 
-# ============================================================================ aggregation (CPU-side, tested)
+# =================================================================== aggregation (CPU-side, tested)
 
-def best_nccl_per_size(sweep_results: Sequence[Dict[str, Any]], tokens: Sequence[int]) -> Dict[int, Dict[str, Any]]:
-    """For each token count, the sweep setting with the lowest graph per-call latency among correct runs."""
+def best_nccl_per_size(sweep_results: Sequence[Dict[str, Any]],
+                       tokens: Sequence[int]) -> Dict[int, Dict[str, Any]]:
+    """For each token count, the sweep setting with the lowest graph per-call
+    latency among correct runs."""
     best: Dict[int, Dict[str, Any]] = {}
     for res in sweep_results:
         sizes = res.get("variants", {}).get("nccl", {}).get("sizes", {})
@@ -619,13 +650,15 @@ def best_nccl_per_size(sweep_results: Sequence[Dict[str, Any]], tokens: Sequence
 
 
 def nccl_profile_payload(best: Dict[int, Dict[str, Any]], hidden: int, dtype_bytes: int,
-                         source: Dict[str, Any], default_us: Optional[Dict[int, float]] = None) -> Dict[str, Any]:
+                         source: Dict[str, Any],
+                         default_us: Optional[Dict[int, float]] = None) -> Dict[str, Any]:
     """The --nccl-tuning-profile document (fastverify.nccl format).
 
-    "by_size": the best sweep setting per all-reduce size, with NCCL's default time at that size when it was
-    measured in the same run. "env": the setting that wins the most sizes among those where it beats the
-    default (all sizes when the default was not measured). ``source["beats_default_sizes"]`` says at how many
-    sizes the sweep beat the default: 0 means the defaults are already best on this machine.
+    "by_size": the best sweep setting per all-reduce size, with NCCL's default time at that size
+    when it was measured in the same run. "env": the setting that wins the most sizes among those
+    where it beats the default (all sizes when the default was not measured).
+    ``source["beats_default_sizes"]`` says at how many sizes the sweep beat the default: 0 means the
+    defaults are already best on this machine.
     """
     if not best:
         raise ValueError("no correct NCCL sweep results to build a tuning profile from")
@@ -638,18 +671,21 @@ def nccl_profile_payload(best: Dict[int, Dict[str, Any]], hidden: int, dtype_byt
     overall = max(wins.items(), key=lambda kv: (len(kv[1]), -sum(kv[1])))[0]
     by_size = []
     for t in sorted(best):
-        row = {"bytes": t * hidden * dtype_bytes, "tokens": t, "best": best[t]["env"], "us": round(best[t]["us"], 2)}
+        row = {"bytes": t * hidden * dtype_bytes, "tokens": t, "best": best[t]["env"],
+               "us": round(best[t]["us"], 2)}
         if t in default_us:
             row["default_us"] = round(default_us[t], 2)
         by_size.append(row)
     src = dict(source)
     if default_us:
         src["beats_default_sizes"] = f"{len(better)} of {len(best)}"
-    return {"format": NCCL_PROFILE_FORMAT, "env": json.loads(overall), "source": src, "by_size": by_size}
+    return {"format": NCCL_PROFILE_FORMAT, "env": json.loads(overall), "source": src,
+            "by_size": by_size}
 
 
 def write_nccl_profile(path: str, payload: Dict[str, Any]) -> str:
-    """Through fastverify.nccl.write_profile (which validates by reading back) when the library has it."""
+    """Through fastverify.nccl.write_profile (which validates by reading back)
+    when the library has it."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
         from fastverify import nccl as fv_nccl  # type: ignore
@@ -662,21 +698,24 @@ def write_nccl_profile(path: str, payload: Dict[str, Any]) -> str:
     return "json"
 
 
-def emit_nccl_profile(path: str, plan: Dict[str, Any], summary: Dict[str, Any], info: Dict[str, Any],
-                      command: str) -> Dict[str, Any]:
+def emit_nccl_profile(path: str, plan: Dict[str, Any], summary: Dict[str, Any],
+                      info: Dict[str, Any], command: str) -> Dict[str, Any]:
     payload = nccl_profile_payload(summary["nccl_best"], plan["profile"]["hidden_size"], 2, source={
-        "gpu": ", ".join(info.get("gpus", [])), "nccl": info.get("nccl", ""), "date": info.get("date_utc", ""),
-        "command": command,
-        "note": "best per size over the sweep (CUDA-graph per-call medians); env = the setting that wins the "
-                "most sizes where it beats NCCL's defaults"}, default_us=summary.get("nccl_default"))
+        "gpu": ", ".join(info.get("gpus", [])), "nccl": info.get("nccl", ""),
+        "date": info.get("date_utc", ""), "command": command,
+        "note": "best per size over the sweep (CUDA-graph per-call medians); env = the setting "
+                "that wins the most sizes where it beats NCCL's defaults"},
+                default_us=summary.get("nccl_default"))
     how = write_nccl_profile(path, payload)
     beats = payload["source"].get("beats_default_sizes", "?")
-    print(f"# NCCL tuning profile written to {path} ({how}); the sweep beats NCCL's defaults at {beats} sizes")
+    print(f"# NCCL tuning profile written to {path} ({how}); the sweep beats NCCL's defaults at "
+          f"{beats} sizes")
     return payload
 
 
 def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """Rows per (backend, tokens): per-call latency, pass totals, shares; plus the target checks at k=8."""
+    """Rows per (backend, tokens): per-call latency, pass totals, shares; plus the
+    target checks at k=8."""
     n_ar = plan["allreduces_per_pass"]
     compute: Dict[str, Optional[float]] = {}
     for r in results:
@@ -703,8 +742,10 @@ def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[s
     default_us = {t: rec["ar_graph_us_per_call"] for t, rec in per_backend.get("nccl", {}).items()
                   if rec.get("ar_graph_us_per_call") is not None and not rec.get("error")}
     for t, b in best.items():
-        per_backend.setdefault("nccl-tuned", {})[t] = {"ar_graph_us_per_call": b["us"], "best_env": b["env"]}
-    for vname in sorted(per_backend, key=lambda n: ALL_BACKENDS.index(n) if n in ALL_BACKENDS else 99):
+        per_backend.setdefault("nccl-tuned", {})[t] = {"ar_graph_us_per_call": b["us"],
+                                                       "best_env": b["env"]}
+    for vname in sorted(per_backend, key=lambda n: ALL_BACKENDS.index(n)
+                        if n in ALL_BACKENDS else 99):
         for t in plan["tokens"]:
             rec = per_backend[vname].get(t)
             if rec is None:
@@ -714,8 +755,10 @@ def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[s
             share = (pas - comp) / pas if (pas and comp) else None
             rows.append({
                 "backend": vname, "tokens": t, "error": rec.get("error"),
-                "ar_graph_us": rec.get("ar_graph_us_per_call"), "ar_eager_us": rec.get("ar_eager_us_per_call"),
-                "ar_only_pass_us": (rec["ar_graph_us_per_call"] * n_ar) if rec.get("ar_graph_us_per_call") else None,
+                "ar_graph_us": rec.get("ar_graph_us_per_call"),
+                "ar_eager_us": rec.get("ar_eager_us_per_call"),
+                "ar_only_pass_us": (rec["ar_graph_us_per_call"] * n_ar)
+                if rec.get("ar_graph_us_per_call") else None,
                 "arnorm_pass_us": rec.get("arnorm_graph_us_pass"),
                 "arnorm_unfused_pass_us": rec.get("arnorm_unfused_graph_us_pass"),
                 "compute_us": comp, "pass_us": pas, "ar_share": share,
@@ -724,25 +767,27 @@ def summarize(plan: Dict[str, Any], results: Sequence[Dict[str, Any]]) -> Dict[s
         for t in plan["tokens"]:
             rows.append({"backend": "compute-only", "tokens": t, "error": None, "ar_graph_us": None,
                          "ar_eager_us": None, "ar_only_pass_us": None, "arnorm_pass_us": None,
-                         "arnorm_unfused_pass_us": None, "compute_us": compute.get(str(t)), "pass_us": None,
-                         "ar_share": None})
+                         "arnorm_unfused_pass_us": None, "compute_us": compute.get(str(t)),
+                         "pass_us": None, "ar_share": None})
     targets = evaluate_targets(plan, rows)
-    return {"rows": rows, "wrong_results": wrong, "targets": targets, "nccl_best": best, "nccl_default": default_us}
+    return {"rows": rows, "wrong_results": wrong, "targets": targets, "nccl_best": best,
+            "nccl_default": default_us}
 
 
-def evaluate_targets(plan: Dict[str, Any], rows: Sequence[Dict[str, Any]], k: int = 8) -> Dict[str, Any]:
+def evaluate_targets(plan: Dict[str, Any], rows: Sequence[Dict[str, Any]],
+                     k: int = 8) -> Dict[str, Any]:
     """The issue's targets at k=8 (tokens = 8 * the smallest batch size)."""
     t = k * min(plan["batch_sizes"])
     at = [r for r in rows if r["tokens"] == t and not r.get("error")]
-    unfused = [r for r in at if r["backend"] not in FUSED_BACKENDS and r["backend"] != "nccl-p2p-off"
-               and r["ar_graph_us"] is not None]
+    unfused = [r for r in at if r["backend"] not in FUSED_BACKENDS
+               and r["backend"] != "nccl-p2p-off" and r["ar_graph_us"] is not None]
     fused = [r for r in at if r["backend"] in FUSED_BACKENDS and r["arnorm_pass_us"]]
     nccl = next((r for r in at if r["backend"] == "nccl"), None)
     out: Dict[str, Any] = {"tokens": t}
     if unfused:
         b = min(unfused, key=lambda r: r["ar_graph_us"])
-        out["best_unfused"] = {"backend": b["backend"], "us_per_call": b["ar_graph_us"], "target_us": 8.0,
-                               "met": b["ar_graph_us"] <= 8.0}
+        out["best_unfused"] = {"backend": b["backend"], "us_per_call": b["ar_graph_us"],
+                               "target_us": 8.0, "met": b["ar_graph_us"] <= 8.0}
     if fused:
         b = min(fused, key=lambda r: r["arnorm_pass_us"])
         per_call = b["arnorm_pass_us"] / plan["allreduces_per_pass"]
@@ -760,24 +805,27 @@ def evaluate_targets(plan: Dict[str, Any], rows: Sequence[Dict[str, Any]], k: in
     return out
 
 
-TABLE_COLS = ["backend", "tokens", "AR us/call", "eager us", "AR-only us", "AR+norm us", "compute us",
-              "pass us", "AR share"]
+TABLE_COLS = ["backend", "tokens", "AR us/call", "eager us", "AR-only us", "AR+norm us",
+              "compute us", "pass us", "AR share"]
 
 
 def table_rows(summary: Dict[str, Any]) -> List[List[Any]]:
     rows = []
     for r in summary["rows"]:
         if r.get("error"):
-            rows.append([r["backend"], r["tokens"], r["error"][:40], None, None, None, None, None, None])
+            rows.append([r["backend"], r["tokens"], r["error"][:40], None, None, None,
+                         None, None, None])
             continue
         share = f"{100 * r['ar_share']:.0f}%" if r.get("ar_share") is not None else "-"
-        rows.append([r["backend"], r["tokens"], r["ar_graph_us"], r["ar_eager_us"], r["ar_only_pass_us"],
+        rows.append([r["backend"], r["tokens"], r["ar_graph_us"], r["ar_eager_us"],
+                     r["ar_only_pass_us"],
                      r["arnorm_pass_us"], r["compute_us"], r["pass_us"], share])
     return rows
 
 
 def plot_png(path: str, plan: Dict[str, Any], summary: Dict[str, Any]) -> bool:
-    """Stacked bars per backend and k (smallest batch size): compute vs all-reduce time of one pass."""
+    """Stacked bars per backend and k (smallest batch size): compute vs
+    all-reduce time of one pass."""
     try:
         import matplotlib
 
@@ -787,7 +835,8 @@ def plot_png(path: str, plan: Dict[str, Any], summary: Dict[str, Any]) -> bool:
         return False
     bs = min(plan["batch_sizes"])
     ks = plan["widths"]
-    rows = [r for r in summary["rows"] if r.get("pass_us") and r.get("compute_us") and not r.get("error")]
+    rows = [r for r in summary["rows"] if r.get("pass_us") and r.get("compute_us")
+            and not r.get("error")]
     backends = [b for b in ALL_BACKENDS if any(r["backend"] == b for r in rows)]
     if not backends:
         return False
@@ -803,13 +852,14 @@ def plot_png(path: str, plan: Dict[str, Any], summary: Dict[str, Any]) -> bool:
             comp.append(r["compute_us"] / 1e3)
             comm_.append(max(0.0, r["pass_us"] - r["compute_us"]) / 1e3)
         ax.bar(xs, comp, width, color=f"C{i}", alpha=0.45)
-        ax.bar(xs, comm_, width, bottom=comp, color=f"C{i}", label=b, hatch="//", edgecolor="k", linewidth=0.3)
+        ax.bar(xs, comm_, width, bottom=comp, color=f"C{i}", label=b, hatch="//", edgecolor="k",
+               linewidth=0.3)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ks))])
     ax.set_xticklabels([f"k={k}" for k in ks])
     ax.set_ylabel("ms per verify pass (light: compute, hatched: all-reduce)")
     prof = plan["profile"]
-    ax.set_title(f"{prof['name']}: {plan['allreduces_per_pass']} all-reduces/pass, shapes at TP {plan['shard_tp']}, "
-                 f"{plan['world']} GPUs, batch {bs}")
+    ax.set_title(f"{prof['name']}: {plan['allreduces_per_pass']} all-reduces/pass, shapes at TP "
+                 f"{plan['shard_tp']}, {plan['world']} GPUs, batch {bs}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -823,37 +873,52 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="kimi-k2.5",
-                    help=f"built-in profile ({', '.join(P.BUILTIN_PROFILES)}) or a path to a HF config.json")
+                    help=f"built-in profile ({', '.join(P.BUILTIN_PROFILES)}) or a path to a HF "
+                         "config.json")
     ap.add_argument("--shard-tp", type=int, default=0,
-                    help="TP size whose per-rank GEMM shapes are used (default: the number of GPUs). A value "
-                         "above the GPU count emulates that deployment's per-rank compute")
-    ap.add_argument("--world", type=int, default=2, help="GPUs (ranks) in the all-reduce group (default 2)")
+                    help="TP size whose per-rank GEMM shapes are used (default: the number of "
+                         "GPUs). A value above the GPU count emulates that deployment's per-rank "
+                         "compute")
+    ap.add_argument("--world", type=int, default=2,
+                    help="GPUs (ranks) in the all-reduce group (default 2)")
     ap.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)), help="verify widths k")
     ap.add_argument("--batch-sizes", default="1", help="batch sizes (tokens = k x batch)")
-    ap.add_argument("--backends", default="all", help=f"all or a comma list of: {', '.join(ALL_BACKENDS)}")
-    ap.add_argument("--no-compute", dest="compute", action="store_false", help="skip the compute-only pass")
+    ap.add_argument("--backends", default="all",
+                    help=f"all or a comma list of: {', '.join(ALL_BACKENDS)}")
+    ap.add_argument("--no-compute", dest="compute", action="store_false",
+                    help="skip the compute-only pass")
     ap.add_argument("--compute-only", action="store_true",
-                    help="only the compute-only pass (runs on 1 GPU with --world 1): the GEMM side of the split")
+                    help="only the compute-only pass (runs on 1 GPU with --world 1): the GEMM side "
+                         "of the split")
     ap.add_argument("--no-passes", dest="passes", action="store_false",
                     help="only all-reduce timings, no interleaved passes")
-    ap.add_argument("--replays", type=int, default=30, help="timed graph replays per all-reduce measurement")
-    ap.add_argument("--pass-replays", type=int, default=20, help="max timed replays per whole-pass measurement")
-    ap.add_argument("--pass-budget-s", type=float, default=0.4, help="target seconds per pass measurement")
+    ap.add_argument("--replays", type=int, default=30,
+                    help="timed graph replays per all-reduce measurement")
+    ap.add_argument("--pass-replays", type=int, default=20,
+                    help="max timed replays per whole-pass measurement")
+    ap.add_argument("--pass-budget-s", type=float, default=0.4,
+                    help="target seconds per pass measurement")
     ap.add_argument("--weight-slots", type=int, default=2,
-                    help="distinct weight copies the layers rotate over (each layer still streams its bytes)")
+                    help="distinct weight copies the layers rotate over (each layer still streams "
+                         "its bytes)")
     ap.add_argument("--nccl-protos", default="LL,LL128,Simple")
     ap.add_argument("--nccl-channels", default="2,8")
     ap.add_argument("--nccl-buffsizes", default="default,1048576")
-    ap.add_argument("--flashinfer-site", default=None, help="folder with FlashInfer 0.6.x (trtllm fusion)")
-    ap.add_argument("--flashinfer-pcie-site", default=None, help="folder with FlashInfer 0.7.x (PCIe IPC)")
-    ap.add_argument("--job-timeout", type=float, default=120.0, help="seconds before a backend's job is killed")
+    ap.add_argument("--flashinfer-site", default=None,
+                    help="folder with FlashInfer 0.6.x (trtllm fusion)")
+    ap.add_argument("--flashinfer-pcie-site", default=None,
+                    help="folder with FlashInfer 0.7.x (PCIe IPC)")
+    ap.add_argument("--job-timeout", type=float, default=120.0,
+                    help="seconds before a backend's job is killed")
     ap.add_argument("--json", default=None, help="write all numbers + repro command here")
     ap.add_argument("--png", default=None, help="write the stacked-bar plot here")
     ap.add_argument("--write-nccl-profile", default=None,
                     help="write the sweep's best NCCL settings as a --nccl-tuning-profile JSON")
     ap.add_argument("--nccl-profile-from", default=None, metavar="RESULTS_JSON",
-                    help="no GPU: rebuild the --write-nccl-profile file from the JSON of an earlier run")
-    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+                    help="no GPU: rebuild the --write-nccl-profile file from the JSON of an "
+                         "earlier run")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the plan and exit (no GPU needed)")
     return ap
 
 
@@ -899,7 +964,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: --nccl-profile-from {args.nccl_profile_from}: {e}", file=sys.stderr)
             return 2
         if not summary["nccl_best"]:
-            print(f"error: --nccl-profile-from {args.nccl_profile_from}: no NCCL sweep results", file=sys.stderr)
+            print(f"error: --nccl-profile-from {args.nccl_profile_from}: no NCCL sweep results",
+                  file=sys.stderr)
             return 2
         emit_nccl_profile(args.write_nccl_profile, old["plan"], summary, old.get("env", {}),
                           old.get("repro_command", ""))
@@ -913,7 +979,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     mp_ctx = mp.get_context("forkserver")
     mp_ctx.set_forkserver_preload(["torch", "torch.distributed"])
-    opts = {"replays": args.replays, "pass_replays": args.pass_replays, "pass_budget_s": args.pass_budget_s,
+    opts = {"replays": args.replays, "pass_replays": args.pass_replays,
+            "pass_budget_s": args.pass_budget_s,
             "weight_slots": args.weight_slots, "passes": args.passes}
     results = []
     try:
@@ -923,7 +990,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         jobs_iter = plan["jobs"]
     for job in jobs_iter:
         res = run_job(mp_ctx, plan, job, opts, args.job_timeout)
-        print(f"# job {job['name']}: {res.get('error') or 'done'} in {res['wall_s']} s", file=sys.stderr)
+        print(f"# job {job['name']}: {res.get('error') or 'done'} in {res['wall_s']} s",
+              file=sys.stderr)
         results.append(res)
         if args.json:  # partial results survive a run that is stopped from outside
             Path(args.json + ".partial").write_text(json.dumps({"plan": plan, "jobs": results}, default=str))
@@ -942,12 +1010,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     summary = summarize(plan, results)
     info = common.collect_env(versions)
     notes = [f"profile {plan['profile']['name']}: {plan['profile']['source']}",
-             f"per-rank GEMM shapes at TP {plan['shard_tp']}; all-reduce over {plan['world']} GPUs; "
-             f"{plan['allreduces_per_pass']} all-reduces per pass; bf16; GEMMs only (attention core and "
-             f"activations not modeled); expert GEMMs as batched GEMMs over the expected distinct experts",
-             "times: medians of CUDA-event-timed CUDA-graph replays (eager: same calls without a graph)",
-             "AR us/call: one all-reduce; AR-only us: the pass's all-reduces back to back; AR+norm us: each "
-             "followed by add+RMSNorm (fused backends: one kernel; others: one fused add+RMSNorm kernel)",
+             f"per-rank GEMM shapes at TP {plan['shard_tp']}; all-reduce over {plan['world']} "
+             f"GPUs; {plan['allreduces_per_pass']} all-reduces per pass; bf16; GEMMs only "
+             "(attention core and activations not modeled); expert GEMMs as batched GEMMs over "
+             "the expected distinct experts",
+             "times: medians of CUDA-event-timed CUDA-graph replays (eager: same calls without a "
+             "graph)",
+             "AR us/call: one all-reduce; AR-only us: the pass's all-reduces back to back; AR+norm "
+             "us: each followed by add+RMSNorm (fused backends: one kernel; others: one fused "
+             "add+RMSNorm kernel)",
              EMULATION_NOTE]
     if sglang_custom:
         notes.append(f"sglang-custom: {sglang_custom}")
@@ -957,11 +1028,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name, t in summary["targets"].items():
         print(f"# target {name}: {json.dumps(t, default=str)}")
     if args.write_nccl_profile and summary["nccl_best"]:
-        emit_nccl_profile(args.write_nccl_profile, plan, summary, info, common.repro_command(argv, SCRIPT))
+        emit_nccl_profile(args.write_nccl_profile, plan, summary, info,
+                          common.repro_command(argv, SCRIPT))
     if args.png:
-        print(f"# plot: {args.png}" if plot_png(args.png, plan, summary) else "# plot: matplotlib missing")
+        print(f"# plot: {args.png}" if plot_png(args.png, plan, summary)
+              else "# plot: matplotlib missing")
     if args.json:
-        common.write_json(args.json, {"env": info, "plan": plan, "summary": summary, "jobs": results,
+        common.write_json(args.json,
+                          {"env": info, "plan": plan, "summary": summary, "jobs": results,
                                       "sglang_custom": sglang_custom, "notes": notes},
                           common.repro_command(argv, SCRIPT))
     return 0 if summary["wrong_results"] == 0 else 1

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 # Variables that change what a collective does; shown in every preamble.
-ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "CUDA_", "FLASHINFER_", "TORCH_NCCL", "PYTORCH_CUDA")
+ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "CUDA_", "FLASHINFER_", "TORCH_NCCL",
+                "PYTORCH_CUDA")
 # Multicast must stay off on the shared H200 hosts; the benchmarks refuse to run without these.
-REQUIRED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+REQUIRED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 class NoGpuError(RuntimeError):
@@ -31,7 +33,8 @@ class NoGpuError(RuntimeError):
 
 
 def require_gpus(n: int, what: str) -> int:
-    """Return the CUDA device count, or raise NoGpuError with a message that says what is missing."""
+    """Return the CUDA device count, or raise NoGpuError with a message that
+    says what is missing."""
     try:
         import torch
     except ImportError:
@@ -39,7 +42,8 @@ def require_gpus(n: int, what: str) -> int:
     if not torch.cuda.is_available():
         raise NoGpuError(
             f"{what} needs {n} CUDA GPU(s); this machine has none (torch {torch.__version__}, "
-            f"torch.cuda.is_available() is False). Run it on a GPU machine, or use --dry-run to print the plan."
+            "torch.cuda.is_available() is False). Run it on a GPU machine, or use --dry-run to "
+            "print the plan."
         )
     count = torch.cuda.device_count()
     if count < n:
@@ -48,7 +52,8 @@ def require_gpus(n: int, what: str) -> int:
 
 
 def enforce_no_multicast(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """Set the variables that keep NVLink multicast off (NCCL NVLS, torch symmetric memory, NVSHMEM).
+    """Set the variables that keep NVLink multicast off (NCCL NVLS, torch
+    symmetric memory, NVSHMEM).
 
     A value that asks for multicast is an error rather than something silently overridden.
     """
@@ -56,7 +61,8 @@ def enforce_no_multicast(env: Optional[Dict[str, str]] = None) -> Dict[str, str]
     for key, val in REQUIRED_ENV.items():
         cur = env.get(key)
         if cur is not None and cur != val:
-            raise ValueError(f"{key}={cur}: multicast must stay off on these machines; set {key}={val}")
+            raise ValueError(f"{key}={cur}: multicast must stay off on these machines; set "
+                             f"{key}={val}")
         env[key] = val
     return {k: env[k] for k in REQUIRED_ENV}
 
@@ -69,7 +75,8 @@ def _run(cmd: Sequence[str]) -> str:
 
 
 def collect_env(extra_versions: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """GPU, driver, CUDA, torch, NCCL and FlashInfer versions plus the collective-related environment."""
+    """GPU, driver, CUDA, torch, NCCL and FlashInfer versions plus the
+    collective-related environment."""
     info: Dict[str, Any] = {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "host": platform.node(),
@@ -103,8 +110,8 @@ def collect_env(extra_versions: Optional[Mapping[str, str]] = None) -> Dict[str,
 def format_preamble(info: Mapping[str, Any], args: Optional[Mapping[str, Any]] = None,
                     notes: Iterable[str] = ()) -> str:
     lines = []
-    for key in ("date_utc", "host", "gpus", "compute_capability", "driver", "cuda_runtime", "torch", "nccl",
-                "flashinfer", "flashinfer_pcie", "python"):
+    for key in ("date_utc", "host", "gpus", "compute_capability", "driver", "cuda_runtime",
+                "torch", "nccl", "flashinfer", "flashinfer_pcie", "python"):
         if key in info:
             val = info[key]
             if isinstance(val, list):
@@ -119,8 +126,10 @@ def format_preamble(info: Mapping[str, Any], args: Optional[Mapping[str, Any]] =
     return "\n".join(lines)
 
 
-def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], floatfmt: str = "{:.1f}") -> str:
-    """Fixed-width table: right-aligned numbers, left-aligned text, a dashed rule under the header."""
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                 floatfmt: str = "{:.1f}") -> str:
+    """Fixed-width table: right-aligned numbers, left-aligned text, a dashed
+    rule under the header."""
     cells = [[c for c in columns]]
     for r in rows:
         out = []
@@ -136,7 +145,8 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], floatfmt
     numeric = [all(_is_num(r[i]) for r in rows) if rows else False for i in range(len(columns))]
 
     def fmt(row: List[str]) -> str:
-        return "  ".join(s.rjust(w) if numeric[i] else s.ljust(w) for i, (s, w) in enumerate(zip(row, widths))).rstrip()
+        return "  ".join(s.rjust(w) if numeric[i] else s.ljust(w)
+                         for i, (s, w) in enumerate(zip(row, widths))).rstrip()
 
     lines = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
     lines += [fmt(r) for r in cells[1:]]
@@ -148,8 +158,8 @@ def _is_num(v: Any) -> bool:
 
 
 def split_label(spec: str, default: Callable[[str], str]) -> tuple:
-    """``LABEL=PATH`` -> (LABEL, PATH); a bare PATH -> (default(PATH), PATH). The label ends at the first
-    ``=`` (a path may hold one)."""
+    """``LABEL=PATH`` -> (LABEL, PATH); a bare PATH -> (default(PATH), PATH). The label ends at the
+    first ``=`` (a path may hold one)."""
     if "=" in spec:
         label, _, path = spec.partition("=")
         return label, path
@@ -238,9 +248,9 @@ def time_gpu_us(fn: Callable[[], Any], reps: int, *, calls: int = 1, graph: bool
 def time_host_us(run: Callable[[int], Any], calls: int, repeats: int,
                  sync: Optional[Callable[[], None]] = None) -> float:
     """Host time per call: the median over ``repeats`` runs of ``run(calls)`` on the host clock, in
-    microseconds per call. ``run`` makes the ``calls`` back-to-back calls itself (`calls_of`), so the
-    timer adds no call of its own per call. ``sync`` (e.g. torch.cuda.synchronize) runs before and
-    after each run, outside the timed part."""
+    microseconds per call. ``run`` makes the ``calls`` back-to-back calls itself (`calls_of`), so
+    the timer adds no call of its own per call. ``sync`` (e.g. torch.cuda.synchronize) runs before
+    and after each run, outside the timed part."""
     runs = []
     for _ in range(repeats):
         if sync is not None:

@@ -1,4 +1,5 @@
-"""Glue between patched SGLang and the fastverify library: the only modules that touch SGLang objects.
+"""Glue between patched SGLang and the fastverify library: the only modules
+that touch SGLang objects.
 
 One module per concern, each called from the seams of its patch. Each reads its flags once into a
 frozen config and calls the library: the n-gram verify modules (``ngram``, ``verify_runtime``,

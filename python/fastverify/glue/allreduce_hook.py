@@ -2,10 +2,11 @@
 
 Reads SGLang's platform detection, the FlashInfer version and the device attributes once, and calls
 fastverify.allreduce for every decision:
-  * `tp_allreduce_pass(view)`: a SGLang post-process pass (launcher, during argument resolution, right
-    after the upstream fusion auto-enable/enforce-disable passes) returning the server-arg fields;
-  * `apply_in_worker(server_args)`: in each TP worker before `_init_parallel_groups`, the environment
-    half of the plan (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE on 0.5.23);
+  * `tp_allreduce_pass(view)`: a SGLang post-process pass (launcher, during argument
+    resolution, right after the upstream fusion auto-enable/enforce-disable passes)
+    returning the server-arg fields;
+  * `apply_in_worker(server_args)`: in each TP worker before `_init_parallel_groups`, the
+    environment half of the plan (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE on 0.5.23);
   * `fusion_sm_supported(backend)`, `sm12x_fusion_gate()`, `preflight_wants_multicast(cuda_driver)`:
     the SM and multicast gates at SGLang's fusion seams.
 """
@@ -20,9 +21,9 @@ from fastverify import allreduce as ar
 logger = logging.getLogger("fastverify.allreduce")
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # what this process runs on
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def sglang_version() -> str:
     from sglang.version import __version__
@@ -44,7 +45,8 @@ def flashinfer_version() -> Optional[str]:
 
 
 def device_sm() -> Optional[int]:
-    """SM family as SGLang's own platform detection sees it (so tests can override it the SGLang way)."""
+    """SM family as SGLang's own platform detection sees it (so tests can
+    override it the SGLang way)."""
     try:
         from sglang.srt.runtime_context import get_platform
 
@@ -53,7 +55,8 @@ def device_sm() -> Optional[int]:
     except ImportError:  # 0.5.16: probes in utils.common, looked up at call time
         from sglang.srt.utils import common
 
-        facts = (common.is_sm120_supported(), common.is_sm100_supported(), common.is_sm90_supported())
+        facts = (common.is_sm120_supported(), common.is_sm100_supported(),
+                 common.is_sm90_supported())
     for is_it, sm in zip(facts, (120, 100, 90)):
         if is_it:
             return sm
@@ -96,7 +99,8 @@ def _nvlink_and_p2p(tp_size: int):
         from sglang.srt.distributed.device_communicators.custom_all_reduce_utils import is_full_nvlink
         from sglang.srt.utils.common import get_physical_device_id
 
-        return bool(is_full_nvlink([get_physical_device_id(i) for i in range(tp_size)], tp_size)), p2p
+        return bool(is_full_nvlink([get_physical_device_id(i) for i in range(tp_size)],
+                                   tp_size)), p2p
     except Exception:
         return None, None
 
@@ -106,12 +110,13 @@ def topology(tp_size: int) -> ar.Topology:
     return ar.Topology(sm=device_sm(), has_nvlink=nvlink, p2p=p2p, multicast=multicast_supported())
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # launcher: the --tp-allreduce decision as a post-process pass
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _payload_bytes(view) -> int:
-    """One verify all-reduce: [draft tokens, hidden] in 2-byte dtype (hidden 7168 if the config is unreadable)."""
+    """One verify all-reduce: [draft tokens, hidden] in 2-byte dtype (hidden 7168 if the
+    config is unreadable)."""
     try:
         cfg = view.get_model_config().hf_config
         cfg = getattr(cfg, "text_config", None) or cfg
@@ -125,33 +130,37 @@ def _payload_bytes(view) -> int:
 def plan_for(view) -> ar.AllReducePlan:
     choice = getattr(view, "tp_allreduce", None)
     if choice is None:
-        return ar.decide(None, sglang_version=sglang_version(), topology=ar.Topology(), tp_size=view.tp_size)
+        return ar.decide(None, sglang_version=sglang_version(), topology=ar.Topology(),
+                         tp_size=view.tp_size)
     table_path = getattr(view, "tp_allreduce_table", None)
     table = ar.load_table(table_path) if table_path else None
     return ar.decide(choice, sglang_version=sglang_version(), topology=topology(view.tp_size),
                      tp_size=view.tp_size, nnodes=getattr(view, "nnodes", 1) or 1,
                      flashinfer_version=flashinfer_version(), table=table,
-                     table_source=f"--tp-allreduce-table {table_path}" if table_path else "built-in table",
-                     payload_bytes=_payload_bytes(view))
+                     table_source=f"--tp-allreduce-table {table_path}" if table_path
+                     else "built-in table", payload_bytes=_payload_bytes(view))
 
 
 def tp_allreduce_pass(view) -> dict:
-    """SGLang post-process pass: {field: value} for the chosen path (nothing when unset/undecided)."""
+    """SGLang post-process pass: {field: value} for the chosen path (nothing
+    when unset/undecided)."""
     if getattr(view, "tp_allreduce", None) is None:
         return {}
     plan = plan_for(view)
-    logger.info("--tp-allreduce %s -> %s: %s", view.tp_allreduce, plan.path or "SGLang's choice", plan.reason)
+    logger.info("--tp-allreduce %s -> %s: %s", view.tp_allreduce, plan.path
+                or "SGLang's choice", plan.reason)
     if plan.path is None:
         return {}
     return {**plan.field_dict(), "tp_allreduce": plan.path}
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # TP worker: the environment half
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def apply_in_worker(server_args, environ: Optional[MutableMapping[str, str]] = None) -> dict:
-    """Export the plan's environment (resolved path in server_args.tp_allreduce) before the groups exist."""
+    """Export the plan's environment (resolved path in server_args.tp_allreduce)
+    before the groups exist."""
     path = getattr(server_args, "tp_allreduce", None)
     if path not in ar.PATHS:
         return {}
@@ -160,19 +169,20 @@ def apply_in_worker(server_args, environ: Optional[MutableMapping[str, str]] = N
     return env
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # fusion gates (patch 0004)
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def fusion_sm_supported(backend: Optional[str]) -> bool:
-    """Replaces the SM90/SM100-only check in flashinfer_comm_fusion._resolve_backend; raises with the remedy
-    when SM12x is asked for on a FlashInfer that cannot build the kernels."""
+    """Replaces the SM90/SM100-only check in flashinfer_comm_fusion._resolve_backend; raises with
+    the remedy when SM12x is asked for on a FlashInfer that cannot build the kernels."""
     return ar.fusion_sm_allowed(device_sm(), backend or "auto", flashinfer_version())
 
 
 def sm12x_fusion_gate() -> bool:
-    """Per-call gate term (module constant): SM12x with a FlashInfer that builds the trtllm comm kernels.
-    Fusion still only runs where a backend was requested (the per-call gate checks that too)."""
+    """Per-call gate term (module constant): SM12x with a FlashInfer that builds the
+    trtllm comm kernels. Fusion still only runs where a backend was requested (the
+    per-call gate checks that too)."""
     sm = device_sm()
     return sm is not None and sm // 10 == 12 and ar.fusion_blocker(sm, flashinfer_version()) is None
 

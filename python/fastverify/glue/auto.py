@@ -1,10 +1,12 @@
 """Auto verify control glue: what patch 0007-ngram-verify-auto calls from SGLang's n-gram worker.
 
-`--speculative-ngram-verify-mode auto` verifies like chain mode (one path, causal attention, no mask; patch
-0005) on the verify widths captured by patch 0008 (`--speculative-ngram-verify-widths`, which must include 1:
-width 1 is the step without speculation). Each decode step fastverify.controller picks the width (none, or a
-chain of k = width - 1) with the highest expected tokens/s from a measured cost table and the online gain
-model, and gates requests whose own expected gain is below one to no draft.
+`--speculative-ngram-verify-mode auto` verifies like chain mode (one path, causal
+attention, no mask; patch
+0005) on the verify widths captured by patch 0008
+      (`--speculative-ngram-verify-widths`, which must include 1:
+width 1 is the step without speculation). Each decode step fastverify.controller picks the width
+(none, or a chain of k = width - 1) with the highest expected tokens/s from a measured cost table
+and the online gain model, and gates requests whose own expected gain is below one to no draft.
 
 Seams (both pinned SGLang versions; the patch holds the exact hunks):
     server args / arg_groups            "auto" for --speculative-ngram-verify-mode; --speculative-ngram-auto-
@@ -30,40 +32,44 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
 Auto verifies chains, so 0005's seams treat it as chain mode (its overrides, the chain reduction,
 mask-free capture dummies): fastverify.glue.config gives both modes the chain shape.
 
-Every TP rank must pick the same width each step (the pass holds collectives): the gain model sees the same
-requests and tokens on every rank, and the cost table is the file's or rank 0's calibration, broadcast. The
-measured step periods differ slightly between ranks, so they are rank 0's: each rank measures, and rank 0's
-medians are broadcast every `AutoConfig.cost_sync_steps` steps (a step count, the same on every
-rank); between two broadcasts the controller uses the last broadcast costs.
+Every TP rank must pick the same width each step (the pass holds collectives): the gain model
+sees the same requests and tokens on every rank, and the cost table is the file's or rank 0's
+calibration, broadcast. The measured step periods differ slightly between ranks, so they are
+rank 0's: each rank measures, and rank 0's medians are broadcast every
+`AutoConfig.cost_sync_steps` steps (a step count, the same on every rank); between two
+broadcasts the controller uses the last broadcast costs.
 
-A step without speculation (kind LEAN in the cost model): it needs neither the corpus lookup nor the draft
-bookkeeping nor the blocking copy of the last accepted tokens, and SGLang's verify path at width 1 still costs
-more than its plain decode step (on the 2x H200 with a 2-layer model 3.9 ms against 2.2 ms: verify sampling,
-target-verify metadata, the KV move). So it runs as SGLang's plain decode step inside the n-gram worker: each
-request's last accepted token (gathered on the device from the previous step's accept tokens) is decoded with
-DECODE graphs captured once more at start-up while the model runner reads as not speculative, and sampled
-by the plain sampler; the result is shaped as a verify step that accepted no draft, and the corpus still
-receives the request's tokens (as in SGLang's own non-overlap path, without the tokens of the step in flight).
-Without speculation, drafts are still looked up after 1, 2, 4, ... up to `AutoConfig.probe_max`
-steps (back to 1 when a request joins or speculation is chosen), so the gain model keeps learning
-from real drafts and output that starts to repeat is noticed within a few steps; where a probe is
-measured to lengthen its step (the host has less time to spare than the lookup takes), probes are
-spread to a budget of that cost, never beyond `probe_max` steps apart (`Controller.probe_cost`,
-`AutoConfig.probe_budget`). After a step that gave every
-request one token (a plain step, or the prefill of requests that all just joined) a lookup does not wait for
-the step in flight (`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked
-again past the guess (`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and
-a step that speculates verifies them with each root written on the device (`fill_roots`); where the corpus is
-unsure of the token in flight and drafts of the load pay, the worker looks up for real instead. A probe whose drafts
-could not pay even if they matched in full is looked up on the host's tokens after the plain step was
-launched and before its corpus put (`probe_behind`: the GPU decodes meanwhile), scored later, and the step
-stays plain; after a step that speculated, a probe that could pay is a real lookup, and a lookup step that
-then verifies nothing runs at width 1. In overlap mode, the first lookup of requests that just joined waits
-where it could only be such a probe (`Controller.defer_first_lookup`): the step launched right after their
-prefill delays their first token, the scheduler processing the prefill's result only after that launch. No
-such probe is made in the `REFILL_STEPS` decode steps after any prefill (`Controller.plan_lookup`'s
-``refill``): their host work is not hidden behind the GPU's while the pipeline refills (measured on the 2x
-H200: those three steps ~1 ms longer each in auto than in the plain server, a probe's lookup 0.3-0.6 ms).
+A step without speculation (kind LEAN in the cost model): it needs neither the corpus lookup nor the
+draft bookkeeping nor the blocking copy of the last accepted tokens, and SGLang's verify path at
+width 1 still costs more than its plain decode step (on the 2x H200 with a 2-layer model 3.9 ms
+against 2.2 ms: verify sampling, target-verify metadata, the KV move). So it runs as SGLang's plain
+decode step inside the n-gram worker: each request's last accepted token (gathered on the device
+from the previous step's accept tokens) is decoded with DECODE graphs captured once more at start-up
+while the model runner reads as not speculative, and sampled by the plain sampler; the result is
+shaped as a verify step that accepted no draft, and the corpus still receives the request's tokens
+(as in SGLang's own non-overlap path, without the tokens of the step in flight). Without
+speculation, drafts are still looked up after 1, 2, 4, ... up to `AutoConfig.probe_max` steps (back
+to 1 when a request joins or speculation is chosen), so the gain model keeps learning from real
+drafts and output that starts to repeat is noticed within a few steps; where a probe is measured to
+lengthen its step (the host has less time to spare than the lookup takes), probes are spread to a
+budget of that cost, never beyond `probe_max` steps apart (`Controller.probe_cost`,
+`AutoConfig.probe_budget`). After a step that gave every request one token (a plain step, or the
+prefill of requests that all just joined) a lookup does not wait for the step in flight
+(`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked again past
+the guess (`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and a
+step that speculates verifies them with each root written on the device (`fill_roots`); where the
+corpus is unsure of the token in flight and drafts of the load pay, the worker looks up for real
+instead. A probe whose drafts could not pay even if they matched in full is looked up on the host's
+tokens after the plain step was launched and before its corpus put (`probe_behind`: the GPU decodes
+meanwhile), scored later, and the step stays plain; after a step that speculated, a probe that could
+pay is a real lookup, and a lookup step that then verifies nothing runs at width 1. In overlap mode,
+the first lookup of requests that just joined waits where it could only be such a probe
+(`Controller.defer_first_lookup`): the step launched right after their prefill delays their first
+token, the scheduler processing the prefill's result only after that launch. No such probe is made
+in the `REFILL_STEPS` decode steps after any prefill (`Controller.plan_lookup`'s ``refill``): their
+host work is not hidden behind the GPU's while the pipeline refills (measured on the 2x
+H200: those three steps ~1 ms longer each in auto than in the plain server, a
+probe's lookup 0.3-0.6 ms).
 """
 from __future__ import annotations
 
@@ -74,7 +80,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from fastverify.controller import NONE, PLAN_PROBE, AutoConfig, Controller, RequestView
+from fastverify.controller import NONE, PLAN_PROBE, Controller, RequestView
 from fastverify.costs import (LEAN, PROBE, SPEC, CostTable, CostTableError, StepCosts, calibrate,
                               load_cost_table)
 from fastverify.gains import DraftFeatures, ShadowTracker
@@ -85,16 +91,18 @@ logger = logging.getLogger("fastverify.auto")
 COSTS_FLAG = "--speculative-ngram-auto-cost-table"
 HYST_FLAG = "--speculative-ngram-auto-hysteresis"
 HELP_COST_TABLE = (
-    "JSON cost table for --speculative-ngram-verify-mode auto: {\"decode_ms\": {bs: ms}, \"verify_ms\": "
-    "{tokens in the pass: ms}} (or a microbenchmark JSON carrying it under \"cost_table\"). Default: measured at "
-    "start-up by replaying the captured verify graphs of every width (sglang-fastverify).")
+    "JSON cost table for --speculative-ngram-verify-mode auto: {\"decode_ms\": {bs: ms}, "
+    "\"verify_ms\": {tokens in the pass: ms}} (or a microbenchmark JSON carrying it under "
+    "\"cost_table\"). Default: measured at start-up by replaying the captured verify graphs of "
+    "every width (sglang-fastverify).")
 HELP_HYSTERESIS = (
-    "Auto verify keeps its current choice unless another is expected to be this much faster (relative), "
-    "0 <= h < 0.5 (sglang-fastverify).")
+    "Auto verify keeps its current choice unless another is expected to be this much faster "
+    "(relative), 0 <= h < 0.5 (sglang-fastverify).")
 CALIBRATION_BS = (1, 2, 4, 8, 16, 32, 64, 128)
 CALIBRATION_REPEATS = 5
 CALIBRATION_WARMUP = 2
-REFILL_STEPS = 3  # decode steps after a prefill whose host work is exposed (2x H200: the steps prefill + 1..3
+# decode steps after a prefill whose host work is exposed (2x H200: the steps prefill + 1..3
+REFILL_STEPS = 3
 # ran 0.6-1.3 ms longer each in auto than in the plain server)
 
 
@@ -135,16 +143,20 @@ class AutoState:
     features: dict = field(default_factory=dict)  # rid -> DraftFeatures of its last draft
     last_start: float = None  # host clock at the start of the previous decode step
     last_step: tuple = None  # (kind, bs, width) of the previous decode step
-    lean_before: bool = False  # the previous decode step was a plain one (every accept length in the batch is 1)
+    # the previous decode step was a plain one (every accept length in the batch is 1)
+    lean_before: bool = False
     synced: bool = False  # this step's requests were already advanced by plain_step
     steps: int = 0
-    sync_costs: object = None  # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
+    # callable(StepCosts) -> rank 0's, called at the same step on every rank; None: one rank
+    sync_costs: object = None
     clock: object = time.perf_counter
     plain: object = None  # the plain decode runtime (verify_runtime.build_plain_runtime)
     behind: Behind = None  # drafts looked up behind the step in flight, to verify this step
     last_batch_rids: frozenset = frozenset()  # requests of the last forward launched (any mode)
-    in_flight_rids: frozenset = frozenset()  # requests of the forward before this one: its tokens not on the host
-    since_prefill: int = REFILL_STEPS + 1  # decode steps since the last prefill forward (this one counted)
+    # requests of the forward before this one: its tokens not on the host
+    in_flight_rids: frozenset = frozenset()
+    # decode steps since the last prefill forward (this one counted)
+    since_prefill: int = REFILL_STEPS + 1
 
 
 def setup(worker, spec=None, observability=None, plain=None):
@@ -166,8 +178,8 @@ def setup(worker, spec=None, observability=None, plain=None):
         plain = build_plain_runtime(worker)
     costs = (load_cost_table(flags.cost_table, COSTS_FLAG) if flags.cost_table
              else _broadcast_from_first_rank(calibrate_worker(worker, plain=plain)))
-    logger.info("auto verify: widths %s, cost table %s: decode %s ms, verify %s ms", (1,) + cfg.chain_widths,
-                costs.source, costs.decode, costs.verify)
+    logger.info("auto verify: widths %s, cost table %s: decode %s ms, verify %s ms",
+                (1,) + cfg.chain_widths, costs.source, costs.decode, costs.verify)
     step_costs = StepCosts(costs)
     ctl = Controller(cfg, step_costs, log=lambda rec: logger.info("auto verify decision %s", rec))
     state = AutoState(ctl, ShadowTracker(), cfg.max_chain + 1,
@@ -179,7 +191,8 @@ def setup(worker, spec=None, observability=None, plain=None):
 
 
 def _tick(state: AutoState) -> None:
-    """Start of a decode step: the previous step's period goes to the cost model; rank 0's model is shared."""
+    """Start of a decode step: the previous step's period goes to the cost model;
+    rank 0's model is shared."""
     now = state.clock()
     state.lean_before = state.last_step is not None and state.last_step[0] in (LEAN, PROBE)
     if state.last_start is not None and state.last_step is not None:
@@ -188,24 +201,25 @@ def _tick(state: AutoState) -> None:
     state.last_start, state.last_step = now, None
     state.steps += 1
     if state.steps % state.controller.cfg.cost_sync_steps == 0:
-        # a frozen copy: the live measurements keep changing on each rank between two synchronisations, and
-        # a controller that read them directly would decide differently on different ranks (and hang the TP
-        # group in mismatched collectives)
+        # a frozen copy: the live measurements keep changing on each rank between two
+        # synchronisations, and a controller that read them directly would decide differently on
+        # different ranks (and hang the TP group in mismatched collectives)
         shared = state.sync_costs(state.costs) if state.sync_costs else state.costs
         state.controller.costs = copy.deepcopy(shared)
 
 
 def samples(req) -> bool:
-    """Whether a request samples rather than decoding greedily, as SGLang's batch sampling info tells them apart:
-    its parameters turn temperature 0 into top_k 1, and top_k <= 1 decodes greedily. A request without
-    sampling parameters counts as greedy."""
+    """Whether a request samples rather than decoding greedily, as SGLang's batch sampling info
+    tells them apart: its parameters turn temperature 0 into top_k 1, and top_k <= 1 decodes
+    greedily. A request without sampling parameters counts as greedy."""
     top_k = getattr(getattr(req, "sampling_params", None), "top_k", None)
     return top_k is not None and top_k > 1
 
 
 def _sync_requests(state: AutoState, batch) -> None:
-    """Requests that left the batch are forgotten, requests that joined are noted as sampling or greedy (the
-    gain model learns them apart); drafts whose outcome the output now shows are scored."""
+    """Requests that left the batch are forgotten, requests that joined are noted as
+    sampling or greedy (the gain model learns them apart); drafts whose outcome the output
+    now shows are scored."""
     rids = [req.rid for req in batch.reqs]
     prev = state.prev_rids
     for rid in prev - set(rids):
@@ -221,15 +235,18 @@ def _sync_requests(state: AutoState, batch) -> None:
 
 
 def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
-    """At the start of the n-gram worker's step. None: the step speculates (or is not a decode step): the worker
-    goes on with its lookup (or takes the drafts already looked up behind: `drafts_behind`), then step_drafts.
-    Otherwise the step was chosen to verify nothing and has run as a plain decode step; returns its result (what
-    the worker's own step returns, one token per request). Always None unless the mode is auto."""
+    """At the start of the n-gram worker's step. None: the step speculates (or is not a decode
+    step): the worker goes on with its lookup (or takes the drafts already looked up behind:
+    `drafts_behind`), then step_drafts. Otherwise the step was chosen to verify nothing and has run
+    as a plain decode step; returns its result (what the worker's own step returns, one token per
+    request). Always None unless the mode is auto."""
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None:
         return None
-    # the requests of the forward launched before this one (prefill or decode): its result is not processed yet
-    state.in_flight_rids, state.last_batch_rids = state.last_batch_rids, frozenset(r.rid for r in batch.reqs)
+    # the requests of the forward launched before this one (prefill or decode): its
+    # result is not processed yet
+    state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
+                                                   frozenset(r.rid for r in batch.reqs))
     if not batch.forward_mode.is_decode():
         state.since_prefill = 0
         return None
@@ -245,15 +262,17 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
         ctl.reset_probe()
     if not _plain_capable(state, batch, pp_proxy_tensors):
         return None
-    # every request's last step gave it one token (a plain step, or the prefill of a request that joined): the
-    # host lacks at most that token, so drafts can be looked up without waiting for it and verified from it
+    # every request's last step gave it one token (a plain step, or the prefill of a request
+    # that joined): the host lacks at most that token, so drafts can be looked up without
+    # waiting for it and verified from it
     ones = state.lean_before or all(fresh)
     if any(fresh):
-        # a request not looked up yet is looked up once (its match is unknown); without waiting when every
-        # request's last step gave it one token, else for real unless a lookup step is measured not to pay and
-        # even a full match would not be verified (then behind, as a probe). A lookup behind that could only
-        # be a probe waits for the next step in overlap mode, off the path of the new requests' first token
-        # (their features: no draft yet, so the next step looks them up)
+        # a request not looked up yet is looked up once (its match is unknown); without waiting
+        # when every request's last step gave it one token, else for real unless a lookup step is
+        # measured not to pay and even a full match would not be verified (then behind, as a
+        # probe). A lookup behind that could only be a probe waits for the next step in overlap
+        # mode, off the path of the new requests' first token (their features: no draft yet, so the
+        # next step looks them up)
         rids = [req.rid for req in batch.reqs]
         if not ones and not ctl.first_lookup_behind(rids):
             return None
@@ -269,10 +288,12 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
                                behind=ones, refill=state.since_prefill <= REFILL_STEPS)
         probe = look and ctl.planned == PLAN_PROBE
         if look and not ones and not probe:
-            return None  # speculation is expected to pay: look drafts up (waiting for the step in flight), verify
+            # speculation is expected to pay: look drafts up (waiting for
+            # the step in flight), verify
+            return None
     d = None
-    # a probe's drafts are only scored (even full matches would not be verified): looked up after this step's
-    # launch, while the GPU decodes, instead of delaying it
+    # a probe's drafts are only scored (even full matches would not be verified): looked up after
+    # this step's launch, while the GPU decodes, instead of delaying it
     if look and ones and not probe:
         found = lookup_behind(worker, state, batch)
         if found is None:
@@ -285,27 +306,30 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
             state.behind = Behind(tokens, mask, d, lens, in_flight)
             state.synced = False
             return None
-    worker._fv.expect_no_drafts(bs)  # its result reaches the verify accounting as a step without drafts
+    # its result reaches the verify accounting as a step without drafts
+    worker._fv.expect_no_drafts(bs)
     probed = []
-    # a probe is looked up on the host's tokens before this step's corpus put (whose insert the lookup would wait
-    # for; it adds only the n-grams that end at each request's last token, none of them a continuation of the
-    # context asked about), scored later; the step stays plain
+    # a probe is looked up on the host's tokens before this step's corpus put (whose insert the
+    # lookup would wait for; it adds only the n-grams that end at each request's last token, none of
+    # them a continuation of the context asked about), scored later; the step stays plain
     hook = (lambda: probed.append(probe_behind(worker, state, batch))) if probe else None
-    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=ones, before_put=hook)
+    result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=ones,
+                              before_put=hook)
     if probe:
         d = ctl.note_probe(probed[0])
     d = d if d is not None else ctl.note_lean(bs)
-    state.last_step = (PROBE if probe else LEAN, bs, 1)  # a probe's period measures what it adds (probe_cost)
+    # a probe's period measures what it adds (probe_cost)
+    state.last_step = (PROBE if probe else LEAN, bs, 1)
     state.synced = False
     _export(state, d)
     return result
 
 
 def _host_contexts(worker, batch, guesses=None) -> tuple:
-    """(request ids, contexts, total lengths) of SGLang's own corpus query on the tokens the host has: per
-    request the last max_trie_depth tokens of prompt + output and the total length, built from the prompt's
-    tail only (0.5.16's worker copies each whole prompt every step); ``guesses`` (per request a token or None)
-    extends a request's context by that token."""
+    """(request ids, contexts, total lengths) of SGLang's own corpus query on the tokens the host
+    has: per request the last max_trie_depth tokens of prompt + output and the total length, built
+    from the prompt's tail only (0.5.16's worker copies each whole prompt every step); ``guesses``
+    (per request a token or None) extends a request's context by that token."""
     depth = int(worker.max_trie_depth)
     req_ids, contexts, totals = [], [], []
     for i, req in enumerate(batch.reqs):
@@ -320,40 +344,42 @@ def _host_contexts(worker, batch, guesses=None) -> tuple:
 
 
 def _corpus_behind(worker, batch, guesses=None):
-    """The corpus asked on the tokens the host has (`_host_contexts`), one step behind in overlap mode, so no
-    device-to-host copy has to finish first. Returns the corpus' raw (tokens, mask). The corpus' per-request
-    match state advances from these contexts as from any lookup (it rebuilds itself when a context does not
-    extend the last one)."""
+    """The corpus asked on the tokens the host has (`_host_contexts`), one step behind in overlap
+    mode, so no device-to-host copy has to finish first. Returns the corpus' raw (tokens, mask). The
+    corpus' per-request match state advances from these contexts as from any lookup (it rebuilds
+    itself when a context does not extend the last one)."""
     req_ids, contexts, totals = _host_contexts(worker, batch, guesses)
     worker.ngram_corpus.synchronize()
     return worker.ngram_corpus.batch_get(req_ids, contexts, totals)
 
 
 def corpus_put_host(worker, batch) -> None:
-    """What SGLang's ``_update_ngram_corpus`` puts after a step without drafts (nothing carried from the step:
-    the host's tokens), without copying whole prompts."""
+    """What SGLang's ``_update_ngram_corpus`` puts after a step without drafts (nothing carried from
+    the step: the host's tokens), without copying whole prompts."""
     worker.ngram_corpus.batch_put(_host_contexts(worker, batch)[1])
 
 
 def probe_behind(worker, state: AutoState, batch) -> list:
-    """A probe's drafts, looked up behind the step in flight (the host's chains) and never verified: each
-    request's chain is recorded for the shadow tracker (it predicts the output from position len(output_ids)
-    on) and its features replace the request's last known ones. Returns the views with the new features."""
+    """A probe's drafts, looked up behind the step in flight (the host's chains) and never verified:
+    each request's chain is recorded for the shadow tracker (it predicts the output from position
+    len(output_ids) on) and its features replace the request's last known ones. Returns the views
+    with the new features."""
     lags = [0] * len(batch.reqs)  # drafts from the host's tokens as they are
     tokens, _mask, _unsure = chains_past_the_token_in_flight(worker, batch, state.k, lags)
     return _record_drafts(state, batch, tokens, lags)[1]
 
 
 def chains_past_the_token_in_flight(worker, batch, k: int, lags):
-    """Chain drafts for the position after each request's last token, from the host's tokens. ``lags[i]`` is 1
-    where the host lacks request i's last token (it was produced by the forward still in flight) and 0 where it
-    has it. With lag 0 the corpus' chain on the host's context is the draft. With lag 1 that chain guesses the
-    token in flight (its first draft token g); where there is one, the corpus is asked again on the context
-    extended by g, and that chain (root g, then up to k - 1 tokens) is the draft. Where g is not the token in
-    flight, the drafts are merely wrong guesses, which the verify pass rejects (output is unchanged either way);
-    a request without a guess gets no draft. The roots are placeholders until `fill_roots` writes each
-    request's last token on the device. Returns chain-format (tokens [bs*k], mask, unsure [bs]: a guess among
-    more than one next token the corpus offered)."""
+    """Chain drafts for the position after each request's last token, from the host's tokens.
+    ``lags[i]`` is 1 where the host lacks request i's last token (it was produced by the forward
+    still in flight) and 0 where it has it. With lag 0 the corpus' chain on the host's context is
+    the draft. With lag 1 that chain guesses the token in flight (its first draft token g); where
+    there is one, the corpus is asked again on the context extended by g, and that chain (root g,
+    then up to k - 1 tokens) is the draft. Where g is not the token in flight, the drafts are merely
+    wrong guesses, which the verify pass rejects (output is unchanged either way); a request without
+    a guess gets no draft. The roots are placeholders until `fill_roots` writes each request's last
+    token on the device. Returns chain-format (tokens [bs*k], mask, unsure [bs]: a guess among more
+    than one next token the corpus offered)."""
     import numpy as np
 
     from fastverify.chain import reduce_to_chain, root_choices
@@ -368,9 +394,11 @@ def chains_past_the_token_in_flight(worker, batch, k: int, lags):
     out = rows.copy()
     if guessed.any():
         again, mask2 = _corpus_behind(worker, batch, guesses)
-        # the corpus keeps a match state per request that the next query extends by the tokens its total length
-        # says were added; a guess may be wrong, so the state it leaves must not be extended
-        worker.ngram_corpus.erase_match_state([req.rid for req, g in zip(batch.reqs, guesses) if g is not None])
+        # the corpus keeps a match state per request that the next query extends by the
+        # tokens its total length says were added; a guess may be wrong, so the state it
+        # leaves must not be extended
+        worker.ngram_corpus.erase_match_state([req.rid for req, g in zip(batch.reqs, guesses)
+                                               if g is not None])
         again, mask, _ = reduce_to_chain(again, mask2, k, match_type)
         again = np.asarray(again).reshape(-1, k)
     for i, g in enumerate(guesses):
@@ -382,23 +410,26 @@ def chains_past_the_token_in_flight(worker, batch, k: int, lags):
 
 
 def lookup_behind(worker, state: AutoState, batch) -> tuple:
-    """Drafts to verify this step, looked up without waiting for the step in flight: every request's last step
-    gave it exactly one token (`plain_step`: ``ones``). The corpus is asked on the host's tokens
-    (`_corpus_behind`) and its output reduced to chains as in the worker's chain hook. In overlap mode the host
-    lacks that token where the forward still in flight produced it (the request took part in the forward
-    launched last, `AutoState.in_flight_rids`; a request that joined in an earlier prefill has it): those
-    chains continue past it (`chains_past_the_token_in_flight`, the roots written on the device by
-    `fill_roots`) and are recorded at output position len(output_ids) + 1; the others are the worker's own
-    lookup. The corpus learns nothing of the token in flight this step (as after a plain step). Returns
-    (tokens [bs*k], mask, behind: the host lacked a token, real chain lengths [bs], views), or None, recording
-    nothing, where the corpus offered more than one token in flight for a request and drafts
-    that match in full are expected to pay (a wrong guess would waste a verify pass that a lookup after the
-    token costs less than): the worker then looks up for real."""
+    """Drafts to verify this step, looked up without waiting for the step in flight: every request's
+    last step gave it exactly one token (`plain_step`: ``ones``). The corpus is asked on the host's
+    tokens (`_corpus_behind`) and its output reduced to chains as in the worker's chain hook. In
+    overlap mode the host lacks that token where the forward still in flight produced it (the
+    request took part in the forward launched last, `AutoState.in_flight_rids`; a request that
+    joined in an earlier prefill has it): those chains continue past it
+    (`chains_past_the_token_in_flight`, the roots written on the device by `fill_roots`) and are
+    recorded at output position len(output_ids) + 1; the others are the worker's own lookup. The
+    corpus learns nothing of the token in flight this step (as after a plain step). Returns (tokens
+    [bs*k], mask, behind: the host lacked a token, real chain lengths [bs], views), or None,
+    recording nothing, where the corpus offered more than one token in flight for a request and
+    drafts that match in full are expected to pay (a wrong guess would waste a verify pass that a
+    lookup after the token costs less than): the worker then looks up for real."""
     bs = len(batch.reqs)
-    lags = [int(req.rid in state.in_flight_rids) for req in batch.reqs] if _host_behind(worker, batch) else [0] * bs
+    lags = [int(req.rid in state.in_flight_rids)
+            for req in batch.reqs] if _host_behind(worker, batch) else [0] * bs
     tokens, mask, unsure = chains_past_the_token_in_flight(worker, batch, state.k, lags)
     if unsure.any() and state.controller._full_match_wanted([req.rid for req in batch.reqs]):
-        # the corpus is unsure of a token in flight and drafts of this load pay: look up for real (wait)
+        # the corpus is unsure of a token in flight and drafts of this load
+        # pay: look up for real (wait)
         return None
     worker.prev_token_ids = []
     worker.prev_accept_lens = [0] * bs
@@ -407,14 +438,16 @@ def lookup_behind(worker, state: AutoState, batch) -> tuple:
 
 
 def _host_behind(worker, batch) -> bool:
-    """Does the host lack the step in flight's tokens (overlap mode: results are processed one step late; as
-    in the worker's own lookup, a batch with grammars is processed at once)?"""
-    return bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
+    """Does the host lack the step in flight's tokens (overlap mode: results are processed one step
+    late; as in the worker's own lookup, a batch with grammars is processed at once)?"""
+    return (bool(getattr(worker, "enable_overlap", False))
+            and not getattr(batch, "has_grammar", False))
 
 
 def drafts_behind(worker, batch):
-    """In the worker's draft preparation: the (tokens, mask) plain_step looked up behind the step in flight and
-    chose to verify, or None (the worker looks its drafts up itself). Always None unless the mode is auto."""
+    """In the worker's draft preparation: the (tokens, mask) plain_step looked up behind the step
+    in flight and chose to verify, or None (the worker looks its drafts up itself). Always None
+    unless the mode is auto."""
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None or state.behind is None:
         return None
@@ -422,9 +455,9 @@ def drafts_behind(worker, batch):
 
 
 def fill_roots(worker, batch, draft_tokens) -> None:
-    """After the worker copied this step's drafts to the device ([bs * width]): with drafts looked up behind a
-    token in flight, each row's root becomes the request's last token (the first accept token of its last step,
-    which gave it one token). A no-op otherwise."""
+    """After the worker copied this step's drafts to the device ([bs * width]): with drafts looked
+    up behind a token in flight, each row's root becomes the request's last token (the first accept
+    token of its last step, which gave it one token). A no-op otherwise."""
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None or state.behind is None or not state.behind.in_flight:
         return
@@ -433,9 +466,10 @@ def fill_roots(worker, batch, draft_tokens) -> None:
 
 
 def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
-    """Chain-format drafts [bs*k] of a lookup -> each request's features (kept as its last known ones) and its
-    chain recorded for the shadow tracker at output position len(output_ids) + carried[i] (tokens of the step
-    in flight, not in output_ids yet). Returns (real chain lengths [bs], views with the new features)."""
+    """Chain-format drafts [bs*k] of a lookup -> each request's features (kept as its last known
+    ones) and its chain recorded for the shadow tracker at output position len(output_ids) +
+    carried[i] (tokens of the step in flight, not in output_ids yet). Returns (real chain lengths
+    [bs], views with the new features)."""
     import numpy as np
 
     from fastverify.widths import chain_draft_lengths
@@ -455,31 +489,36 @@ def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
 
 
 def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
-    """Batches a plain decode step inside the n-gram worker does not serve (they speculate or verify at width 1
-    as before): logprobs and hidden states (the scheduler reads them in the verify layout), grammars (SGLang
-    masks the verify pass), penalties (SGLang's speculative path accumulates them its own way), pipeline stages,
-    and a worker without the plain runtime."""
-    penalties = getattr(getattr(getattr(batch, "sampling_info", None), "penalizer_orchestrator", None),
+    """Batches a plain decode step inside the n-gram worker does not serve (they speculate or verify
+    at width 1 as before): logprobs and hidden states (the scheduler reads them in the verify
+    layout), grammars (SGLang masks the verify pass), penalties (SGLang's speculative path
+    accumulates them its own way), pipeline stages, and a worker without the plain runtime."""
+    penalties = getattr(getattr(getattr(batch, "sampling_info", None),
+                                "penalizer_orchestrator", None),
                         "is_required", False)
     return (state.plain is not None and pp_proxy_tensors is None and not penalties
-            and not getattr(batch, "return_logprob", False) and not getattr(batch, "return_hidden_states", False)
+            and not getattr(batch, "return_logprob", False)
+            and not getattr(batch, "return_hidden_states", False)
             and not getattr(batch, "has_grammar", False))
 
 
-def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_first: bool = False, before_put=None):
-    """One decode step of SGLang's plain path inside the n-gram worker: each request's last accepted token (the
-    root its draft would have had) is decoded with the DECODE graphs and the plain sampler, then the result is
-    put in the shape the worker's verify step returns, as a step that accepted no draft (accept length 1).
+def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_first: bool = False,
+                     before_put=None):
+    """One decode step of SGLang's plain path inside the n-gram worker: each request's last accepted
+    token (the root its draft would have had) is decoded with the DECODE graphs and the plain
+    sampler, then the result is put in the shape the worker's verify step returns, as a step that
+    accepted no draft (accept length 1).
 
-    The batch is changed for the pass and put back afterwards: seq_lens count the new token (a DECODE pass
-    attends to it; a verify pass counts it among its draft tokens), the token's KV slot is the first of those
-    the scheduler reserved for this step's drafts, no spec_info, and the model runner reads as not speculative
-    (verify_runtime.plain_algorithm) with the plain runtime's attention backend and graph runner in place.
+    The batch is changed for the pass and put back afterwards: seq_lens count the new token (a
+    DECODE pass attends to it; a verify pass counts it among its draft tokens), the token's KV slot
+    is the first of those the scheduler reserved for this step's drafts, no spec_info, and the model
+    runner reads as not speculative (verify_runtime.plain_algorithm) with the plain runtime's
+    attention backend and graph runner in place.
 
-    ``roots_first``: every accept length in the batch is known to be 1 (the last decode step was a plain one;
-    a request that joined since comes from a prefill, which accepts one token too), so each root is the first
-    accept token and the accept lengths are not read. ``before_put``: called once the pass is launched, before
-    the corpus put.
+    ``roots_first``: every accept length in the batch is known to be 1 (the last decode step was a
+    plain one; a request that joined since comes from a prefill, which accepts one token too), so
+    each root is the first accept token and the accept lengths are not read. ``before_put``: called
+    once the pass is launched, before the corpus put.
 
     The tensor work before and after the pass is one Triton launch each (plain_step.plain_inputs /
     plain_outputs) instead of about ten small torch ops."""
@@ -490,10 +529,11 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
     mr = worker.model_runner
     info = batch.spec_info
     saved = {name: getattr(batch, name, None) for name in
-             ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "orig_seq_lens", "spec_info")}
+             ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
+              "orig_seq_lens", "spec_info")}
     saved_rt = (mr.attn_backend, mr.decode_cuda_graph_runner)
-    # the roots; each new token's KV slot; lengths counting it (new_seq_lens: also the step's result, the pass
-    # does not write to it)
+    # the roots; each new token's KV slot; lengths counting it (new_seq_lens: also the step's
+    # result, the pass does not write to it)
     batch.input_ids, batch.out_cache_loc, new_seq_lens, new_orig = plain_inputs(
         info.accept_tokens, info.accept_lens, bs, roots_first, batch.req_to_token_pool.req_to_token,
         batch.req_pool_indices, batch.seq_lens, saved["orig_seq_lens"])
@@ -518,8 +558,9 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
         on_publish(new_seq_lens)
     if before_put is not None:
         before_put()
-    # the corpus learns the output as in SGLang's own step, here without the tokens still in flight (they are
-    # not on the host: nothing was looked up), and the match state of requests that left is erased
+    # the corpus learns the output as in SGLang's own step, here without the tokens still in
+    # flight (they are not on the host: nothing was looked up), and the match state of
+    # requests that left is erased
     worker.prev_token_ids = []
     worker.prev_accept_lens = [0] * bs
     corpus_put_host(worker, batch)
@@ -537,8 +578,8 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
 
 
 def step_drafts(worker, batch, tokens, mask, bs: int):
-    """One decode step: chain-format drafts at k ([bs*k], [bs*k*k]) -> drafts at the chosen width, runtime
-    selected. Returns the inputs unchanged unless the mode is auto."""
+    """One decode step: chain-format drafts at k ([bs*k], [bs*k*k]) -> drafts at the chosen width,
+    runtime selected. Returns the inputs unchanged unless the mode is auto."""
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None:
         return tokens, mask
@@ -549,17 +590,21 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     if state.behind is not None:  # looked up behind, recorded and decided in plain_step
         d, lens = state.behind.decision, state.behind.lens
     else:
-        use_prev = bool(getattr(worker, "enable_overlap", False)) and not getattr(batch, "has_grammar", False)
+        use_prev = (bool(getattr(worker, "enable_overlap", False))
+                    and not getattr(batch, "has_grammar", False))
         prev_lens = list(getattr(worker, "prev_accept_lens", None) or [0] * bs)
         if not state.synced:
             _sync_requests(state, batch)
         state.synced = False
-        # the draft proposes output positions len(output_ids) + tokens carried from the last step (overlap)
-        lens, views = _record_drafts(state, batch, tokens, [int(p) if use_prev else 0 for p in prev_lens])
+        # the draft proposes output positions len(output_ids) + tokens carried
+        # from the last step (overlap)
+        lens, views = _record_drafts(state, batch, tokens,
+                                     [int(p) if use_prev else 0 for p in prev_lens])
         d = state.controller.decide(views)
     width = 1 if d.option.kind == "none" else d.option.width
     if width < k or not all(d.speculate):
-        # (at width k with every request taking part the drafts are verified as looked up: nothing to cut)
+        # (at width k with every request taking part the drafts are verified as
+        # looked up: nothing to cut)
         keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
         tokens, mask = truncate_drafts(tokens, mask, k, width, keep)
     select_runtime(worker, width)
@@ -576,16 +621,16 @@ def _export(state: AutoState, d) -> None:
             state.gauges[name].set(value)
 
 
-# ---------------------------------------------------------------------------------------------- calibration
+# -------------------------------------------------------------------------------------- calibration
 def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CALIBRATION_BS,
                      plain=None) -> CostTable:
-    """Replay the captured verify graph of every width at the captured batch sizes in `batch_sizes`, timed
-    with CUDA events (median of `repeats` after `CALIBRATION_WARMUP`). The plain runtime's DECODE graphs give
-    decode_ms[bs] (the width-1 verify graphs when `plain` has none) and every width verify_ms[bs * width].
-    Call before serving: a replay reuses the graph's static inputs, which hold the capture's dummy batch only
-    until the first real step. The plan is fixed (no time cut) so that all TP ranks
-    replay the same graphs; each graph replay is one forward pass, so it takes
-    widths x batch sizes x (repeats + warm-up) passes, e.g. 4 x 8 x 7 x ~15 ms ~ 3.4 s."""
+    """Replay the captured verify graph of every width at the captured batch sizes in `batch_sizes`,
+    timed with CUDA events (median of `repeats` after `CALIBRATION_WARMUP`). The plain runtime's
+    DECODE graphs give decode_ms[bs] (the width-1 verify graphs when `plain` has none) and every
+    width verify_ms[bs * width]. Call before serving: a replay reuses the graph's static inputs,
+    which hold the capture's dummy batch only until the first real step. The plan is fixed (no time
+    cut) so that all TP ranks replay the same graphs; each graph replay is one forward pass, so it
+    takes widths x batch sizes x (repeats + warm-up) passes, e.g. 4 x 8 x 7 x ~15 ms ~ 3.4 s."""
     import torch
 
     rts = getattr(worker, "_fv_widths", None)
@@ -598,13 +643,14 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
     for width, rt in runtimes:
         runner = rt.graph_runner
         if runner is None:
-            raise CostTableError(f"{MODE_FLAG} auto: CUDA graphs are off, so verify cost cannot be calibrated "
-                                 f"in the server's graphs; pass {COSTS_FLAG}")
+            raise CostTableError(f"{MODE_FLAG} auto: CUDA graphs are off, so verify cost cannot be "
+                                 f"calibrated in the server's graphs; pass {COSTS_FLAG}")
         for key, graph in getattr(runner.backend, "_graphs", {}).items():
             if getattr(key, "stream_idx", None) is None and key.size in batch_sizes:
                 graphs.setdefault((width, int(key.size)), graph.replay)
     if not any(w == 1 for w, _ in graphs):
-        raise CostTableError(f"{MODE_FLAG} auto: no captured width-1 graph to time; pass {COSTS_FLAG}")
+        raise CostTableError(f"{MODE_FLAG} auto: no captured width-1 graph to time; pass "
+                             f"{COSTS_FLAG}")
     decode_w = 0 if any(w == 0 for w, _ in graphs) else 1
     by_tokens = {}
     for (w, bs) in sorted(graphs):
@@ -630,8 +676,8 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
 
 
 def _tp_broadcaster():
-    """With TP > 1: a callable that returns TP rank 0's object on every rank (a CPU-side broadcast; every rank
-    must call it at the same point); None with one rank or no distributed setup."""
+    """With TP > 1: a callable that returns TP rank 0's object on every rank (a CPU-side broadcast;
+    every rank must call it at the same point); None with one rank or no distributed setup."""
     try:
         import torch.distributed as dist
         from sglang.srt.distributed import get_tp_group
@@ -671,7 +717,8 @@ def _gauge(name):
         return _GAUGES[name]
     from prometheus_client import Gauge
 
-    _GAUGES[name] = Gauge(f"sglang:fastverify_ngram_{name}", f"n-gram auto verify: {name.replace('_', ' ')}",
+    _GAUGES[name] = Gauge(f"sglang:fastverify_ngram_{name}",
+                          f"n-gram auto verify: {name.replace('_', ' ')}",
                           multiprocess_mode="mostrecent")
     return _GAUGES[name]
 

@@ -68,17 +68,20 @@ def needs_host_seq_lens(spec) -> bool:
 
 
 def verify_input_device(custom_mask, draft_token, new_seq_lens):
-    """Device of an NgramVerifyInput: the mask's, else the drafts', else new_seq_lens', else the current device."""
+    """Device of an NgramVerifyInput: the mask's, else the drafts', else new_seq_lens',
+    else the current device."""
     for t in (custom_mask, draft_token, new_seq_lens):
         if t is not None:
             return t.device
     import torch
 
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+            else torch.device("cpu"))
 
 
 class NgramVerifyHook:
-    """Per-worker state: the frozen config, the chain reduction, and verify accounting for logs/metrics."""
+    """Per-worker state: the frozen config, the chain reduction, and verify
+    accounting for logs/metrics."""
 
     def __init__(self, config: ChainConfig, log_interval: int = 40, enable_metrics: bool = False):
         self.config = config
@@ -87,10 +90,12 @@ class NgramVerifyHook:
         self.log_interval = max(int(log_interval or 40), 1)
         self.stats = VerifyStats()
         self.window = VerifyStats()
-        self._plans = deque(maxlen=64)  # plans of drafted steps whose verify result has not arrived yet
+        # plans of drafted steps whose verify result has not arrived yet
+        self._plans = deque(maxlen=64)
         self._no_draft_plans: dict = {}  # bs -> the (immutable) plan of a step without drafts
         self._gauges = _make_gauges() if enable_metrics else None
-        logger.info("n-gram verify mode %s, k=%d, match type %s", config.mode, self.k, config.match_type)
+        logger.info("n-gram verify mode %s, k=%d, match type %s", config.mode, self.k,
+                    config.match_type)
 
     @classmethod
     def from_args(cls, spec, observability=None) -> "NgramVerifyHook":
@@ -99,7 +104,8 @@ class NgramVerifyHook:
                    getattr(obs, "enable_metrics", False))
 
     def after_batch_get(self, tokens, mask, bs: int):
-        """Corpus output of one step -> what the worker verifies (the chain in chain mode, unchanged in tree)."""
+        """Corpus output of one step -> what the worker verifies (the chain in chain
+        mode, unchanged in tree)."""
         if self.chain:
             tokens, mask, lens = reduce_to_chain(tokens, mask, self.k, self.config.match_type)
         else:
@@ -108,24 +114,26 @@ class NgramVerifyHook:
         return tokens, mask
 
     def expect(self, draft_lens) -> None:
-        """A step whose result will reach `on_verify_complete` (in step order), with these real draft lengths per
-        request (all 0: a step without drafts, such as auto's plain steps)."""
+        """A step whose result will reach `on_verify_complete` (in step order), with these real
+        draft lengths per request (all 0: a step without drafts, such as auto's plain steps)."""
         self._plans.append(plan_verify(draft_lens, self.k, self.config.buckets))
 
     def expect_no_drafts(self, bs: int) -> None:
-        """`expect` for a step without drafts (auto's plain steps: most steps of a load that does not
-        speculate), its plan made once per batch size."""
+        """`expect` for a step without drafts (auto's plain steps: most steps of a load that does
+        not speculate), its plan made once per batch size."""
         plan = self._no_draft_plans.get(bs)
         if plan is None:
             plan = self._no_draft_plans[bs] = plan_verify([0] * bs, self.k, self.config.buckets)
         self._plans.append(plan)
 
     def on_verify_complete(self, num_correct_drafts_per_req) -> None:
-        """Verify results on the host (the scheduler already copied them): record accept lengths and log."""
+        """Verify results on the host (the scheduler already copied them): record
+        accept lengths and log."""
         accept_lens = [int(x) + 1 for x in num_correct_drafts_per_req]
         plan = self._plans.popleft() if self._plans else None
         if plan is not None and len(plan.draft_lens) != len(accept_lens):
-            plan = None  # a result from a batch this hook did not draft (should not happen): count accepts only
+            # a result from a batch this hook did not draft (should not happen): count accepts only
+            plan = None
         self.stats.record(accept_lens, plan)
         self.window.record(accept_lens, plan)
         if self.window.steps >= self.log_interval:
@@ -134,10 +142,10 @@ class NgramVerifyHook:
     def _flush(self) -> None:
         s = self.window.summary()
         logger.info(
-            "n-gram verify (%s, k=%d): accept len %.2f, verified tok/step %.1f, with no-match gating %.1f, "
-            "no-match %.0f%%, accept len hist %s",
-            self.config.mode, self.k, s["accept_length"], s["verified_tokens_per_step"], s["planned_tokens_per_step"],
-            100 * s["no_match_fraction"], s["accept_hist"],
+            "n-gram verify (%s, k=%d): accept len %.2f, verified tok/step %.1f, with no-match "
+            "gating %.1f, no-match %.0f%%, accept len hist %s",
+            self.config.mode, self.k, s["accept_length"], s["verified_tokens_per_step"],
+            s["planned_tokens_per_step"], 100 * s["no_match_fraction"], s["accept_hist"],
         )
         if self._gauges is not None:
             self._gauges["accept_length"].labels(mode=self.config.mode).set(s["accept_length"])
@@ -150,11 +158,15 @@ def _make_gauges() -> dict:
     from prometheus_client import Gauge
 
     def g(name, doc):
-        return Gauge(f"sglang:fastverify_ngram_{name}", doc, labelnames=["mode"], multiprocess_mode="mostrecent")
+        return Gauge(f"sglang:fastverify_ngram_{name}", doc, labelnames=["mode"],
+                     multiprocess_mode="mostrecent")
 
     return {
-        "accept_length": g("accept_length", "Tokens emitted per request per n-gram verify step (drafts + bonus)."),
-        "verified_tokens_per_step": g("verified_tokens_per_step", "Tokens the target verifies per step (bs * k)."),
+        "accept_length": g("accept_length",
+                           "Tokens emitted per request per n-gram verify step (drafts + bonus)."),
+        "verified_tokens_per_step": g("verified_tokens_per_step",
+                                      "Tokens the target verifies per step (bs * k)."),
         "planned_tokens_per_step": g("planned_tokens_per_step",
-                                     "Tokens per step with no-match gating and the smallest fitting verify width."),
+                                     "Tokens per step with no-match gating and the smallest "
+                                     "fitting verify width."),
     }

@@ -3,15 +3,17 @@
 Patch 0006 calls this module at four seams (both series):
 - ``check_server_args``: ``timing_hook.check_flags(server_args)`` -> a bad flag fails at launch;
 - ``ModelRunner.forward``: ``timing_hook.pass_scope(self, forward_batch)`` around the forward;
-- ``ModelRunner._forward_raw``: ``can_run_graph = timing_hook.graph_or_eager(can_run_graph)`` and
-  ``and not timing_hook.eager_pass()`` on the piecewise prefill-graph branch: a sampled pass runs eagerly;
+- ``ModelRunner._forward_raw``: ``can_run_graph =
+  timing_hook.graph_or_eager(can_run_graph)`` and ``and not timing_hook.eager_pass()`` on
+  the piecewise prefill-graph branch: a sampled pass runs eagerly;
 - ``GroupCoordinator.all_reduce`` / ``fused_allreduce_rmsnorm`` and FlashInfer's
   ``flashinfer_allreduce_residual_rmsnorm``: ``@timing_hook.timed_collective(kind)``.
 
-With the flag off nothing here records an event: ``pass_scope`` hands back one shared null context, no
-pass is ever open, and the collective wrappers call straight through (one global read per call).
-The accounting lives in fastverify.timing; this module only owns the CUDA events and the SGLang objects.
-Importing it is cheap and imports no SGLang module at top level (parallel_state imports it).
+With the flag off nothing here records an event: ``pass_scope`` hands back one shared null context,
+no pass is ever open, and the collective wrappers call straight through (one global read per call).
+The accounting lives in fastverify.timing; this module only owns the CUDA events and the
+SGLang objects. Importing it is cheap and imports no SGLang module at top level
+(parallel_state imports it).
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from fastverify.timing import PassTimer, TimingConfig
 
 logger = logging.getLogger(__name__)
 
-# The timer whose sampled pass is open right now, else None. Set only between PassTimer.begin and end
-# of a sampled pass on this process; the collective wrappers read it once per call.
+# The timer whose sampled pass is open right now, else None. Set only between PassTimer.begin and
+# end of a sampled pass on this process; the collective wrappers read it once per call.
 _ACTIVE: Optional[PassTimer] = None
 _ACTIVE_STACK: Optional[contextlib.ExitStack] = None
 _NULL = contextlib.nullcontext()
@@ -36,15 +38,18 @@ _ATTR = "_fastverify_timer"
 # --------------------------------------------------------------------------------------------------
 # Flags
 # --------------------------------------------------------------------------------------------------
-def config_from_server_args(server_args: Any, *, tp_size: int = 1, tp_rank: int = 0) -> TimingConfig:
-    """The one place that reads our flags off SGLang's ServerArgs (same names in 0.5.16 and 0.5.23)."""
+def config_from_server_args(server_args: Any, *, tp_size: int = 1,
+                            tp_rank: int = 0) -> TimingConfig:
+    """The one place that reads our flags off SGLang's ServerArgs (same names
+    in 0.5.16 and 0.5.23)."""
     return TimingConfig.from_flags(
         getattr(server_args, "enable_verify_timing", False),
         getattr(server_args, "verify_timing_interval", timing.DEFAULT_INTERVAL),
         getattr(server_args, "verify_timing_log_interval", timing.DEFAULT_LOG_INTERVAL_S),
         tp_size=tp_size,
         tp_rank=tp_rank,
-        model_name=getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", ""),
+        model_name=getattr(server_args, "served_model_name", None)
+        or getattr(server_args, "model_path", ""),
         export_metrics=bool(getattr(server_args, "enable_metrics", False)),
     )
 
@@ -84,7 +89,8 @@ class CudaEventClock:
 
 
 def _exchange_over(group):
-    """All-gather of a small picklable object over the TP group's CPU side (gloo): every rank's payload."""
+    """All-gather of a small picklable object over the TP group's CPU side (gloo):
+    every rank's payload."""
     import torch.distributed as dist
 
     def exchange(payload):
@@ -109,7 +115,8 @@ def _mode_of(forward_batch) -> Optional[str]:
 
 def _build_timer(runner) -> Optional[PassTimer]:
     server_args = runner.server_args
-    if not getattr(server_args, "enable_verify_timing", False) or getattr(runner, "is_draft_worker", False):
+    if (not getattr(server_args, "enable_verify_timing", False)
+            or getattr(runner, "is_draft_worker", False)):
         return None
     import torch
 
@@ -127,8 +134,8 @@ def _build_timer(runner) -> Optional[PassTimer]:
         metrics = timing.VerifyMetrics(prometheus_client, config)
     exchange = _exchange_over(tp) if tp.world_size > 1 else None
     logger.info(
-        "Verify timing on: one pass in %d of each mode (verify, decode) runs eagerly with CUDA events "
-        "around every all-reduce%s; metrics %s",
+        "Verify timing on: one pass in %d of each mode (verify, decode) runs eagerly with CUDA "
+        "events around every all-reduce%s; metrics %s",
         config.floor,
         ", per-call times gathered over the %d TP ranks" % tp.world_size if exchange else "",
         "on" if metrics else "off (no --enable-metrics)",
@@ -148,7 +155,8 @@ def timer_for(runner) -> Optional[PassTimer]:
 
 
 def pass_scope(runner, forward_batch):
-    """Context around one ModelRunner.forward. Off, draft runner or untimed mode: a shared null context."""
+    """Context around one ModelRunner.forward. Off, draft runner or untimed mode:
+    a shared null context."""
     timer = timer_for(runner)
     if timer is None:
         return _NULL
@@ -162,7 +170,8 @@ def pass_scope(runner, forward_batch):
 def _pass(timer: PassTimer, mode: str, forward_batch):
     global _ACTIVE, _ACTIVE_STACK
     ids = forward_batch.input_ids
-    tokens = int(ids.shape[0]) if ids is not None else int(forward_batch.batch_size)  # [bs * k] for verify
+    # [bs * k] for verify
+    tokens = int(ids.shape[0]) if ids is not None else int(forward_batch.batch_size)
     if not timer.begin(mode, tokens, int(forward_batch.batch_size)):
         yield
         return
@@ -202,8 +211,8 @@ def graph_or_eager(can_run_graph: bool) -> bool:
 # The collective seam (parallel_state / flashinfer_comm_fusion)
 # --------------------------------------------------------------------------------------------------
 def _fused_applied(out) -> bool:
-    """A fused all-reduce+RMSNorm call ran (SGLang falls back to a plain all-reduce when it returns None
-    or (None, ...))."""
+    """A fused all-reduce+RMSNorm call ran (SGLang falls back to a plain all-reduce when it returns
+    None or (None, ...))."""
     if out is None:
         return False
     if isinstance(out, tuple) and out and out[0] is None:
@@ -212,7 +221,8 @@ def _fused_applied(out) -> bool:
 
 
 def timed_collective(kind: str) -> Callable:
-    """Decorator for a collective: brackets the call with CUDA events while a sampled pass is open."""
+    """Decorator for a collective: brackets the call with CUDA events while a
+    sampled pass is open."""
     if kind not in timing.SPAN_KINDS:
         raise ValueError(f"unknown collective kind {kind!r}; expected one of {timing.SPAN_KINDS}")
     applied = _fused_applied if kind == "allreduce_norm" else None

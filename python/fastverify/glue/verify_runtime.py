@@ -1,12 +1,14 @@
-"""Verify runtimes per width for n-gram speculation: what patch 0008-ngram-verify-widths calls from SGLang.
+"""Verify runtimes per width for n-gram speculation: what patch
+0008-ngram-verify-widths calls from SGLang.
 
-A verify runtime is what a TARGET_VERIFY pass at w tokens per request needs beyond the weights: an attention
-backend built while the spec settings read speculative_num_draft_tokens = w (backends size their verify metadata
-from it), a verify graph runner of the same class as SGLang's own, captured with w tokens per request (None
-when CUDA graphs are off), and per-batch-size views of the n-gram worker's draft buffers laid out for w.
-SGLang builds the runtime for k = --speculative-num-draft-tokens; this module builds one per extra width at
-start-up and swaps them per step, the pattern of SGLang's adaptive speculation (pre-built states, swapped
-whole), here keyed by verify width.
+A verify runtime is what a TARGET_VERIFY pass at w tokens per request needs beyond the weights:
+an attention backend built while the spec settings read speculative_num_draft_tokens = w
+(backends size their verify metadata from it), a verify graph runner of the same class as
+SGLang's own, captured with w tokens per request (None when CUDA graphs are off), and
+per-batch-size views of the n-gram worker's draft buffers laid out for w. SGLang builds the
+runtime for k = --speculative-num-draft-tokens; this module builds one per extra width at
+start-up and swaps them per step, the pattern of SGLang's adaptive speculation (pre-built states,
+swapped whole), here keyed by verify width.
 
 Seams (both pinned SGLang versions; the patch holds the exact hunks):
     speculative_hook._handle_ngram        validate_server_args(spec, view): the flag, before any process starts
@@ -20,9 +22,10 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
                                            padded to stride k for the next step; returns the step's width for
                                            the result's speculative_num_draft_tokens
 
-For the auto mode's controller glue: ``select_runtime(worker, width)`` makes the current step run at ``width``
-(call it before the worker takes its buffer views, i.e. from the draft preparation), with drafts reshaped by
-``fastverify.widths.truncate_drafts``; finish_step restores k at the end of the step as for chain mode.
+For the auto mode's controller glue: ``select_runtime(worker, width)`` makes the current step run
+at ``width`` (call it before the worker takes its buffer views, i.e. from the draft preparation),
+with drafts reshaped by ``fastverify.widths.truncate_drafts``; finish_step restores k at the end of
+the step as for chain mode.
 
 Nothing here imports SGLang at module level; SGLang objects are read by attribute.
 """
@@ -48,7 +51,8 @@ from fastverify.glue.config import verify_config
 logger = logging.getLogger("fastverify.verify_runtime")
 
 SOURCE = "fastverify.verify_widths"
-# The n-gram worker's per-batch-size draft buffer views (lists indexed by bs) and how one request sizes them.
+# The n-gram worker's per-batch-size draft buffer views (lists indexed by bs) and
+# how one request sizes them.
 VIEW_LISTS = (
     ("draft_tokens_batch", "draft_tokens", "w", False),
     ("positions_batch", "positions", "w", False),
@@ -59,12 +63,13 @@ VIEW_LISTS = (
 )
 
 
-# ------------------------------------------------------------------------------------------- configuration
+# ------------------------------------------------------------------------------------ configuration
 def validate_server_args(spec, view=None) -> WidthsConfig:
     """Launcher-side check of the flag (raises ValueError naming it); returns the parsed config.
 
-    ``spec``: the resolving server args (k and the verify mode already resolved); ``view``: the resolved view,
-    for features whose per-width state SGLang keeps once per model runner (refused with the flag).
+    ``spec``: the resolving server args (k and the verify mode already resolved); ``view``: the
+    resolved view, for features whose per-width state SGLang keeps once per model runner
+    (refused with the flag).
     """
     cfg = verify_config(spec).widths
     if not cfg.enabled:
@@ -73,13 +78,13 @@ def validate_server_args(spec, view=None) -> WidthsConfig:
     for name, flag in (("enable_lora", "--enable-lora"), ("enable_pdmux", "--enable-pdmux")):
         if getattr(src, name, False):
             raise ValueError(
-                f"{FLAG} cannot be combined with {flag}: its CUDA-graph state is sized once per model runner for "
-                "one verify width; drop one of the two flags"
+                f"{FLAG} cannot be combined with {flag}: its CUDA-graph state is sized once per "
+                "model runner for one verify width; drop one of the two flags"
             )
     return cfg
 
 
-# ------------------------------------------------------------------------------------------------ runtimes
+# ----------------------------------------------------------------------------------------- runtimes
 @dataclass
 class VerifyRuntime:
     """Everything a verify pass at ``width`` tokens per request swaps in."""
@@ -120,17 +125,20 @@ def _worker_views(worker, width: int) -> dict:
     views = {}
     for name, buf_name, per, rows in VIEW_LISTS:
         per_req = width * width if per == "w*w" else width
-        views[name] = batch_views(getattr(worker, buf_name), worker.max_batch_size, per_req, width, rows=rows)
+        views[name] = batch_views(getattr(worker, buf_name), worker.max_batch_size, per_req,
+                                  width, rows=rows)
     return views
 
 
 @contextlib.contextmanager
 def spec_settings(model_runner, width: int):
-    """While building the width's runtime, SGLang's spec settings read speculative_num_draft_tokens = width.
+    """While building the width's runtime, SGLang's spec settings read
+    speculative_num_draft_tokens = width.
 
-    0.5.23 keeps them in the published config bags (get_spec()), changed through get_context().override; 0.5.16
-    reads model_runner.server_args, changed through ServerArgs.override. Both are SGLang's audited mutation
-    points (its adaptive speculation uses them the same way); the previous values are put back on exit.
+    0.5.23 keeps them in the published config bags (get_spec()), changed through
+    get_context().override; 0.5.16 reads model_runner.server_args, changed through
+    ServerArgs.override. Both are SGLang's audited mutation points (its adaptive speculation uses
+    them the same way); the previous values are put back on exit.
     """
     fields = {"speculative_num_draft_tokens": width, "speculative_num_steps": max(width - 1, 0)}
     try:
@@ -166,10 +174,10 @@ def _free_bytes(device) -> int:
 
 @contextlib.contextmanager
 def own_graph_pool(pool_module=None):
-    """While inside, SGLang's shared CUDA graph memory pool reads as not made yet, so a graph runner that starts
-    capturing makes a pool of its own (and keeps it); the shared pool is put back on exit. A plain decode graph
-    captured this way lays its buffers out in a fresh pool as the plain server's first capture does, instead of
-    after the verify graphs' buffers."""
+    """While inside, SGLang's shared CUDA graph memory pool reads as not made yet, so a graph runner
+    that starts capturing makes a pool of its own (and keeps it); the shared pool is put back on
+    exit. A plain decode graph captured this way lays its buffers out in a fresh pool as the plain
+    server's first capture does, instead of after the verify graphs' buffers."""
     if pool_module is None:
         from sglang.srt.model_executor.runner_utils import pool as pool_module
     saved = pool_module.get_global_graph_memory_pool()
@@ -182,9 +190,9 @@ def own_graph_pool(pool_module=None):
 
 @contextlib.contextmanager
 def plain_algorithm(model_runner, batch=None):
-    """While inside, the model runner (and ``batch``, when given) read as not speculative: SGLang then builds,
-    captures and runs the plain decode pass (one token per request, the decode graphs, the plain sampler)
-    instead of a TARGET_VERIFY pass. The previous values are put back on exit."""
+    """While inside, the model runner (and ``batch``, when given) read as not speculative: SGLang
+    then builds, captures and runs the plain decode pass (one token per request, the decode graphs,
+    the plain sampler) instead of a TARGET_VERIFY pass. The previous values are put back on exit."""
     saved = model_runner.spec_algorithm
     none = type(saved).NONE
     saved_batch = getattr(batch, "spec_algorithm", None) if batch is not None else None
@@ -202,8 +210,8 @@ def plain_algorithm(model_runner, batch=None):
 def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
     """Attention backend + verify graph runner at ``width``, built like SGLang builds its own at k.
 
-    ``plain``: the runtime of a plain decode pass instead (width 1, DECODE-mode graphs), built while the model
-    runner reads as not speculative."""
+    ``plain``: the runtime of a plain decode pass instead (width 1, DECODE-mode graphs), built while
+    the model runner reads as not speculative."""
     mr = worker.model_runner
     base_runner = mr.decode_cuda_graph_runner
     tic, free0 = time.perf_counter(), _free_bytes(worker.device)
@@ -225,17 +233,18 @@ def _build_one(worker, width: int, plain: bool = False) -> VerifyRuntime:
                 speculative_num_steps=max(width - 1, 0),
                 speculative_num_draft_tokens=width,
             )
-    rt = VerifyRuntime(width, attn_backend, graph_runner, {} if plain else _worker_views(worker, width))
+    rt = VerifyRuntime(width, attn_backend, graph_runner, {} if plain
+                       else _worker_views(worker, width))
     rt.build_seconds = time.perf_counter() - tic
     rt.build_bytes = max(free0 - _free_bytes(worker.device), 0) if free0 else 0
     return rt
 
 
 def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | None:
-    """Called once per worker after SGLang captured its verify graphs at k; None when the flag is off. First,
-    in every n-gram server, the step's Triton kernels are compiled for each batch-size bucket and each count of
-    accepted-token slots its verify widths can move (`warmup.warm_spec_kernels`), in auto verify mode with the
-    plain decode step's kernels."""
+    """Called once per worker after SGLang captured its verify graphs at k; None when the flag is
+    off. First, in every n-gram server, the step's Triton kernels are compiled for each batch-size
+    bucket and each count of accepted-token slots its verify widths can move
+    (`warmup.warm_spec_kernels`), in auto verify mode with the plain decode step's kernels."""
     from fastverify.glue.warmup import warm_spec_kernels
 
     spec = spec if spec is not None else _spec_of(worker)
@@ -253,19 +262,22 @@ def build_runtimes(worker, spec=None, observability=None) -> WidthRuntimes | Non
         logger.info("verify width %d: runtime built in %.1f s, %.0f MiB of device memory (%s)", w,
                     runtimes[w].build_seconds, runtimes[w].build_bytes / 2**20,
                     "CUDA graphs" if runtimes[w].graph_runner is not None else "eager")
-    rts = WidthRuntimes(cfg, runtimes, cfg.k, max(int(getattr(obs, "decode_log_interval", 40) or 40), 1))
+    rts = WidthRuntimes(cfg, runtimes, cfg.k,
+                        max(int(getattr(obs, "decode_log_interval", 40) or 40), 1))
     worker._fv_widths = rts
-    logger.info("n-gram verify widths %s (k=%d, mode %s): extra runtimes %.0f MiB in total", cfg.widths, cfg.k,
-                cfg.mode, sum(r.build_bytes for r in runtimes.values()) / 2**20)
+    logger.info("n-gram verify widths %s (k=%d, mode %s): extra runtimes %.0f MiB in total",
+                cfg.widths, cfg.k, cfg.mode, sum(r.build_bytes for r in runtimes.values()) / 2**20)
     return rts
 
 
 def build_plain_runtime(worker) -> VerifyRuntime:
-    """The runtime of a plain decode pass (one token per request, DECODE graphs at the captured batch sizes):
-    what the auto mode runs for a step that verifies nothing. Built once, by ``auto.setup`` after
-    the verify runtimes, its graphs in a memory pool of their own (`own_graph_pool`)."""
+    """The runtime of a plain decode pass (one token per request, DECODE graphs at the
+    captured batch sizes): what the auto mode runs for a step that verifies nothing. Built
+    once, by ``auto.setup`` after the verify runtimes, its graphs in a memory pool of their
+    own (`own_graph_pool`)."""
     rt = _build_one(worker, 1, plain=True)
-    logger.info("plain decode runtime built in %.1f s, %.0f MiB of device memory (%s)", rt.build_seconds,
+    logger.info("plain decode runtime built in %.1f s, %.0f MiB of device memory (%s)",
+                rt.build_seconds,
                 rt.build_bytes / 2**20, "CUDA graphs" if rt.graph_runner is not None else "eager")
     return rt
 
@@ -281,12 +293,12 @@ def _spec_of(worker):
     return worker.server_args
 
 
-# ------------------------------------------------------------------------------------------------ per step
+# ----------------------------------------------------------------------------------------- per step
 def select_runtime(worker, width: int) -> VerifyRuntime:
     """Make the worker's next verify pass run at ``width`` (a captured width); returns the runtime.
 
-    Swaps the model runner's attention backend and verify graph runner, the worker's draft_token_num-derived
-    state and its buffer views. finish_step puts k back.
+    Swaps the model runner's attention backend and verify graph runner, the worker's
+    draft_token_num-derived state and its buffer views. finish_step puts k back.
     """
     rts: WidthRuntimes = getattr(worker, "_fv_widths", None)
     if rts is None:
@@ -307,7 +319,8 @@ def select_runtime(worker, width: int) -> VerifyRuntime:
 
 
 def step_drafts(worker, tokens, mask, bs: int):
-    """Chain mode: pick this step's width from the drafts' real lengths, truncate them, select the runtime."""
+    """Chain mode: pick this step's width from the drafts' real lengths, truncate
+    them, select the runtime."""
     rts: WidthRuntimes = getattr(worker, "_fv_widths", None)
     if rts is None or not rts.config.per_step:
         return tokens, mask
@@ -325,10 +338,11 @@ def carried_stride(worker) -> int:
 
 
 def finish_step(worker, accept_tokens, bs: int):
-    """End of a step: back to the width-k runtime; returns (accept tokens at stride k, this step's width).
+    """End of a step: back to the width-k runtime; returns (accept tokens at
+    stride k, this step's width).
 
-    Without the flag, or for a step that did not verify, returns the inputs unchanged and the worker's own width.
-    """
+    Without the flag, or for a step that did not verify, returns the inputs unchanged and
+    the worker's own width. """
     rts: WidthRuntimes = getattr(worker, "_fv_widths", None)
     if rts is None:
         return accept_tokens, worker.speculative_num_draft_tokens
@@ -343,7 +357,9 @@ def finish_step(worker, accept_tokens, bs: int):
     rts.window.record(bs, width, rts.k)
     if rts.window.steps >= rts.log_interval:
         s = rts.window.summary()
-        logger.info("n-gram verify widths: steps by width %s, verified tok/step %.1f (static width %d: %.1f)",
-                    s["steps_by_width"], s["verified_tokens_per_step"], rts.k, s["static_tokens_per_step"])
+        logger.info("n-gram verify widths: steps by width %s, verified tok/step %.1f (static width "
+                    "%d: %.1f)",
+                    s["steps_by_width"], s["verified_tokens_per_step"], rts.k,
+                    s["static_tokens_per_step"])
         rts.window = WidthStats.empty()
     return accept_tokens, width

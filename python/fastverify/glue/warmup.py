@@ -1,23 +1,26 @@
-"""Start-up compilation of the Triton kernels that SGLang's n-gram speculative step runs outside CUDA graphs.
+"""Start-up compilation of the Triton kernels that SGLang's n-gram speculative step
+runs outside CUDA graphs.
 
-Two kernels of that step take ``next_power_of_2(batch size)`` as a compile-time constant: the scheduler's
-``assign_req_to_token_pool`` (the KV slots a decode step reserves for its drafts) and
-``assign_extend_cache_locs`` (the worker reading those slots, and moving the accepted tokens' KV). Two more,
-in the move of the accepted tokens' KV after each verify pass, take ``next_power_of_2(batch size x verify
-width)``: ``fill_accept_out_cache_loc`` and the KV pool's ``copy_all_layer_kv_cache_tiled`` (the latter also
-specialises on its slot count being 1 or a multiple of 16). Triton compiles a kernel the first time it meets
-a new value of such a constant, or new argument types, so on a machine whose Triton cache does not hold them
-yet, the first step at batch size 2, then 3, then 5, ... stops the whole batch while they compile (110-450 ms
-steps in the GPU runs, inside the n-gram step and the batch preparation, never in a plain server, whose
-decode step writes its slots with torch indexing). Here every bucket up to the worker's largest batch runs
-each kernel once with arguments of the types the server's own calls use (the scheduler passes its lengths as
-int32, the worker as int64; the same ``req_to_token`` row length, the other compile-time constant; the
-scheduler's slots, a slice of the allocator's free list, both 16-byte aligned and not), and the
-KV pool moves slot 0 (the padding slot) onto itself once for every slot count a verify step can move, so that
-compilation happens before serving; with Triton's on-disk cache a later start only loads them.
+Two kernels of that step take ``next_power_of_2(batch size)`` as a compile-time constant: the
+scheduler's ``assign_req_to_token_pool`` (the KV slots a decode step reserves for its drafts) and
+``assign_extend_cache_locs`` (the worker reading those slots, and moving the accepted tokens' KV).
+Two more, in the move of the accepted tokens' KV after each verify pass, take
+``next_power_of_2(batch size x verify width)``: ``fill_accept_out_cache_loc`` and the KV pool's
+``copy_all_layer_kv_cache_tiled`` (the latter also specialises on its slot count being 1 or a
+multiple of 16). Triton compiles a kernel the first time it meets a new value of such a constant,
+or new argument types, so on a machine whose Triton cache does not hold them yet, the first step at
+batch size 2, then 3, then 5, ... stops the whole batch while they compile (110-450 ms steps in the
+GPU runs, inside the n-gram step and the batch preparation, never in a plain server, whose decode
+step writes its slots with torch indexing). Here every bucket up to the worker's largest batch runs
+each kernel once with arguments of the types the server's own calls use (the scheduler passes its
+lengths as int32, the worker as int64; the same ``req_to_token`` row length, the other compile-time
+constant; the scheduler's slots, a slice of the allocator's free list, both 16-byte aligned and
+not), and the KV pool moves slot 0 (the padding slot) onto itself once for every slot count a
+verify step can move, so that compilation happens before serving; with Triton's on-disk cache a
+later start only loads them.
 
-In auto verify mode the plain decode step's own two kernels (``plain_step``) are compiled too, once per
-variant a server meets (their batch size is a runtime argument).
+In auto verify mode the plain decode step's own two kernels (``plain_step``) are compiled too, once
+per variant a server meets (their batch size is a runtime argument).
 
 Called from ``verify_runtime.build_runtimes`` (patch 0008's seam in
 ``NGRAMWorker.init_cuda_graphs``), so every n-gram server of the series warms alike. Nothing fails
@@ -33,21 +36,25 @@ import time
 logger = logging.getLogger("fastverify.warmup")
 
 # (module, kernel, dtype of the lengths its callers pass): the step's Triton kernels with
-# next_power_of_2(batch size) as a tl.constexpr; both pinned SGLang versions define them with the signature
-# (req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len: constexpr,
-# bs_upper: constexpr). The scheduler's spec-decode allocation (eagle_utils, alloc_for_spec_decode) builds its
-# lengths as int32; the worker passes batch.seq_lens (int64). A call with other types compiles anew.
+# next_power_of_2(batch size) as a tl.constexpr; both pinned SGLang versions define them
+# with the signature (req_pool_indices, req_to_token, start_offset, end_offset,
+# out_cache_loc, pool_len: constexpr,
+# bs_upper: constexpr). The scheduler's spec-decode allocation (eagle_utils,
+# alloc_for_spec_decode) builds its lengths as int32; the worker passes batch.seq_lens (int64). A
+# call with other types compiles anew.
 KERNELS = (
     ("sglang.srt.mem_cache.allocation", "assign_req_to_token_pool", "int32"),
     ("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs", "int64"),
 )
 # Kernels whose out_cache_loc is the allocator's answer: a slice of its free list (page size 1:
-# free_pages[:n]), at whatever offset earlier allocations left, so its address is 16-byte aligned or not from
-# one step to the next, and Triton compiles a variant for each (pointer alignment is part of its cache key;
-# run26/run28 met the unaligned one mid-serving after an aligned warm-up). Warmed with both.
+# free_pages[:n]), at whatever offset earlier allocations left, so its address is 16-byte
+# aligned or not from one step to the next, and Triton compiles a variant for each (pointer
+# alignment is part of its cache key; run26/run28 met the unaligned one mid-serving after an
+# aligned warm-up). Warmed with both.
 FREE_LIST_OUT = frozenset({"assign_req_to_token_pool"})
-# The accepted tokens' slots (spec_utils.move_accept_tokens_to_target_kvcache): (accept_index int32,
-# out_cache_loc int64, accept_out_cache_loc int64, size_upper: constexpr = next_power_of_2(bs x width))
+# The accepted tokens' slots (spec_utils.move_accept_tokens_to_target_kvcache): (accept_index
+# int32, out_cache_loc int64, accept_out_cache_loc int64, size_upper: constexpr =
+# next_power_of_2(bs x width))
 ACCEPT_FILL = ("sglang.kernels.ops.speculative.eagle", "fill_accept_out_cache_loc")
 
 
@@ -67,7 +74,8 @@ def accept_sizes(max_bs: int, widths) -> list:
 
 
 def _kernels(kernels=KERNELS) -> list:
-    """(name, kernel, dtype of its callers' lengths: int64 unless the table says) of each kernel found."""
+    """(name, kernel, dtype of its callers' lengths: int64 unless the table says)
+    of each kernel found."""
     import torch
 
     found = []
@@ -85,8 +93,8 @@ def _kernels(kernels=KERNELS) -> list:
 
 
 def _kv_pool(worker):
-    """The KV pool whose ``move_kv_cache`` moves the accepted tokens (the worker's allocator's, as SGLang's
-    move reads it), or None."""
+    """The KV pool whose ``move_kv_cache`` moves the accepted tokens (the worker's allocator's, as
+    SGLang's move reads it), or None."""
     alloc = getattr(worker, "token_to_kv_pool_allocator", None)
     if alloc is not None and hasattr(alloc, "get_kvcache"):
         return alloc.get_kvcache()
@@ -100,20 +108,22 @@ def _next_power_of_2(n: int) -> int:
 def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = None, device=None,
                       kernels=KERNELS, clock=time.perf_counter, widths=None, accept=ACCEPT_FILL,
                       plain: bool = False) -> dict:
-    """Run each kernel of ``kernels`` once per batch-size bucket up to ``max_bs`` (default: the worker's
-    ``max_batch_size``, its most running requests) on scratch tensors: one ``req_to_token`` row of the
-    server's row length and dtype, every request on that row with ``width`` (default: the worker's draft
-    tokens) slots of its own, the lengths in the dtype the kernel's callers use. Then the accepted tokens'
-    move for every slot count batch size x verify width (``widths``, default ``(width,)``): ``accept``'s
-    kernel once per power-of-two bucket on scratch tensors, and the worker's KV pool moving slot 0 onto itself
-    (``move_kv_cache``, SGLang's own call path) once per count. ``plain`` (auto verify mode): the plain decode
-    step's kernels as well (``plain_step.warm``). Each kernel run's output is checked against
-    what it must produce; a mismatch is logged. Every new bucket compiles once on a machine whose Triton cache
-    lacks it (up to a second each), so the time is logged. Returns what was done: {"kernels", "buckets",
-    "moves", "seconds", "mismatches", "plain_variants"}, or {"skipped": reason}."""
+    """Run each kernel of ``kernels`` once per batch-size bucket up to ``max_bs`` (default: the
+    worker's ``max_batch_size``, its most running requests) on scratch tensors: one ``req_to_token``
+    row of the server's row length and dtype, every request on that row with ``width`` (default: the
+    worker's draft tokens) slots of its own, the lengths in the dtype the kernel's callers use. Then
+    the accepted tokens' move for every slot count batch size x verify width (``widths``, default
+    ``(width,)``): ``accept``'s kernel once per power-of-two bucket on scratch tensors, and the
+    worker's KV pool moving slot 0 onto itself (``move_kv_cache``, SGLang's own call path) once per
+    count. ``plain`` (auto verify mode): the plain decode step's kernels as well
+    (``plain_step.warm``). Each kernel run's output is checked against what it must produce; a
+    mismatch is logged. Every new bucket compiles once on a machine whose Triton cache lacks it (up
+    to a second each), so the time is logged. Returns what was done: {"kernels", "buckets", "moves",
+    "seconds", "mismatches", "plain_variants"}, or {"skipped": reason}."""
     import torch
 
-    pool = getattr(getattr(getattr(worker, "model_runner", None), "req_to_token_pool", None), "req_to_token", None)
+    pool = getattr(getattr(getattr(worker, "model_runner", None), "req_to_token_pool", None),
+                   "req_to_token", None)
     if pool is None:
         return {"skipped": "no req_to_token pool"}
     device = device if device is not None else pool.device
@@ -130,14 +140,16 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
         return {"skipped": "no kernel found"}
     t0 = clock()
     pool_len = int(pool.shape[1])
-    row = torch.arange(pool_len, dtype=pool.dtype, device=device).view(1, pool_len)  # slot j of the row: j
+    # slot j of the row: j
+    row = torch.arange(pool_len, dtype=pool.dtype, device=device).view(1, pool_len)
     done, mismatches = [], []
     for name, kernel, lens in found:
         try:
             for b in buckets(max_bs):
                 n = b * width
                 idx = torch.zeros(b, dtype=torch.int64, device=device)  # every request on row 0 ...
-                # ... request i at slots i * width .. (i + 1) * width (wrapped in a row too short for them all)
+                # ... request i at slots i * width .. (i + 1) * width (wrapped in a
+                # row too short for them all)
                 start = ((torch.arange(b, dtype=torch.int64, device=device) * width) % max(pool_len - width, 1)
                          ).to(lens)
                 end = start + width
@@ -162,8 +174,8 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     for name, kernel, _ in fill:
         try:
             for u in sorted({_next_power_of_2(n) for n in sizes}):
-                # slot i of the accepted list takes the draft slot index[i] (reversed here); -1 is a rejected
-                # draft, which the kernel skips, packing the rest
+                # slot i of the accepted list takes the draft slot index[i] (reversed here); -1 is a
+                # rejected draft, which the kernel skips, packing the rest
                 index = torch.arange(u, dtype=torch.int32, device=device).flip(0)
                 if u > 1:
                     index[-1] = -1
@@ -188,7 +200,8 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                 moves += 1
             done.append("move_kv_cache")
         except Exception as e:  # noqa: BLE001
-            logger.warning("kernel warm-up: move_kv_cache failed (%s: %s); it compiles on first use instead",
+            logger.warning("kernel warm-up: move_kv_cache failed (%s: %s); it compiles on first "
+                           "use instead",
                            type(e).__name__, e)
     plain_variants = 0
     if plain:
@@ -202,11 +215,14 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                 mismatches.extend(("plain_step", m) for m in res["mismatches"])
                 done.append("plain_step")
                 plain_variants = res["variants"]
-                logger.info("kernel warm-up: plain step kernels, %d variants, launched directly after the first: %s",
-                            plain_variants, "off (" + res["direct_off"] + ")" if res.get("direct_off")
+                logger.info("kernel warm-up: plain step kernels, %d variants, launched directly "
+                            "after the first: %s",
+                            plain_variants, "off (" + res["direct_off"] + ")"
+                            if res.get("direct_off")
                             else f"checked for {res.get('direct_checked', 0)}")
         except Exception as e:  # noqa: BLE001
-            logger.warning("kernel warm-up: plain step kernels failed (%s: %s); they compile on first use instead",
+            logger.warning("kernel warm-up: plain step kernels failed (%s: %s); they compile on "
+                           "first use instead",
                            type(e).__name__, e)
     if mismatches:
         logger.warning("kernel warm-up: unexpected output from %s", mismatches)

@@ -1,8 +1,8 @@
 """Residual add + RMSNorm: the work that follows every all-reduce of a decoder layer.
 
 - ``add_rmsnorm_torch``: separate torch ops (add, square-mean, rsqrt, scale): the unfused form.
-- ``add_rmsnorm_fused``: one Triton kernel per call, one program per token row, fp32 math in registers:
-  the single-kernel form that serving engines run after an unfused all-reduce.
+- ``add_rmsnorm_fused``: one Triton kernel per call, one program per token row, fp32 math in
+  registers: the single-kernel form that serving engines run after an unfused all-reduce.
 - ``add_rmsnorm_ref``: the fp32 reference the benchmarks check both against.
 
 All three compute ``residual_out = x + residual`` and ``out = rmsnorm(residual_out) * weight``.
@@ -28,7 +28,8 @@ def add_rmsnorm_ref(x, residual, weight, eps: float):
 
 
 def add_rmsnorm_torch(x, residual, weight, eps: float) -> Tuple:
-    """Unfused: separate kernels for the add and the norm. Returns ``(out, residual_out)`` in x.dtype."""
+    """Unfused: separate kernels for the add and the norm. Returns ``(out,
+    residual_out)`` in x.dtype."""
     r = x + residual  # [T, H]
     rf = r.float()
     out = (rf * (rf.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt()).to(x.dtype) * weight
@@ -38,7 +39,8 @@ def add_rmsnorm_torch(x, residual, weight, eps: float) -> Tuple:
 if triton is not None:
 
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, BLOCK: tl.constexpr):
+    def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps,
+                            BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < H
@@ -46,7 +48,8 @@ if triton is not None:
         x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
         r = tl.load(res_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
         s = x + r
-        # the residual is stored in the activation dtype, and the norm reads that rounded value, as engines do
+        # the residual is stored in the activation dtype, and the norm reads that
+        # rounded value, as engines do
         s_lo = s.to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + base + cols, s_lo, mask=mask)
         sf = s_lo.to(tl.float32)
@@ -57,7 +60,8 @@ if triton is not None:
 
 
 def add_rmsnorm_fused(x, residual, weight, eps: float, out=None, residual_out=None):
-    """One Triton kernel. x, residual: [T, H] contiguous; weight: [H]. Returns ``(out, residual_out)``."""
+    """One Triton kernel. x, residual: [T, H] contiguous; weight: [H]. Returns
+    ``(out, residual_out)``."""
     if triton is None:
         raise RuntimeError("add_rmsnorm_fused needs Triton (GPU machine)")
     import torch
