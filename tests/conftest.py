@@ -1,8 +1,10 @@
 """Shared test setup.
 
-- tests/stubs goes on sys.path *after* site-packages: where a real package exists (sgl_kernel on a GPU
-  machine) it wins; on a CPU machine the stand-ins fill in (tests/stubs/README.md says what each one is).
-- The JIT caches of SGLang's C++ n-gram corpus point into the work tree, so a CI run reuses its own builds.
+- tests/stubs goes on sys.path *after* site-packages: where a real package exists
+  (sgl_kernel on a GPU machine) it wins; on a CPU machine the stand-ins fill in
+  (tests/stubs/README.md says what each one is).
+- The JIT caches of SGLang's C++ n-gram corpus point into the work tree, so a CI
+  run reuses its own builds.
 - Tests marked ``gpu`` are skipped when CUDA is not available.
 """
 import os

@@ -1,10 +1,10 @@
-"""Stand-ins for the GPU-only pieces of SGLang's n-gram worker step, shared by the probe scripts that drive
-the patched NGRAMWorker on the CPU (ngram_probe.py, widths_probe.py, auto_step_probe.py).
+"""Stand-ins for the GPU-only pieces of SGLang's n-gram worker step, shared by the probe scripts
+that drive the patched NGRAMWorker on the CPU (ngram_probe.py, widths_probe.py, auto_step_probe.py).
 
-The target is a fixed function: after token x it predicts (x // 10 + 1) * 10 (so 10, 20, 30, ... is its
-greedy continuation). Sampling is the torch reference of greedy chain verification
-(fastverify.verify_ref.greedy_verify_chain), not SGLang's kernel; the KV-cache moves, stream bookkeeping and
-mamba state hooks do nothing (no KV cache exists here).
+The target is a fixed function: after token x it predicts (x // 10 + 1) * 10 (so 10, 20, 30, ... is
+its greedy continuation). Sampling is the torch reference of greedy chain verification
+(fastverify.verify_ref.greedy_verify_chain), not SGLang's kernel; the KV-cache moves, stream
+bookkeeping and mamba state hooks do nothing (no KV cache exists here).
 """
 import torch
 
@@ -35,10 +35,12 @@ def install(nw) -> None:
                                                                 dtype=torch.int64)
 
 
-def bare_worker(nw, server_args, model_runner, target, corpus, k: int, overlap: bool, mode: str = "chain"):
-    """An NGRAMWorker built without its constructor (which needs a GPU model): the attributes a decode step
-    reads, SGLang's own draft buffers (_init_preallocated_tensors) and patch 0005's verify hook in `mode`
-    (tree or chain). server_args, model_runner and target may be None for a probe that only prepares drafts."""
+def bare_worker(nw, server_args, model_runner, target, corpus, k: int, overlap: bool,
+                mode: str = "chain"):
+    """An NGRAMWorker built without its constructor (which needs a GPU model): the attributes a
+    decode step reads, SGLang's own draft buffers (_init_preallocated_tensors) and patch 0005's
+    verify hook in `mode` (tree or chain). server_args, model_runner and target may be None for a
+    probe that only prepares drafts."""
     from fastverify.chain import ChainConfig
     from fastverify.glue.ngram import NgramVerifyHook
 

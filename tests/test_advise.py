@@ -43,7 +43,8 @@ def test_reference_box_from_the_command_line_alone(tmp_path, capsys):
     assert rep["recommendation"]["shape"] == "plain"
     assert "recommended: plain decoding" in out
     assert "eagle3 chain3 starts to pay once one all-reduce of its 4-token verify pass" in out
-    # x* = (accept * plain_ms - compute - drafting) / allreduces: what the verify all-reduce must reach
+    # x* = (accept * plain_ms - compute - drafting) / allreduces: what the
+    # verify all-reduce must reach
     assert eagle["pays_below_allreduce_us"][0] == pytest.approx((2.0 * 12.2 - 5 - 3) / 122 * 1000,
                                                                 rel=1e-3)
 

@@ -1,5 +1,5 @@
-"""CPU tests of the microbenchmarks: profile math, references, table/JSON output, the refusal without GPUs,
-the NCCL tuning-profile document and the regression compare."""
+"""CPU tests of the microbenchmarks: profile math, references, table/JSON output, the refusal
+without GPUs, the NCCL tuning-profile document and the regression compare."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ def test_kimi_profile_counts_and_shapes():
     assert kimi.allreduce_bytes(8) == 8 * 7168 * 2  # 112 KiB
     dense = P.layer_gemms(kimi, 8, 0)
     moe = P.layer_gemms(kimi, 8, 1)
-    assert [g.name for g in dense] == ["qkv_a", "q_b", "kv_b", "o_proj", "gate_up_proj", "down_proj"]
+    assert [g.name for g in dense] == ["qkv_a", "q_b", "kv_b", "o_proj",
+                                       "gate_up_proj", "down_proj"]
     by = {g.name: g for g in moe}
     assert (by["qkv_a"].k, by["qkv_a"].n) == (7168, 1536 + 512 + 64)  # replicated
     assert (by["q_b"].k, by["q_b"].n) == (1536, 8 * 192)  # 64 heads / 8 ranks
     assert (by["o_proj"].k, by["o_proj"].n) == (8 * 128, 7168)
-    assert (by["experts_gate_up"].n, by["experts_gate_up"].experts, by["experts_gate_up"].topk) == (512, 384, 8)
+    assert (by["experts_gate_up"].n, by["experts_gate_up"].experts,
+            by["experts_gate_up"].topk) == (512, 384, 8)
     assert (by["experts_down"].k, by["experts_down"].n) == (256, 7168)
     assert [g.name for g in moe if g.allreduce_after] == ["o_proj", "experts_down"]
     assert {g.name: g.n for g in dense}["gate_up_proj"] == 2 * 18432 // 8
@@ -50,8 +52,8 @@ def test_smollm2_does_not_shard_over_two_ranks():
 
 
 def test_kv_heads_replicated_when_fewer_than_ranks():
-    prof = P.ModelProfile(name="t", num_layers=1, hidden_size=64, vocab_size=1, num_heads=8, num_kv_heads=2,
-                          head_dim=8, intermediate_size=128)
+    prof = P.ModelProfile(name="t", num_layers=1, hidden_size=64, vocab_size=1, num_heads=8,
+                          num_kv_heads=2, head_dim=8, intermediate_size=128)
     assert P.layer_gemms(prof, 4, 0)[0].n == (2 + 2 * 1) * 8
 
 
@@ -65,10 +67,11 @@ def test_expected_active_experts():
 
 
 def test_pass_summary_by_hand():
-    prof = P.ModelProfile(name="t", num_layers=2, hidden_size=16, vocab_size=1, num_heads=4, num_kv_heads=4,
-                          head_dim=4, intermediate_size=32)
+    prof = P.ModelProfile(name="t", num_layers=2, hidden_size=16, vocab_size=1, num_heads=4,
+                          num_kv_heads=4, head_dim=4, intermediate_size=32)
     s = P.pass_summary(prof, 2, tokens=3)
-    # per layer per rank: qkv 16x(2+4)*4=384, o 8x16=128, gate_up 16x32=512, down 16x16=256 -> 1280 params
+    # per layer per rank: qkv 16x(2+4)*4=384, o 8x16=128, gate_up 16x32=512, down
+    # 16x16=256 -> 1280 params
     assert s["weight_bytes"] == 2 * 1280 * 2
     assert s["gemm_flops"] == 2 * 3 * 2 * 1280
     assert s["allreduces"] == 4 and s["allreduce_bytes_total"] == 4 * 3 * 16 * 2
@@ -83,21 +86,26 @@ def test_moe_pass_summary_counts_only_active_experts():
 
 
 def test_profile_from_hf_config(tmp_path):
-    llama = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
-             "intermediate_size": 1536, "vocab_size": 49152, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
+    llama = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
+             "num_hidden_layers": 30,
+             "intermediate_size": 1536, "vocab_size": 49152, "torch_dtype": "bfloat16",
+             "rms_norm_eps": 1e-5}
     p = tmp_path / "smol" / "config.json"
     p.parent.mkdir()
     p.write_text(json.dumps(llama))
     prof = P.load_profile_arg(str(p))
     builtin = P.get_profile("smollm2-135m")
-    for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+    for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+              "intermediate_size"):
         assert getattr(prof, f) == getattr(builtin, f)
     assert prof.name == "smol" and not prof.is_moe
     ds = {"text_config": {"hidden_size": 7168, "num_attention_heads": 64, "num_hidden_layers": 61,
                           "intermediate_size": 18432, "q_lora_rank": 1536, "kv_lora_rank": 512,
                           "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-                          "n_routed_experts": 384, "n_shared_experts": 1, "moe_intermediate_size": 2048,
-                          "num_experts_per_tok": 8, "first_k_dense_replace": 1, "vocab_size": 163840}}
+                          "n_routed_experts": 384, "n_shared_experts": 1,
+                          "moe_intermediate_size": 2048,
+                          "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+                          "vocab_size": 163840}}
     prof2 = P.profile_from_hf_config(ds)
     kimi = P.get_profile("kimi-k2.5")
     assert P.layer_gemms(prof2, 8, 5) == P.layer_gemms(kimi, 8, 5)
@@ -166,9 +174,11 @@ def test_chain_is_a_tree_of_one_branch():
 
 
 def test_layer_half_shapes_on_cpu():
-    """The pass builder on CPU tensors: every half-layer returns the [tokens, hidden] partial sum."""
+    """The pass builder on CPU tensors: every half-layer returns the
+    [tokens, hidden] partial sum."""
     prof = P.ModelProfile(name="tiny-moe", num_layers=3, hidden_size=32, vocab_size=1, num_heads=4,
-                          num_kv_heads=4, head_dim=8, intermediate_size=64, q_lora_rank=16, kv_lora_rank=8,
+                          num_kv_heads=4, head_dim=8, intermediate_size=64, q_lora_rank=16,
+                          kv_lora_rank=8,
                           qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=6,
                           n_shared_experts=1, moe_intermediate_size=16, num_experts_per_tok=2,
                           first_k_dense_replace=1)
@@ -194,14 +204,14 @@ def test_format_table_fixed_width():
     lines = txt.splitlines()
     assert lines[0].startswith("name") and set(lines[1]) <= {"-", " "}
     assert lines[2].endswith(" 1.0") and lines[3].endswith("12.2") and lines[4].endswith("-")
-    assert len({len(l) for l in lines[2:4]}) == 1
+    assert len({len(line) for line in lines[2:4]}) == 1
 
 
 def test_preamble_and_json(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_PROTO", "LL")
     info = common.collect_env({"flashinfer": "0.6.14"})
     text = common.format_preamble(info, {"argv": "--x 1"}, ["a note"])
-    assert all(l.startswith("# ") for l in text.splitlines())
+    assert all(line.startswith("# ") for line in text.splitlines())
     assert "NCCL_PROTO=LL" in text and "flashinfer: 0.6.14" in text and "# a note" in text
     repro = common.repro_command(["--profile", "my model"], avc.SCRIPT)
     assert repro == "python benchmark/allreduce_vs_compute.py --profile 'my model'"
@@ -219,7 +229,8 @@ def test_multicast_must_stay_off():
 
 # ----------------------------------------------------------------------------- CLI
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="checks the refusal on a machine without GPUs")
 def test_refuses_cleanly_without_gpus(capsys):
     assert avc.main(["--profile", "kimi-k2.5"]) == 2
     err = capsys.readouterr().err
@@ -230,7 +241,8 @@ def test_refuses_cleanly_without_gpus(capsys):
 
 
 def test_dry_run_plan(capsys):
-    assert avc.main(["--dry-run", "--shard-tp", "8", "--batch-sizes", "1,4", "--nccl-buffsizes", "default"]) == 0
+    assert avc.main(["--dry-run", "--shard-tp", "8", "--batch-sizes", "1,4", "--nccl-buffsizes",
+                     "default"]) == 0
     out = capsys.readouterr().out
     assert "122 all-reduces per pass" in out and "tokens [1, 2, 4, 8, 16, 32, 64, 128, 256]" in out
     assert out.count("job nccl-tuned[") == 3 * 2
@@ -253,19 +265,22 @@ def test_sweep_settings_set_variables_per_process():
     assert s[1]["NCCL_BUFFSIZE"] == "1048576"
 
 
-# ----------------------------------------------------------------------------- aggregation, NCCL profile
+# ------------------------------------------------------------------------ aggregation, NCCL profile
 
 def _sweep_result(env, times):
     return {"job": "nccl-tuned[x]", "job_env": env,
-            "variants": {"nccl": {"sizes": {str(t): {"ar_graph_us_per_call": us} for t, us in times.items()}}}}
+            "variants": {"nccl": {"sizes": {str(t): {"ar_graph_us_per_call": us}
+                                            for t, us in times.items()}}}}
 
 
 def test_best_per_size_and_profile_document(tmp_path):
     a = {"NCCL_PROTO": "LL"}
     b = {"NCCL_PROTO": "Simple"}
-    sweep = [_sweep_result(a, {1: 10.0, 8: 12.0, 64: 30.0}), _sweep_result(b, {1: 11.0, 8: 13.0, 64: 20.0})]
+    sweep = [_sweep_result(a, {1: 10.0, 8: 12.0, 64: 30.0}),
+             _sweep_result(b, {1: 11.0, 8: 13.0, 64: 20.0})]
     sweep.append({"job": "nccl-tuned[y]", "job_env": {"NCCL_PROTO": "LL128"},
-                  "variants": {"nccl": {"sizes": {"1": {"ar_graph_us_per_call": 1.0, "error": "wrong result"}}}}})
+                  "variants": {"nccl": {"sizes": {"1": {"ar_graph_us_per_call": 1.0,
+                                                        "error": "wrong result"}}}}})
     best = avc.best_nccl_per_size(sweep, [1, 8, 64])
     assert best[1]["env"] == a and best[64]["env"] == b  # the wrong (faster) result is never chosen
     doc = avc.nccl_profile_payload(best, hidden=7168, dtype_bytes=2, source={"gpu": "test"})
@@ -283,9 +298,12 @@ def test_best_per_size_and_profile_document(tmp_path):
         fv_nccl.load_profile(str(path))  # the flag's loader accepts what the benchmark writes
     with pytest.raises(ValueError):
         avc.nccl_profile_payload({}, 7168, 2, {})
-    # with NCCL's defaults measured in the same run: "env" comes only from sizes where the sweep beats them
-    doc2 = avc.nccl_profile_payload(best, 7168, 2, {"gpu": "t"}, default_us={1: 9.0, 8: 5.0, 64: 25.0})
-    assert doc2["env"] == b and doc2["source"]["beats_default_sizes"] == "1 of 3"  # a wins more sizes overall
+    # with NCCL's defaults measured in the same run: "env" comes only from sizes
+    # where the sweep beats them
+    doc2 = avc.nccl_profile_payload(best, 7168, 2, {"gpu": "t"},
+                                    default_us={1: 9.0, 8: 5.0, 64: 25.0})
+    # a wins more sizes overall
+    assert doc2["env"] == b and doc2["source"]["beats_default_sizes"] == "1 of 3"
     assert doc2["by_size"][1]["default_us"] == 5.0
     avc.write_nccl_profile(str(path), doc2)
     if fv_nccl is not None and hasattr(fv_nccl, "load_profile"):
@@ -293,26 +311,30 @@ def test_best_per_size_and_profile_document(tmp_path):
 
 
 def _plan(tokens=(8,), bs=(1,)):
-    return {"allreduces_per_pass": 122, "tokens": list(tokens), "batch_sizes": list(bs), "widths": [8]}
+    return {"allreduces_per_pass": 122, "tokens": list(tokens), "batch_sizes": list(bs),
+            "widths": [8]}
 
 
 def test_summarize_and_targets():
     res = [
         {"job": "nccl", "compute": {"8": 10_000.0},
-         "variants": {"nccl": {"sizes": {"8": {"ar_graph_us_per_call": 19.5, "ar_eager_us_per_call": 39.0,
+         "variants": {"nccl": {"sizes": {"8": {"ar_graph_us_per_call": 19.5,
+                                               "ar_eager_us_per_call": 39.0,
                                                  "arnorm_graph_us_pass": 2800.0,
                                                  "arnorm_unfused_graph_us_pass": 3600.0,
                                                  "pass_graph_us": 12_500.0}}}}},
         {"job": "flashinfer", "variants": {
             "flashinfer-ar": {"sizes": {"8": {"ar_graph_us_per_call": 6.0}}},
-            "flashinfer-fused": {"sizes": {"8": {"ar_graph_us_per_call": 6.0, "arnorm_graph_us_pass": 976.0,
+            "flashinfer-fused": {"sizes": {"8": {"ar_graph_us_per_call": 6.0,
+                                                 "arnorm_graph_us_pass": 976.0,
                                                  "pass_graph_us": 11_000.0}}}}},
         {"job": "symm", "variants": {"symm-oneshot": {"sizes": {"8": {"error": "wrong result"}}}}},
     ]
     s = avc.summarize(_plan(), res)
     assert s["wrong_results"] == 1
     nccl = next(r for r in s["rows"] if r["backend"] == "nccl")
-    assert nccl["ar_share"] == pytest.approx(0.2) and nccl["ar_only_pass_us"] == pytest.approx(19.5 * 122)
+    assert (nccl["ar_share"] == pytest.approx(0.2)
+            and nccl["ar_only_pass_us"] == pytest.approx(19.5 * 122))
     t = s["targets"]
     assert t["best_unfused"]["backend"] == "flashinfer-ar" and t["best_unfused"]["met"]
     assert t["best_fused"]["us_per_call"] == pytest.approx(8.0) and t["best_fused"]["met"]
@@ -334,7 +356,8 @@ def test_plot_png(tmp_path):
 
 def _bench(ref_us, kernels):
     return {"format": cmp.FORMAT, "reference": {"name": "copy", "us": ref_us},
-            "kernels": {k: ({"us": v} if v is not None else {"error": "wrong result"}) for k, v in kernels.items()}}
+            "kernels": {k: ({"us": v} if v is not None else {"error": "wrong result"})
+                        for k, v in kernels.items()}}
 
 
 def _write(tmp_path, name, data):
@@ -372,8 +395,10 @@ def test_extract_allreduce(tmp_path):
           "summary": {"rows": [
               {"backend": "nccl", "tokens": 1, "ar_graph_us": 20.0, "arnorm_pass_us": 122 * 25.0},
               {"backend": "nccl", "tokens": 8, "ar_graph_us": 21.0},
-              {"backend": "flashinfer-fused", "tokens": 8, "ar_graph_us": 6.0, "arnorm_pass_us": 122 * 7.0},
-              {"backend": "symm-oneshot", "tokens": 8, "error": "wrong result", "ar_graph_us": None}]}}
+              {"backend": "flashinfer-fused", "tokens": 8, "ar_graph_us": 6.0,
+               "arnorm_pass_us": 122 * 7.0},
+              {"backend": "symm-oneshot", "tokens": 8, "error": "wrong result",
+               "ar_graph_us": None}]}}
     out = cmp.extract_allreduce(ar)
     assert out["reference"] == {"name": "allreduce/nccl/T=1", "us": 20.0}
     assert out["kernels"]["allreduce_add_rmsnorm/flashinfer-fused/T=8"]["us"] == pytest.approx(7.0)
@@ -386,29 +411,34 @@ def test_extract_allreduce(tmp_path):
 
 def test_cli_subcommand_dispatches(capsys):
     from fastverify.bench import cli as bench_cli
-    assert bench_cli.main(["bench", "allreduce", "--dry-run", "--widths", "8", "--backends", "nccl"]) == 0
+    assert bench_cli.main(["bench", "allreduce", "--dry-run", "--widths", "8", "--backends",
+                           "nccl"]) == 0
     assert "122 all-reduces per pass" in capsys.readouterr().out
     assert bench_cli.main(["bench", "compare", "missing-a.json", "missing-b.json"]) == 2
 
 
 def test_nccl_profile_from_committed_results(tmp_path, capsys):
-    """The committed 2x H200 run rebuilds its tuning profile without a GPU, and the flag's loader takes it."""
+    """The committed 2x H200 run rebuilds its tuning profile without a GPU, and the
+    flag's loader takes it."""
     res = ROOT / "benchmark" / "results" / "h200x2" / "allreduce_kimi.json"
     if not res.exists():
         pytest.skip("no committed run")
     out = tmp_path / "p.json"
     assert avc.main(["--nccl-profile-from", str(res), "--write-nccl-profile", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["format"] == "fastverify-nccl-profile/1" and doc["env"]["NCCL_PROTO"] in ("LL", "LL128", "Simple")
+    assert (doc["format"] == "fastverify-nccl-profile/1"
+            and doc["env"]["NCCL_PROTO"] in ("LL", "LL128", "Simple"))
     assert all("default_us" in r for r in doc["by_size"])
-    assert avc.main(["--nccl-profile-from", str(tmp_path / "none.json"), "--write-nccl-profile", str(out)]) == 2
+    assert avc.main(["--nccl-profile-from", str(tmp_path / "none.json"), "--write-nccl-profile",
+                     str(out)]) == 2
 
 
 def test_compute_only_plan_and_rows():
     args = avc.parse_args(["--compute-only", "--world", "1", "--widths", "1,8"])
     plan = avc.build_plan(args)
     assert [j["name"] for j in plan["jobs"]] == ["compute"] and plan["compute_only"]
-    s = avc.summarize({**plan}, [{"job": "compute", "compute": {"1": 900.0, "8": 1000.0}, "variants": {}}])
+    s = avc.summarize({**plan},
+                      [{"job": "compute", "compute": {"1": 900.0, "8": 1000.0}, "variants": {}}])
     assert [(r["backend"], r["tokens"], r["compute_us"]) for r in s["rows"]] == [
         ("compute-only", 1, 900.0), ("compute-only", 8, 1000.0)]
     with pytest.raises(SystemExit):

@@ -1,11 +1,12 @@
-"""Chain extraction, chain indices and no-match gating on hand-drawn trees (exact expected values)."""
+"""Chain extraction, chain indices and no-match gating on hand-drawn trees
+(exact expected values)."""
 import numpy as np
 import pytest
 import torch
 
 from fastverify.chain import (
-    ChainConfig, VerifyStats, chain_indices, chain_mask, extract_chains, plan_verify, real_draft_lengths,
-    reduce_to_chain, tree_parents,
+    ChainConfig, VerifyStats, chain_indices, chain_mask, extract_chains, plan_verify,
+    real_draft_lengths, reduce_to_chain, tree_parents,
 )
 
 
@@ -20,7 +21,8 @@ def tree(tokens, parents):
     return np.array(tokens, dtype=np.int64), m
 
 
-# The corpus' own output for query [1, 2, 3] over [1..10] and [1,2,3,44,...,100] (cpu-testing.md §3.2):
+# The corpus' own output for query [1, 2, 3] over [1..10] and
+# [1,2,3,44,...,100] (cpu-testing.md §3.2):
 #   3 -> 4 -> 5 -> 6          (3 nodes below 4)
 #   3 -> 44 -> 55 -> 66 -> 77 (4 nodes below 44)
 T1 = tree([3, 4, 44, 5, 55, 6, 66, 77], [-1, 0, 0, 1, 2, 3, 4, 6])
@@ -66,14 +68,15 @@ def test_no_match_and_partial():
 
 
 def _random_tree(rng, d):
-    """A random BFS-ordered tree of d nodes (parents at smaller indices, children of a node contiguous),
-    random tokens, and a random run of token-0 padding under the root at the end."""
+    """A random BFS-ordered tree of d nodes (parents at smaller indices, children of a node
+    contiguous), random tokens, and a random run of token-0 padding under the root at the end."""
     pad = int(rng.integers(0, d))
     real = d - pad
     parents = [-1]
     frontier = [0]
     while len(parents) < real:
-        p = frontier.pop(0) if frontier and rng.random() < 0.5 else parents[-1] if len(parents) > 1 else 0
+        p = (frontier.pop(0) if frontier and rng.random() < 0.5 else parents[-1]
+             if len(parents) > 1 else 0)
         for _ in range(int(rng.integers(1, 4))):
             if len(parents) == real:
                 break
@@ -89,11 +92,13 @@ def _random_tree(rng, d):
 
 
 def _brute_best(tokens, parents, match_type):
-    """The documented rule, spelled out: drop the trailing token-0 leaves under the root, then descend from the
-    root to the child with the largest (height, size, -index) for BFS, (size, height, -index) for PROB."""
+    """The documented rule, spelled out: drop the trailing token-0 leaves under the root, then
+    descend from the root to the child with the largest (height, size, -index) for BFS, (size,
+    height, -index) for PROB."""
     d = len(tokens)
     end = d
-    while end > 1 and tokens[end - 1] == 0 and parents[end - 1] == 0 and (end - 1) not in parents[:end]:
+    while (end > 1 and tokens[end - 1] == 0 and parents[end - 1] == 0
+           and (end - 1) not in parents[:end]):
         end -= 1
     kids = {i: [j for j in range(1, end) if parents[j] == i] for i in range(end)}
 
@@ -122,7 +127,8 @@ def test_random_trees_match_the_rule_spelled_out(match_type):
     assert ct.tolist() == [w[0] for w in want]
     assert cl.tolist() == [w[1] for w in want]
     assert real_draft_lengths(toks, mask, d).tolist() == [w[2] for w in want]
-    assert sum(w[1] == 0 for w in want) > 0 and max(w[1] for w in want) >= 4  # empty and deep drafts both drawn
+    # empty and deep drafts both drawn
+    assert sum(w[1] == 0 for w in want) > 0 and max(w[1] for w in want) >= 4
 
 
 def test_reduce_to_chain_corpus_format():
@@ -147,15 +153,18 @@ def test_chain_indices_equal_tree_reconstruction_of_chain_mask():
 
     bs, k = 3, 5
     seq = torch.tensor([7, 1, 20])
-    pos, ri, nt, ns = (torch.empty(bs * k, dtype=torch.int64), *(torch.empty(bs, k, dtype=torch.int64) for _ in range(3)))
-    reconstruct_indices_from_tree_mask(torch.from_numpy(chain_mask(bs, k)).bool(), seq, pos, ri, nt, ns, bs, k)
+    pos, ri, nt, ns = (torch.empty(bs * k, dtype=torch.int64),
+                       *(torch.empty(bs, k, dtype=torch.int64) for _ in range(3)))
+    reconstruct_indices_from_tree_mask(torch.from_numpy(chain_mask(bs, k)).bool(), seq, pos, ri,
+                                       nt, ns, bs, k)
     for got, want in zip((pos, ri, nt, ns), chain_indices(seq, k)):
         assert torch.equal(got, want)
 
 
 def test_plan_verify_gating_and_buckets():
     p = plan_verify([0, 0, 0], 8)
-    assert (p.action, p.width, p.tokens_static, p.tokens_planned, p.tokens_saved) == ("decode", 1, 24, 3, 21)
+    assert (p.action, p.width, p.tokens_static, p.tokens_planned,
+            p.tokens_saved) == ("decode", 1, 24, 3, 21)
     p = plan_verify([0, 2, 1], 8, buckets=(2, 4))
     assert (p.action, p.width, p.draft_lens, p.tokens_planned) == ("verify", 4, (0, 2, 1), 12)
     p = plan_verify([0, 4], 8, buckets=(2, 4))  # needs 5 -> only k=8 fits
@@ -170,13 +179,16 @@ def test_verify_stats_accounting():
     s.record([1, 1], plan_verify([0, 0], 8))
     out = s.summary()
     assert out["steps"] == 2 and out["accept_length"] == pytest.approx(6 / 4)
-    assert out["verified_tokens_per_step"] == 16 and out["planned_tokens_per_step"] == pytest.approx((10 + 2) / 2)
+    assert (out["verified_tokens_per_step"] == 16
+            and out["planned_tokens_per_step"] == pytest.approx((10 + 2) / 2))
     assert out["no_match_fraction"] == 0.75 and out["no_match_steps"] == 1
     assert out["accept_hist"] == {1: 3, 3: 1}
 
 
 def test_config_errors_name_the_flag():
-    with pytest.raises(ValueError, match="--speculative-ngram-verify-mode must be one of tree, chain; got 'path'"):
+    with pytest.raises(ValueError,
+                       match="--speculative-ngram-verify-mode must be one of tree, chain; got "
+                             "'path'"):
         ChainConfig(mode="path")
     with pytest.raises(ValueError, match="--speculative-ngram-match-type"):
         ChainConfig(match_type="LRU")

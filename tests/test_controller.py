@@ -1,5 +1,6 @@
-"""The auto verify controller: decision rule (golden and property tests), configuration, lookups and probes,
-logging and metrics (fastverify/controller.py). Pure Python; runs in both CPU environments."""
+"""The auto verify controller: decision rule (golden and property tests), configuration,
+lookups and probes, logging and metrics (fastverify/controller.py). Pure Python; runs in
+both CPU environments."""
 import math
 import random
 
@@ -10,15 +11,18 @@ from fastverify.controller import (CHAIN, NONE, TREE, AutoConfig, Controller, Op
 from fastverify.costs import CostTable
 from fastverify.gains import DraftFeatures
 
-FLAT = CostTable(((1, 10.0), (64, 10.0)), ((1, 10.0), (8, 10.0), (64, 10.0)), "flat")  # verify as cheap as decode
-LINEAR = CostTable(((1, 10.0), (8, 17.0)), ((1, 10.0), (8, 17.0), (64, 73.0)), "linear")  # 1 ms per token + 9
+# verify as cheap as decode
+FLAT = CostTable(((1, 10.0), (64, 10.0)), ((1, 10.0), (8, 10.0), (64, 10.0)), "flat")
+# 1 ms per token + 9
+LINEAR = CostTable(((1, 10.0), (8, 17.0)), ((1, 10.0), (8, 17.0), (64, 73.0)), "linear")
 
 
 def test_a_full_match_wanted_is_judged_by_requests_that_decode_alike():
-    """`_full_match_wanted` (first lookups, lookups behind) asks for each request as it decodes: after a greedy
-    load whose full matches were accepted, a new greedy request's full match is worth verifying, a new sampled
-    one's is not; `finish` forgets what a request was told."""
-    ctl = Controller(AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform"), FLAT)
+    """`_full_match_wanted` (first lookups, lookups behind) asks for each request as it decodes:
+    after a greedy load whose full matches were accepted, a new greedy request's full match is worth
+    verifying, a new sampled one's is not; `finish` forgets what a request was told."""
+    ctl = Controller(AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8),
+                                shape="uniform"), FLAT)
     for step in range(6):
         ctl.observe("old", DraftFeatures(7, 1), step, 7)
     ctl.note_sampling("s", True)
@@ -27,12 +31,13 @@ def test_a_full_match_wanted_is_judged_by_requests_that_decode_alike():
     assert ctl._full_match_wanted(["g"]) is True
     assert ctl._full_match_wanted(["s"]) is False
     assert ctl.defer_first_lookup(["g"]) is False  # full matches wanted: looked up at once
-    assert ctl.no_draft("s") == DraftFeatures(0, 0, True) and ctl.no_draft("g") == DraftFeatures(0, 0)
+    assert (ctl.no_draft("s") == DraftFeatures(0, 0, True)
+            and ctl.no_draft("g") == DraftFeatures(0, 0))
     ctl.finish("s")
     assert not ctl.samples("s")
 
 
-# -------------------------------------------------------------------------------------- decision rule
+# ------------------------------------------------------------------------------------ decision rule
 def _evals(costs, gains_by_option, bs, shape="ragged"):
     opts = options_for(4, 6)
     out = []
@@ -45,10 +50,12 @@ def _evals(costs, gains_by_option, bs, shape="ragged"):
 def test_golden_rates():
     # bs 2, chain 2 (width 3): verify(6 tokens) on LINEAR = 15 ms; 2 requests x (1 + 1.5) tokens
     e = evaluate(Option(CHAIN, 2, 3), LINEAR, [1.5, 1.5])
-    assert e.pass_ms == pytest.approx(15.0) and e.tokens == pytest.approx(5.0) and e.rate == pytest.approx(5 / 15)
+    assert (e.pass_ms == pytest.approx(15.0) and e.tokens == pytest.approx(5.0)
+            and e.rate == pytest.approx(5 / 15))
     # request 2 has gain (1 + 0.2) * 11 / 15 < 1: it verifies nothing; ragged pass = 3 + 1 tokens
     e = evaluate(Option(CHAIN, 2, 3), LINEAR, [1.5, 0.2])
-    assert e.speculate == (True, False) and e.pass_ms == pytest.approx(13.0) and e.tokens == pytest.approx(3.5)
+    assert (e.speculate == (True, False) and e.pass_ms == pytest.approx(13.0)
+            and e.tokens == pytest.approx(3.5))
     e = evaluate(Option(CHAIN, 2, 3), LINEAR, [1.5, 0.2], shape="uniform")
     assert e.pass_ms == pytest.approx(15.0)
     assert evaluate(Option(NONE), LINEAR, [9.0, 9.0]).rate == pytest.approx(2 / 11)
@@ -65,8 +72,10 @@ def test_chain_beats_tree_when_cost_grows_with_tokens():
     evals = _evals(LINEAR, lambda o: 0.0 if o.kind == NONE else min(o.k, 3) * 0.9, 1)
     best = choose(evals, None, 0.0).option
     assert best.kind == CHAIN
-    evals = _evals(FLAT, lambda o: 0.0 if o.kind == NONE else (2.0 if o.kind == TREE else 0.3 * o.k), 1)
-    assert choose(evals, None, 0.0).option.kind == TREE  # verify is free: the tree's extra acceptance wins
+    evals = _evals(FLAT, lambda o: 0.0 if o.kind == NONE
+                   else (2.0 if o.kind == TREE else 0.3 * o.k), 1)
+    # verify is free: the tree's extra acceptance wins
+    assert choose(evals, None, 0.0).option.kind == TREE
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -81,7 +90,8 @@ def test_property_never_below_none_by_more_than_hysteresis(seed):
     current = None
     for _ in range(20):
         per_req = [sorted(rng.uniform(0, 3) for _ in range(5)) for _ in range(bs)]
-        evals = [evaluate(o, costs, [0.0 if o.kind == NONE else (r[o.k - 1] if o.kind == CHAIN else r[-1] * 1.1)
+        evals = [evaluate(o, costs, [0.0 if o.kind == NONE
+                                     else (r[o.k - 1] if o.kind == CHAIN else r[-1] * 1.1)
                                      for r in per_req]) for o in opts]
         e = choose(evals, current, h)
         best = max(x.rate for x in evals)
@@ -105,7 +115,8 @@ def test_property_monotonic_in_cost_and_gain(seed):
     # more expected acceptance never lowers an option's rate; a dearer verify never raises it
     assert evaluate(o, costs, [g + 0.5 for g in gains]).rate >= r0 - 1e-12
     assert evaluate(o, costs.scaled(verify=1.5), gains).rate <= r0 + 1e-12
-    # the choice: more gain never moves from speculating to none; dearer verify never moves from none to spec
+    # the choice: more gain never moves from speculating to none; dearer verify
+    # never moves from none to spec
     def pick(c, gs):
         ev = [evaluate(op, c, [0.0 if op.kind == NONE else g * min(op.k, 3) / 3 for g in gs])
               for op in options_for(4, 0)]
@@ -132,7 +143,7 @@ def test_options_for_captured_widths():
     assert [o.label for o in options_for(2, 0)] == ["none", "chain1", "chain2"]
 
 
-# ------------------------------------------------------------------------------------------- controller
+# --------------------------------------------------------------------------------------- controller
 def test_auto_config_validation():
     with pytest.raises(ValueError, match="--speculative-ngram-auto-hysteresis"):
         AutoConfig(hysteresis=0.7)
@@ -146,8 +157,8 @@ def test_auto_config_validation():
 def test_controller_cold_start_learns_and_logs_rarely():
     logs = []
     now = [0.0]
-    c = Controller(AutoConfig(max_chain=3, tree_width=0, log_interval_s=10.0), LINEAR, log=logs.append,
-                   clock=lambda: now[0])
+    c = Controller(AutoConfig(max_chain=3, tree_width=0, log_interval_s=10.0), LINEAR,
+                   log=logs.append, clock=lambda: now[0])
     f = DraftFeatures(4, 1)
     views = [RequestView("a", f), RequestView("b", f)]
     assert c.decide(views).option.kind == NONE  # nothing seen yet: no speculation
@@ -160,7 +171,8 @@ def test_controller_cold_start_learns_and_logs_rarely():
     assert 3 <= len(logs) <= 5  # 41 decisions over 40 s at one line per 10 s
     assert {"option", "rates_tok_per_ms", "decode_ms", "pass_ms", "bs"} <= set(logs[-1])
     m = c.metrics()
-    assert m["auto_chain_k"] == 3.0 and m["auto_steps_total"] == 41.0 and m["auto_steps_none_total"] >= 1
+    assert (m["auto_chain_k"] == 3.0 and m["auto_steps_total"] == 41.0
+            and m["auto_steps_none_total"] >= 1)
     assert m["auto_expected_speedup"] > 1.0
     c.finish("a")
     assert ("a", True) not in c.gain._local
@@ -176,10 +188,11 @@ def test_controller_gates_unmatched_requests():
     assert d.option.kind == CHAIN and d.speculate == (True, False)
 
 
-# ------------------------------------------------------------------------------- whole-step costs, lean steps
+# --------------------------------------------------------------------- whole-step costs, lean steps
 def test_measured_host_time_changes_the_choice():
-    """Graph times say a width-8 chain costs as much as a decode; whole steps say it costs 1.8x. At a
-    mean acceptance of 0.5 tokens the table's choice is the chain, the measured steps' choice is none."""
+    """Graph times say a width-8 chain costs as much as a decode; whole steps say it costs
+    1.8x. At a mean acceptance of 0.5 tokens the table's choice is the chain, the measured
+    steps' choice is none."""
     from fastverify.costs import LEAN, SPEC, StepCosts
 
     table = CostTable(((1, 1.0),), ((1, 1.0), (8, 1.05)), "graphs")
@@ -193,12 +206,14 @@ def test_measured_host_time_changes_the_choice():
         steps.record(SPEC, 1, 8, 6.7)
         steps.record(SPEC, 1, 2, 6.5)
         steps.record(SPEC, 1, 4, 6.6)
-    best = max((evaluate(o, steps, gains, "uniform") for o in options_for(7, 0, (1, 2, 4, 8))), key=lambda e: e.rate)
+    best = max((evaluate(o, steps, gains, "uniform") for o in options_for(7, 0, (1, 2, 4, 8))),
+               key=lambda e: e.rate)
     assert best.option.kind == "none"
 
 
 def _lean_cheaper(lean_ms=3.7, lookup_ms=6.5):
-    """Step costs in which a step without a lookup is measured cheaper than a lookup step of width 1."""
+    """Step costs in which a step without a lookup is measured cheaper than a
+    lookup step of width 1."""
     from fastverify.costs import LEAN, SPEC, StepCosts
 
     c = StepCosts(CostTable(((1, 10.0),), ((1, 10.0), (8, 10.5)), "t"))
@@ -212,10 +227,12 @@ def _lean_cheaper(lean_ms=3.7, lookup_ms=6.5):
 def test_lean_steps_only_where_measured_to_pay():
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     views = [RequestView("r", DraftFeatures(7, 1))]
-    assert Controller(cfg, FLAT).lean_pays(1) is False  # a plain table: no lean step, look up every step
+    # a plain table: no lean step, look up every step
+    assert Controller(cfg, FLAT).lean_pays(1) is False
     assert Controller(cfg, FLAT).plan_lookup(views) is True
     assert Controller(cfg, _lean_cheaper()).lean_pays(1) is True
-    assert Controller(cfg, _lean_cheaper(6.45, 6.5)).lean_pays(1) is False  # < 2 % cheaper: not worth it
+    # < 2 % cheaper: not worth it
+    assert Controller(cfg, _lean_cheaper(6.45, 6.5)).lean_pays(1) is False
     from fastverify.costs import StepCosts
 
     fresh = StepCosts(FLAT)
@@ -230,7 +247,8 @@ def test_plan_lookup_pessimistic_start_learning_and_probes():
     views = [RequestView("r", f)]
     assert ctl.plan_lookup(views) is False  # the prior: nothing accepted yet
     d = ctl.note_lean(1)
-    assert d.option.kind == "none" and ctl.counters["lean_steps"] == 1 and ctl.steps_by_mode["none"] == 1
+    assert (d.option.kind == "none" and ctl.counters["lean_steps"] == 1
+            and ctl.steps_by_mode["none"] == 1)
     for _ in range(6):
         ctl.observe("r", f, 7)  # drafts of this match were right in full
     assert ctl.plan_lookup(views) is True
@@ -238,11 +256,13 @@ def test_plan_lookup_pessimistic_start_learning_and_probes():
 
 
 def test_plan_lookup_behind_keeps_the_probe_schedule_where_lookups_were_not_measured_dearer():
-    """A lookup behind the step in flight costs host time only: it is made when wanted or on the probe schedule,
-    not on every step just because a lookup step was never measured dearer than a plain one."""
+    """A lookup behind the step in flight costs host time only: it is made when wanted or on
+    the probe schedule, not on every step just because a lookup step was never measured
+    dearer than a plain one."""
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     views = [RequestView("r", DraftFeatures(7, 1))]
-    assert Controller(cfg, FLAT).plan_lookup(views, probe_max=8) is True  # a plain table: every step
+    # a plain table: every step
+    assert Controller(cfg, FLAT).plan_lookup(views, probe_max=8) is True
     ctl = Controller(cfg, FLAT)
     at = []
     for i in range(1, 17):
@@ -255,9 +275,9 @@ def test_plan_lookup_behind_keeps_the_probe_schedule_where_lookups_were_not_meas
 
 
 def test_wanted_is_asked_again_only_when_its_inputs_change():
-    """`plan_lookup` asks the same question on most steps without speculation: the answer is kept until the gain
-    model observes something, the costs change, or WANTED_REFRESH_STEPS steps pass, and it is the answer a
-    fresh evaluation gives."""
+    """`plan_lookup` asks the same question on most steps without speculation: the answer is kept
+    until the gain model observes something, the costs change, or WANTED_REFRESH_STEPS steps pass,
+    and it is the answer a fresh evaluation gives."""
     from fastverify.controller import WANTED_REFRESH_STEPS
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
@@ -267,10 +287,12 @@ def test_wanted_is_asked_again_only_when_its_inputs_change():
     ctl._evaluate = lambda reqs, step: (calls.append(step), real(reqs, step))[1]
     views = [RequestView("r", DraftFeatures(7, 1))]
     assert ctl._wanted(views) is False and ctl._wanted(views) is False and len(calls) == 1
-    assert ctl._wanted([RequestView("r", DraftFeatures(3, 1))]) is False and len(calls) == 2  # other features
+    # other features
+    assert ctl._wanted([RequestView("r", DraftFeatures(3, 1))]) is False and len(calls) == 2
     for _ in range(6):
         ctl.observe("r", DraftFeatures(7, 1), 7)
-    assert ctl._wanted(views) is True and len(calls) == 3  # observed: asked again, and the answer changed
+    # observed: asked again, and the answer changed
+    assert ctl._wanted(views) is True and len(calls) == 3
     for _ in range(WANTED_REFRESH_STEPS):
         ctl.note_lean(1)
     assert ctl._wanted(views) is True and len(calls) == 4  # aged: asked again
@@ -285,10 +307,11 @@ def test_wanted_is_asked_again_only_when_its_inputs_change():
 
 
 def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
-    """After a step that speculated, `plan_lookup` evaluates the options on each request's last features and
-    `decide` on the new drafts'; on a steady load they are the same question, answered once. Any input that
-    changes in between (the drafts' features, an observation, a period recorded into the controller's own costs)
-    makes `decide` evaluate again, and its answer is a fresh controller's."""
+    """After a step that speculated, `plan_lookup` evaluates the options on each request's last
+    features and `decide` on the new drafts'; on a steady load they are the same question,
+    answered once. Any input that changes in between (the drafts' features, an observation, a
+    period recorded into the controller's own costs) makes `decide` evaluate again, and its answer
+    is a fresh controller's."""
     from fastverify.costs import LEAN, SPEC, StepCosts
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
@@ -299,7 +322,8 @@ def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
     real = ctl._evaluate_now
     ctl._evaluate_now = lambda reqs, step: (calls.append(step), real(reqs, step))[1]
     views = [RequestView("r", DraftFeatures(7, 1))]
-    assert ctl.plan_lookup(views, 32) is True and ctl.decide(views).option.kind == CHAIN and len(calls) == 1
+    assert (ctl.plan_lookup(views, 32) is True and ctl.decide(views).option.kind == CHAIN
+            and len(calls) == 1)
     assert ctl.plan_lookup(views, 32) is True and len(calls) == 2  # a new step: asked again
     ctl.decide([RequestView("r", DraftFeatures(3, 1))])
     assert len(calls) == 3  # other features
@@ -324,14 +348,15 @@ def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
 
 
 def test_probe_lookups_back_off_and_reset():
-    """Nothing worth a lookup: look up anyway after 1, 2, 4, 8, 8, ... steps (cap 8 here); a new request or a
-    lookup that chose to speculate brings the gap back to 1."""
+    """Nothing worth a lookup: look up anyway after 1, 2, 4, 8, 8, ... steps (cap 8 here); a new
+    request or a lookup that chose to speculate brings the gap back to 1."""
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     ctl = Controller(cfg, _lean_cheaper())
     views = [RequestView("r", DraftFeatures(7, 1))]
 
     def lookups(n):
-        """Steps (1-based) at which plan_lookup says look up; each lookup is decided like the server does."""
+        """Steps (1-based) at which plan_lookup says look up; each lookup is decided
+        like the server does."""
         at = []
         for i in range(1, n + 1):
             if ctl.plan_lookup(views, probe_max=8):
@@ -345,16 +370,18 @@ def test_probe_lookups_back_off_and_reset():
     ctl.reset_probe()
     assert lookups(8) == [1, 3, 7]
     for _ in range(6):
-        ctl.observe("r", DraftFeatures(7, 1), 7)  # drafts now pay: every step looks up and speculates
+        # drafts now pay: every step looks up and speculates
+        ctl.observe("r", DraftFeatures(7, 1), 7)
     assert lookups(5) == [1, 2, 3, 4, 5] and ctl.current.kind == "chain"
     assert ctl.plan_lookup(views, probe_max=0) is True  # the expected gain alone asks for it
 
 
 def test_probes_that_could_not_pay_are_marked_for_looking_up_behind():
-    """A probe whose drafts would not pay even if they matched in full is PLAN_PROBE (the server looks it up on
-    the host's tokens and stays plain); `note_probe` then backs the gap off like a lookup that chose no
-    speculation, or brings it to 1 when the probe's drafts make speculation look worthwhile. A probe that could
-    pay (matching drafts of this request are accepted) is a real lookup (PLAN_WANTED)."""
+    """A probe whose drafts would not pay even if they matched in full is PLAN_PROBE (the server
+    looks it up on the host's tokens and stays plain); `note_probe` then backs the gap off like a
+    lookup that chose no speculation, or brings it to 1 when the probe's drafts make speculation
+    look worthwhile. A probe that could pay (matching drafts of this request are accepted) is a real
+    lookup (PLAN_WANTED)."""
     from fastverify.controller import PLAN_PROBE, PLAN_WANTED
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
@@ -373,20 +400,22 @@ def test_probes_that_could_not_pay_are_marked_for_looking_up_behind():
     assert at == [1, 3, 7, 15, 23, 31, 39] and ctl.counters["probe_lookups"] == 7
     assert ctl.metrics()["auto_probe_lookups_total"] == 7.0
     assert ctl.counters["lean_steps"] == 40  # probe steps are plain steps
-    # matching drafts of this request turn out to be accepted: a probe's full-match features now ask for a
-    # real lookup, and the next step's plan says so too
+    # matching drafts of this request turn out to be accepted: a probe's full-match features now ask
+    # for a real lookup, and the next step's plan says so too
     for _ in range(6):
         ctl.observe("r", DraftFeatures(7, 1), 7)
     ctl.note_probe([RequestView("r", DraftFeatures(7, 1))])
-    assert ctl.plan_lookup([RequestView("r", DraftFeatures(7, 1))], probe_max=8) and ctl.planned == PLAN_WANTED
-    # and a request whose last draft found nothing, but whose matching drafts are accepted, is looked up for real
+    assert ctl.plan_lookup([RequestView("r", DraftFeatures(7, 1))],
+                           probe_max=8) and ctl.planned == PLAN_WANTED
+    # and a request whose last draft found nothing, but whose matching drafts are
+    # accepted, is looked up for real
     ctl.reset_probe()
     assert ctl.plan_lookup(none_yet, probe_max=8) and ctl.planned == PLAN_WANTED
 
 
 def _probes_dearer(probe_ms, lean_ms=4.6, bs=4):
-    """Step costs (batch size `bs`) in which a lookup step is dearer than a plain one, and a probe step has
-    been measured at `probe_ms`."""
+    """Step costs (batch size `bs`) in which a lookup step is dearer than a plain one, and a probe
+    step has been measured at `probe_ms`."""
     from fastverify.costs import LEAN, PROBE, SPEC, StepCosts
 
     c = StepCosts(CostTable(((bs, 4.4),), ((bs, 4.4), (8 * bs, 5.0)), "t"))
@@ -402,23 +431,28 @@ def test_probe_cost_is_measured_probe_steps_less_plain_ones():
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     assert Controller(cfg, _probes_dearer(5.4)).probe_cost(4) == pytest.approx(0.8)
-    assert Controller(cfg, _probes_dearer(4.5)).probe_cost(4) == 0.0  # cheaper (noise): free, never negative
-    assert Controller(cfg, _probes_dearer(5.4)).probe_cost(1) == 0.0  # nothing measured at that size
+    # cheaper (noise): free, never negative
+    assert Controller(cfg, _probes_dearer(4.5)).probe_cost(4) == 0.0
+    # nothing measured at that size
+    assert Controller(cfg, _probes_dearer(5.4)).probe_cost(1) == 0.0
     assert Controller(cfg, FLAT).probe_cost(1) == 0.0  # a table measures no whole steps
     c = StepCosts(CostTable(((4, 4.4),), ((4, 4.4), (32, 5.0)), "t"))
     for _ in range(3):
         c.record(LEAN, 4, 1, 4.6)
     c.record(PROBE, 4, 1, 9.0)
     c.record(PROBE, 4, 1, 9.0)
-    assert Controller(cfg, c).probe_cost(4) == 0.0  # two probe periods: not measured yet (min_samples 3)
+    # two probe periods: not measured yet (min_samples 3)
+    assert Controller(cfg, c).probe_cost(4) == 0.0
     c.record(PROBE, 4, 7, 5.1)  # a probe step is width 1 whatever the caller says
     assert c.samples(PROBE, 4, 1) == 3
-    assert Controller(cfg, c).probe_cost(4) == pytest.approx((9.0 + 9.0 + 5.1) / 3 - 4.6)  # the probes' mean
+    # the probes' mean
+    assert Controller(cfg, c).probe_cost(4) == pytest.approx((9.0 + 9.0 + 5.1) / 3 - 4.6)
 
 
 def test_probe_cost_counts_the_probes_that_came_late_and_leaves_prefills_out():
-    """Most probe steps no longer than plain ones, a quarter of them late by ~1 ms: the median says free, the
-    cost is what they add on average. A period that held a prefill (10x a step) is no step's cost."""
+    """Most probe steps no longer than plain ones, a quarter of them late by ~1 ms: the
+    median says free, the cost is what they add on average. A period that held a prefill (10x
+    a step) is no step's cost."""
     from fastverify.costs import LEAN, PROBE, StepCosts
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
@@ -426,7 +460,8 @@ def test_probe_cost_counts_the_probes_that_came_late_and_leaves_prefills_out():
     for i in range(32):
         c.record(LEAN, 1, 1, 46.0 if i == 5 else 4.6)
         c.record(PROBE, 1, 1, 5.6 if i % 4 == 0 else 4.65)
-    c.record(PROBE, 1, 1, 46.0)  # the window keeps the last 32: 7 late ones, 24 on time, the prefill
+    # the window keeps the last 32: 7 late ones, 24 on time, the prefill
+    c.record(PROBE, 1, 1, 46.0)
     assert c.step_ms(PROBE, 1, 1) - c.step_ms(LEAN, 1, 1) == pytest.approx(0.05)
     assert c.mean_ms(LEAN, 1, 1) == pytest.approx(4.6)
     assert c.mean_ms(PROBE, 1, 1) == pytest.approx((7 * 5.6 + 24 * 4.65) / 31)
@@ -435,12 +470,13 @@ def test_probe_cost_counts_the_probes_that_came_late_and_leaves_prefills_out():
 
 
 def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
-    """Probes whose drafts could not pay cost host time where the host is busy: they are spread so that their
-    measured cost stays within `probe_budget` of the plain steps' time, but never beyond `probe_max` steps
-    apart. Free probes keep the 1, 2, 4, ... gaps."""
+    """Probes whose drafts could not pay cost host time where the host is busy: they are spread so
+    that their measured cost stays within `probe_budget` of the plain steps' time, but never beyond
+    `probe_max` steps apart. Free probes keep the 1, 2, 4, ... gaps."""
     from fastverify.controller import PLAN_PROBE
 
-    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform", probe_budget=0.01)
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform",
+                     probe_budget=0.01)
     views = [RequestView(r, DraftFeatures(0, 0)) for r in "abcd"]
 
     def probes(ctl, n, probe_max=8):
@@ -456,14 +492,18 @@ def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
 
     free = probes(Controller(cfg, _probes_dearer(4.6)), 200)
     assert free[:7] == [1, 3, 7, 15, 23, 31, 39] and len(free) == 27
-    ctl = Controller(cfg, _probes_dearer(5.4))  # 0.8 ms each; 1 % of a 4.6 ms step buys one every ~18 steps
+    # 0.8 ms each; 1 % of a 4.6 ms step buys one every ~18 steps
+    ctl = Controller(cfg, _probes_dearer(5.4))
     dear = probes(ctl, 200, probe_max=64)
-    # ~18 steps apart while the schedule's own gap (1, 2, ... 16) is shorter, then the schedule's 32 and 64
+    # ~18 steps apart while the schedule's own gap (1, 2, ... 16) is shorter, then
+    # the schedule's 32 and 64
     assert dear == [19, 37, 55, 73, 91, 123, 187]
-    assert len(dear) * 0.8 <= 0.01 * 4.6 * 200 + 0.8  # within the budget (and one probe's worth of credit)
+    # within the budget (and one probe's worth of credit)
+    assert len(dear) * 0.8 <= 0.01 * 4.6 * 200 + 0.8
     assert ctl.counters["probes_held"] > 0 and ctl.metrics()["auto_probes_held_total"] > 0
-    # never held past probe_max steps since the last lookup (the follow bound): with a gap cap of 8 the dear
-    # probes come every 8 steps (the credit running into debt), where the free ones ran 1, 3, 7, 15, 23, ...
+    # never held past probe_max steps since the last lookup (the follow bound): with a gap cap of
+    # 8 the dear probes come every 8 steps (the credit running into debt), where the free ones
+    # ran 1, 3, 7, 15, 23, ...
     capped = probes(Controller(cfg, _probes_dearer(5.4)), 200)
     assert capped == list(range(8, 201, 8))
     # a long stretch without any probe due does not buy a burst: the credit holds one probe at most
@@ -478,13 +518,14 @@ def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
     for _ in range(6):
         for r in "abcd":
             ctl3.observe(r, DraftFeatures(7, 1), 7)
-    assert all(ctl3.plan_lookup(views, probe_max=8) for _ in range(5)) and ctl3.counters["probes_held"] == 0
+    assert all(ctl3.plan_lookup(views, probe_max=8)
+               for _ in range(5)) and ctl3.counters["probes_held"] == 0
 
 
 def test_probes_wait_out_the_steps_right_after_a_prefill():
-    """In the steps right after a prefill the host's work is not hidden behind the GPU's (`refill`): a probe
-    that could not pay waits them out, even one measured free, though never past `probe_max` steps since the
-    last lookup; a lookup whose drafts could pay does not wait."""
+    """In the steps right after a prefill the host's work is not hidden behind the GPU's (`refill`):
+    a probe that could not pay waits them out, even one measured free, though never past `probe_max`
+    steps since the last lookup; a lookup whose drafts could pay does not wait."""
     from fastverify.controller import PLAN_PROBE, PLAN_WANTED
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
@@ -492,12 +533,15 @@ def test_probes_wait_out_the_steps_right_after_a_prefill():
     ctl = Controller(cfg, _probes_dearer(4.6))  # probes measured free: nothing held for the budget
     ctl.reset_probe()  # a request joined: the next step may probe
     got = [ctl.plan_lookup(views, probe_max=8, refill=i <= 3) for i in range(1, 5)]
-    assert got == [False, False, False, True] and ctl.planned == PLAN_PROBE and ctl.counters["probes_held"] == 3
+    assert (got == [False, False, False, True] and ctl.planned == PLAN_PROBE
+            and ctl.counters["probes_held"] == 3)
     ctl.note_probe(views)
-    # a host that never stops refilling (a prefill every few steps) still probes every probe_max steps
+    # a host that never stops refilling (a prefill every few steps) still
+    # probes every probe_max steps
     got = [ctl.plan_lookup(views, probe_max=4, refill=True) for _ in range(12)]
     assert [i + 1 for i, g in enumerate(got) if g] == [4, 8, 12]
-    # drafts of these requests that matched in full have been accepted: their lookup is real, made at once
+    # drafts of these requests that matched in full have been accepted: their
+    # lookup is real, made at once
     ctl = Controller(cfg, _probes_dearer(4.6))
     for _ in range(6):
         for r in "abcd":
@@ -508,9 +552,10 @@ def test_probes_wait_out_the_steps_right_after_a_prefill():
 
 
 def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():
-    """A new request's first lookup may be a probe only where a lookup step at that batch size has been
-    measured (SPEC periods of width 1), measured dearer than a plain step, and not even a full match would be
-    verified; afterwards the probe gap runs from that probe, as after plan_lookup's own."""
+    """A new request's first lookup may be a probe only where a lookup step at that batch size
+    has been measured (SPEC periods of width 1), measured dearer than a plain step, and not
+    even a full match would be verified; afterwards the probe gap runs from that probe, as
+    after plan_lookup's own."""
     from fastverify.controller import PLAN_PROBE
     from fastverify.costs import LEAN, SPEC, StepCosts
 
@@ -526,11 +571,14 @@ def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():
     assert ctl.first_lookup_behind([]) is False
     assert ctl.first_lookup_behind(["a", "b"]) is False  # bs 2: nothing measured at that size
     ctl._since_lookup = 10  # long since the last lookup of the batch before this request joined
-    assert ctl.first_lookup_behind(["a"]) is True and ctl.planned == PLAN_PROBE  # the prior: nothing accepted
+    # the prior: nothing accepted
+    assert ctl.first_lookup_behind(["a"]) is True and ctl.planned == PLAN_PROBE
     ctl.note_probe([RequestView("a", DraftFeatures(0, 0))])
     views = [RequestView("a", DraftFeatures(0, 0))]
-    assert [ctl.plan_lookup(views, probe_max=8) for _ in range(3)] == [False, True, False]  # gap 2 from it
-    assert Controller(cfg, _lean_cheaper(6.45, 6.5)).first_lookup_behind(["a"]) is False  # lean does not pay
+    # gap 2 from it
+    assert [ctl.plan_lookup(views, probe_max=8) for _ in range(3)] == [False, True, False]
+    # lean does not pay
+    assert Controller(cfg, _lean_cheaper(6.45, 6.5)).first_lookup_behind(["a"]) is False
     ctl = Controller(cfg, _lean_cheaper())
     for _ in range(6):
         ctl.observe("old", DraftFeatures(7, 1), 7)  # recent requests' full matches were accepted
@@ -538,9 +586,10 @@ def test_first_lookup_behind_only_when_measured_and_nothing_would_pay():
 
 
 def test_first_lookup_deferred_only_when_it_could_only_probe():
-    """Right after new requests' prefill, a lookup behind the token in flight that could only be a probe (not
-    even full matches would be verified) waits one step; the next plan_lookup makes it. Never on a cold start
-    (those first drafts are what the model learns from), nor while full matches are expected to pay."""
+    """Right after new requests' prefill, a lookup behind the token in flight that could only be a
+    probe (not even full matches would be verified) waits one step; the next plan_lookup makes it.
+    Never on a cold start (those first drafts are what the model learns from), nor while full
+    matches are expected to pay."""
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     dear = CostTable(((1, 10.0), (4, 10.0)), ((1, 10.0), (8, 400.0), (64, 900.0)), "dear")
     assert Controller(cfg, dear).defer_first_lookup(["a"]) is False  # cold: nothing observed yet
@@ -549,7 +598,8 @@ def test_first_lookup_deferred_only_when_it_could_only_probe():
     ctl.observe("old", DraftFeatures(3, 1), 0)
     ctl._probe_gap, ctl._since_lookup = 16, 0
     assert ctl.defer_first_lookup(["a", "b"]) is True
-    assert ctl.plan_lookup([RequestView(r, DraftFeatures(0, 0)) for r in "ab"], probe_max=32, behind=True)
+    assert ctl.plan_lookup([RequestView(r, DraftFeatures(0, 0)) for r in "ab"],
+                           probe_max=32, behind=True)
     cheap = Controller(cfg, FLAT)
     for step in range(6):
         cheap.observe("old", DraftFeatures(7, 1), step, 7)  # recent full matches were accepted

@@ -7,10 +7,11 @@ import pytest
 
 from fastverify.costs import CostTable, CostTableError, calibrate, load_cost_table, parse_cost_table
 
-LINEAR = CostTable(((1, 10.0), (8, 17.0)), ((1, 10.0), (8, 17.0), (64, 73.0)), "linear")  # 1 ms per token + 9
+# 1 ms per token + 9
+LINEAR = CostTable(((1, 10.0), (8, 17.0)), ((1, 10.0), (8, 17.0), (64, 73.0)), "linear")
 
 
-# ------------------------------------------------------------------------------------------- cost tables
+# -------------------------------------------------------------------------------------- cost tables
 def test_cost_table_interpolates_and_extrapolates():
     assert LINEAR.verify_ms(4) == pytest.approx(13.0)
     assert LINEAR.verify_ms(128) == pytest.approx(137.0)  # linear from the last two points
@@ -21,9 +22,11 @@ def test_cost_table_interpolates_and_extrapolates():
 def test_parse_cost_table_forms(tmp_path):
     t = parse_cost_table({"decode_ms": {"1": 12.2, "8": 13}, "verify_ms": {"2": 14.8, "8": 30.0}})
     assert t.decode == ((1, 12.2), (8, 13.0)) and t.verify_ms(8) == 30.0
-    t1 = parse_cost_table({"decode_ms": 12.2, "verify_ms": {"8": 30.0}})  # the replay tool's single-stream form
+    # the replay tool's single-stream form
+    t1 = parse_cost_table({"decode_ms": 12.2, "verify_ms": {"8": 30.0}})
     assert t1.decode_ms(1) == 12.2
-    wrapped = parse_cost_table({"gpu": "H200", "cost_table": {"decode_ms": {"1": 1}, "verify_ms": {"1": 2}}})
+    wrapped = parse_cost_table({"gpu": "H200",
+                                "cost_table": {"decode_ms": {"1": 1}, "verify_ms": {"1": 2}}})
     assert wrapped.verify_ms(1) == 2.0
     p = tmp_path / "c.json"
     p.write_text(json.dumps(t.to_json()))
@@ -45,7 +48,8 @@ def test_bad_cost_tables(obj, match):
 
 
 def test_bad_cost_table_files(tmp_path):
-    with pytest.raises(CostTableError, match="--speculative-ngram-auto-cost-table .*file not found"):
+    with pytest.raises(CostTableError,
+                       match="--speculative-ngram-auto-cost-table .*file not found"):
         load_cost_table(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{nope")
@@ -86,11 +90,14 @@ def test_calibrate_takes_medians_and_respects_budget():
 
 
 def test_microbenchmark_json_form(tmp_path):
-    rows = [{"backend": "nccl", "tokens": 1, "pass_us": 2400.0}, {"backend": "nccl", "tokens": 8, "pass_us": 2500.0},
-            {"backend": "oneshot", "tokens": 1, "pass_us": 900.0}, {"backend": "nccl", "tokens": 64, "error": "oom"}]
+    rows = [{"backend": "nccl", "tokens": 1, "pass_us": 2400.0},
+            {"backend": "nccl", "tokens": 8, "pass_us": 2500.0},
+            {"backend": "oneshot", "tokens": 1, "pass_us": 900.0},
+            {"backend": "nccl", "tokens": 64, "error": "oom"}]
     p = tmp_path / "mb.json"
     p.write_text(json.dumps({"summary": {"rows": rows}}))
-    with pytest.raises(CostTableError, match="several all-reduce backends; name one as PATH#backend"):
+    with pytest.raises(CostTableError,
+                       match="several all-reduce backends; name one as PATH#backend"):
         load_cost_table(p)
     t = load_cost_table(f"{p}#nccl")
     assert t.verify == ((1, 2.4), (8, 2.5)) and t.decode_ms(1) == 2.4
@@ -98,18 +105,22 @@ def test_microbenchmark_json_form(tmp_path):
         load_cost_table(f"{p}#ring")
 
 
-# ------------------------------------------------------------------------------- whole-step costs, lean steps
+# --------------------------------------------------------------------- whole-step costs, lean steps
 def test_step_costs_table_then_host_part_then_medians():
     from fastverify.costs import LEAN, SPEC, StepCosts
 
     table = CostTable(((1, 1.0), (4, 1.2)), ((1, 1.0), (8, 1.1), (32, 1.5)), "t")
     c = StepCosts(table, window=5, min_samples=3)
-    assert c.decode_ms(1) == 1.0 and c.verify_step_ms(1, 8, 8) == pytest.approx(1.1)  # nothing measured: the table
-    c.record(SPEC, 1, 8, 6.1)  # one whole step at width 8: 5.0 ms of host time on top of the 1.1 ms graph
+    # nothing measured: the table
+    assert c.decode_ms(1) == 1.0 and c.verify_step_ms(1, 8, 8) == pytest.approx(1.1)
+    # one whole step at width 8: 5.0 ms of host time on top of the 1.1 ms graph
+    c.record(SPEC, 1, 8, 6.1)
     assert c.host_ms(SPEC) == pytest.approx(5.0)
-    assert c.verify_step_ms(4, 8, 32) == pytest.approx(1.5 + 5.0)  # an unmeasured size: table + the kind's host part
+    # an unmeasured size: table + the kind's host part
+    assert c.verify_step_ms(4, 8, 32) == pytest.approx(1.5 + 5.0)
     assert c.decode_ms(1) == 1.0  # the other kind has its own host part (none measured yet)
-    for ms in (6.0, 6.2, 60.0):  # a period that contained a prefill is an outlier; medians ignore it
+    # a period that contained a prefill is an outlier; medians ignore it
+    for ms in (6.0, 6.2, 60.0):
         c.record(SPEC, 1, 8, ms)
     assert c.step_ms(SPEC, 1, 8) == pytest.approx(6.15)
     for ms in (3.7, 3.6, 3.8):

@@ -7,10 +7,11 @@ from fastverify.costs import CostTable
 from fastverify.gains import (DraftFeatures, GainModel, ShadowTracker, chain_accept, draft_features,
                               tree_accept)
 
-FLAT = CostTable(((1, 10.0), (64, 10.0)), ((1, 10.0), (8, 10.0), (64, 10.0)), "flat")  # verify as cheap as decode
+# verify as cheap as decode
+FLAT = CostTable(((1, 10.0), (64, 10.0)), ((1, 10.0), (8, 10.0), (64, 10.0)), "flat")
 
 
-# ------------------------------------------------------------------------------------------- features
+# ----------------------------------------------------------------------------------------- features
 def test_draft_features_and_buckets():
     # root -> a -> b, root -> c : depth 2, 2 branches
     assert draft_features([5, 6, 7], [-1, 0, -1]) == DraftFeatures(2, 2)
@@ -44,7 +45,7 @@ def test_shadow_tracker_resolves_at_first_divergence():
     assert sh.advance("a", seq + [1]) == []
 
 
-# ------------------------------------------------------------------------------------------- gain model
+# --------------------------------------------------------------------------------------- gain model
 def test_gain_model_learns_distribution_and_forgets():
     g = GainModel(max_chain=4, tree_depth=3, half_life_steps=4)
     f = DraftFeatures(4, 1)
@@ -72,28 +73,33 @@ def test_gain_model_separates_matched_from_unmatched():
 
 
 def test_gain_model_floor_forgets_towards_the_pessimistic_prior():
-    """Without new observations, an all-requests estimate keeps its old shape however small its mass (the
-    normalisation scales it back up); `prior_floor` zeros that are never forgotten bring it back to the
-    pessimistic prior within a few half-lives, and weigh little while observations keep coming."""
+    """Without new observations, an all-requests estimate keeps its old shape however small its
+    mass (the normalisation scales it back up); `prior_floor` zeros that are never forgotten
+    bring it back to the pessimistic prior within a few half-lives, and weigh little while
+    observations keep coming."""
     f = DraftFeatures(4, 1)
-    kept, floored = (GainModel(max_chain=4, tree_depth=0, half_life_steps=4, prior_floor=x) for x in (0.0, 1.0))
+    kept, floored = (GainModel(max_chain=4, tree_depth=0, half_life_steps=4, prior_floor=x)
+                     for x in (0.0, 1.0))
     for g in (kept, floored):
         for step in range(1, 40):
             g.observe("old", f, step, 4)
-    # while observations come every step (mass ~6.3 at this half-life) the floor costs at most 1 / 7.3 of the
-    # estimate (less: the feature bucket blended in has no floor)
+    # while observations come every step (mass ~6.3 at this half-life) the floor costs at most 1 /
+    # 7.3 of the estimate (less: the feature bucket blended in has no floor)
     assert 4 * 6.3 / 7.3 * 0.98 < floored.expected("new", f, 40)[0][3] < 3.9
     assert kept.expected("new", f, 40)[0][3] == pytest.approx(4.0, rel=1e-3)
-    # 60 steps (15 half-lives) without a matched draft resolved: the new request sees the old load, or nothing
+    # 60 steps (15 half-lives) without a matched draft resolved: the new request sees
+    # the old load, or nothing
     assert kept.expected("new", f, 100)[0][3] == pytest.approx(4.0, rel=1e-3)
     assert floored.expected("new", f, 100)[0][3] < 0.01
-    assert AutoConfig().prior_floor == 1.0 and Controller(AutoConfig(), FLAT).gain.prior_floor == 1.0
+    assert (AutoConfig().prior_floor == 1.0
+            and Controller(AutoConfig(), FLAT).gain.prior_floor == 1.0)
 
 
 def test_gain_model_learns_sampled_and_greedy_requests_apart():
-    """A greedy load's accepted full matches say nothing of a sampled request's: the all-requests and the
-    feature bucket's histograms are kept apart by `DraftFeatures.sampled` (a request's own were always its own),
-    so a new sampled request starts from the pessimistic prior while a new greedy one starts from the load."""
+    """A greedy load's accepted full matches say nothing of a sampled request's: the all-requests
+    and the feature bucket's histograms are kept apart by `DraftFeatures.sampled` (a request's own
+    were always its own), so a new sampled request starts from the pessimistic prior while a new
+    greedy one starts from the load."""
     g = GainModel(max_chain=4, tree_depth=0, half_life_steps=8, prior_floor=1.0)
     greedy, sampled = DraftFeatures(4, 1), DraftFeatures(4, 1, True)
     for step in range(1, 30):
@@ -111,8 +117,9 @@ def test_gain_model_learns_sampled_and_greedy_requests_apart():
 
 
 def test_gain_model_batch_estimates_match_one_request_at_a_time():
-    """The blend of the all-requests and feature-bucket histograms is shared by the requests of a step; each
-    estimate is what a model that answers only that request gives, also after an observation in between."""
+    """The blend of the all-requests and feature-bucket histograms is shared by the requests of a
+    step; each estimate is what a model that answers only that request gives, also after an
+    observation in between."""
     f = DraftFeatures(5, 1)
     seen = [(f"r{i % 2}", i, acc) for i, acc in enumerate((5, 1, 7, 0, 3))]
 

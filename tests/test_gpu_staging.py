@@ -1,5 +1,5 @@
-"""scripts/gpu: chunked staging (split / receive / assemble with checksums) and the SmolLM2 conversion math
-(q/k row order, zero-head padding for TP=2 gives the same logits)."""
+"""scripts/gpu: chunked staging (split / receive / assemble with checksums) and the SmolLM2
+conversion math (q/k row order, zero-head padding for TP=2 gives the same logits)."""
 import importlib.util
 import os
 import sys
@@ -38,7 +38,8 @@ def payload(tmp_path):
 def test_split_receive_assemble_roundtrip(tmp_path, payload):
     out, store, rebuilt = tmp_path / "stage", tmp_path / "store", tmp_path / "rebuilt"
     max_mib = 4096 / 2**20                                   # 4 KiB parts: 18,346 bytes -> 5 parts
-    assert stage.main(["split", "--out", str(out), "--max-mib", str(max_mib), *map(str, payload)]) == 0
+    assert stage.main(["split", "--out", str(out), "--max-mib", str(max_mib),
+                       *map(str, payload)]) == 0
     chunks = sorted(out.iterdir())
     assert [c.name for c in chunks] == [f"chunk-0{i}" for i in range(1, 6)]
     assert all(os.path.getsize(next(c.glob("part-*.bin"))) <= 4096 for c in chunks)
@@ -76,7 +77,8 @@ def test_split_is_stable_and_rejects_bad_input(tmp_path, payload):
     args = ["split", "--out", str(out), "--max-mib", str(8192 / 2**20), *map(str, payload)]
     stage.main(args)
     first = {p: p.stat().st_mtime_ns for p in out.rglob("part-*.bin")}
-    stage.main(args)                                          # unchanged inputs: parts are not rewritten
+    # unchanged inputs: parts are not rewritten
+    stage.main(args)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("part-*.bin")} == first
     with pytest.raises(SystemExit, match="--max-mib"):
         stage.main(["split", "--out", str(out), "--max-mib", "0", str(payload[0])])
@@ -85,8 +87,10 @@ def test_split_is_stable_and_rejects_bad_input(tmp_path, payload):
 
 
 def _llamacpp_permute(w, n_heads):
-    """The row order llama.cpp's converter writes for q/k: per head, the two rotary halves interleaved."""
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    """The row order llama.cpp's converter writes for q/k: per head, the two
+    rotary halves interleaved."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2,
+                     *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def test_unpermute_undoes_the_gguf_row_order():
@@ -102,11 +106,12 @@ def test_zero_head_padding_keeps_the_function():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    hp = {"layers": 2, "hidden": 576, "ffn": 128, "heads": 9, "kv_heads": 3, "rope_theta": 1e5, "rms_eps": 1e-5,
-          "ctx": 256, "vocab": 97, "bos": 1, "eos": 2}
+    hp = {"layers": 2, "hidden": 576, "ffn": 128, "heads": 9, "kv_heads": 3, "rope_theta": 1e5,
+          "rms_eps": 1e-5, "ctx": 256, "vocab": 97, "bos": 1, "eos": 2}
     cfg = convert.config_dict(hp)
     ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).float().eval()
-    tensors = {k: v.detach().numpy().copy() for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+    tensors = {k: v.detach().numpy().copy() for k, v in ref.state_dict().items()
+               if k != "lm_head.weight"}
     padded_hp = convert.pad_heads(hp, tensors, tp=2)
     assert (padded_hp["heads"], padded_hp["kv_heads"], padded_hp["head_dim"]) == (12, 4, 64)
     assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (12 * 64, 576)

@@ -1,4 +1,5 @@
-"""Patch 0009: chain-shaped n-gram verify needs no host copy of the sequence lengths (glue/ngram.py)."""
+"""Patch 0009: chain-shaped n-gram verify needs no host copy of the sequence
+lengths (glue/ngram.py)."""
 import pytest
 
 from fastverify.glue import ngram
@@ -12,7 +13,8 @@ class Spec:
         self.speculative_ngram_verify_widths = "1,2,4,8" if mode == "auto" else None
 
 
-@pytest.mark.parametrize("mode,needed", [("tree", True), (None, True), ("chain", False), ("auto", False)])
+@pytest.mark.parametrize("mode,needed",
+                         [("tree", True), (None, True), ("chain", False), ("auto", False)])
 def test_only_tree_verify_reads_host_lengths(mode, needed):
     assert ngram.needs_host_seq_lens(Spec(mode)) is needed
 

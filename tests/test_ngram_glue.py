@@ -1,4 +1,5 @@
-"""Glue of patch 0005 (fastverify.glue.ngram), and the patched SGLang worker's draft path in tree and chain mode."""
+"""Glue of patch 0005 (fastverify.glue.ngram), and the patched SGLang worker's draft path
+in tree and chain mode."""
 import types
 
 import numpy as np
@@ -51,7 +52,8 @@ def test_hook_from_args_reduces_to_chains_in_chain_and_auto_mode():
 def test_hook_chain_and_accounting():
     h = g.NgramVerifyHook(ChainConfig(mode="chain", num_draft_tokens=4), log_interval=2)
     toks = np.array([3, 4, 44, 55, 9, 0, 0, 0])
-    mask = np.concatenate([np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]).reshape(-1),
+    mask = np.concatenate([np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0],
+                                     [1, 0, 1, 1]]).reshape(-1),
                            np.tril(np.ones((4, 4)))[:, :].reshape(-1) * 0 + np.eye(4).reshape(-1)])
     mask[16:20] = [1, 0, 0, 0]
     mask[20:24] = [1, 1, 0, 0]
@@ -61,15 +63,17 @@ def test_hook_chain_and_accounting():
     assert ct.tolist() == [3, 44, 55, 0, 9, 0, 0, 0]
     h.on_verify_complete([2, 0])
     s = h.stats.summary()
-    assert s["accept_length"] == 2.0 and s["verified_tokens_per_step"] == 8 and s["no_match_fraction"] == 0.5
+    assert (s["accept_length"] == 2.0 and s["verified_tokens_per_step"] == 8
+            and s["no_match_fraction"] == 0.5)
     tree = g.NgramVerifyHook(ChainConfig(mode="tree", num_draft_tokens=4))
     t2, m2 = tree.after_batch_get(toks, mask, 2)
     assert t2 is toks and m2 is mask
 
 
 def test_steps_without_drafts_count_as_decode_steps_however_announced():
-    """auto's plain steps announce themselves with expect_no_drafts (a plan kept per batch size); the accounting
-    must read as if each had announced all-zero draft lengths, also between steps that did draft."""
+    """auto's plain steps announce themselves with expect_no_drafts (a plan kept per batch
+    size); the accounting must read as if each had announced all-zero draft lengths, also
+    between steps that did draft."""
     cfg = ChainConfig(mode="chain", num_draft_tokens=4)
     a, b = g.NgramVerifyHook(cfg, log_interval=100), g.NgramVerifyHook(cfg, log_interval=100)
     steps = [(3, None), (2, [2, 0]), (3, None), (1, None), (3, None), (2, [0, 1])]
@@ -84,14 +88,16 @@ def test_steps_without_drafts_count_as_decode_steps_however_announced():
         a.on_verify_complete([x - 1 for x in accepted])
         b.on_verify_complete([x - 1 for x in accepted])
     assert b.stats.summary() == a.stats.summary()
-    assert b.stats.no_match_steps == a.stats.no_match_steps == 4 and b.stats.tokens_planned == 3 + 8 + 3 + 1 + 3 + 8
+    assert (b.stats.no_match_steps == a.stats.no_match_steps == 4
+            and b.stats.tokens_planned == 3 + 8 + 3 + 1 + 3 + 8)
 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     from probe_support import patched_sglang, run_probe, tiny_model
 
-    # through 0005; on 0.5.16 that includes 0001, without which the corpus does not build with GCC 12
+    # through 0005; on 0.5.16 that includes 0001, without which the corpus
+    # does not build with GCC 12
     folder, _version = patched_sglang(tmp_path_factory, through="0005-ngram-chain-verify.patch")
     return run_probe("ngram_probe.py", tiny_model(tmp_path_factory), folder)
 
@@ -99,9 +105,11 @@ def probe(tmp_path_factory):
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_patched_flags(probe):
-    assert probe["args_chain"] == {"speculative_ngram_verify_mode": "chain", "speculative_eagle_topk": 1,
+    assert probe["args_chain"] == {"speculative_ngram_verify_mode": "chain",
+                                   "speculative_eagle_topk": 1,
                                    "speculative_num_steps": 7, "speculative_num_draft_tokens": 8}
-    # the same flags in tree mode hit stock SGLang's topk>1 + page_size>1 restriction, which chain mode lifts
+    # the same flags in tree mode hit stock SGLang's topk>1 + page_size>1
+    # restriction, which chain mode lifts
     assert "only supported for the 'flashinfer' backend" in probe["args_tree"]["error"]
 
 
@@ -121,10 +129,12 @@ def test_patched_worker_tree_mode_is_stock(probe):
 def test_patched_worker_chain_mode(probe):
     w = probe["worker_chain"]
     assert w["mask_is_none"] and w["device"] == "cpu"
-    assert w["draft"] == [[3, 44, 55, 66, 77, 0, 0, 0], [44, 55, 66, 77, 88, 99, 100, 0], [999] + [0] * 7]
+    assert w["draft"] == [[3, 44, 55, 66, 77, 0, 0, 0], [44, 55, 66, 77, 88, 99, 100, 0],
+                          [999] + [0] * 7]
     assert w["positions"] == [list(range(s, s + 8)) for s in (4, 3, 3)]
     assert w["next_token"] == [[1, 2, 3, 4, 5, 6, 7, -1]] * 3
     assert w["next_sibling"] == [[-1] * 8] * 3
     assert w["retrieve_index"] == [list(range(b * 8, b * 8 + 8)) for b in range(3)]
     s = w["stats"]
-    assert s["steps"] == 1 and s["no_match_fraction"] == pytest.approx(1 / 3) and s["verified_tokens_per_step"] == 24
+    assert (s["steps"] == 1 and s["no_match_fraction"] == pytest.approx(1 / 3)
+            and s["verified_tokens_per_step"] == 24)

@@ -1,4 +1,5 @@
-"""fastverify.replay: trace validation, greedy acceptance, cost model, and replays through SGLang's own corpus."""
+"""fastverify.replay: trace validation, greedy acceptance, cost model, and replays
+through SGLang's own corpus."""
 import argparse
 import json
 
@@ -6,7 +7,7 @@ import pytest
 
 from fastverify import replay as rp
 
-# ------------------------------------------------------------------------------------ trace validation
+# --------------------------------------------------------------------------------- trace validation
 
 
 def _write(tmp_path, text, name="t.jsonl"):
@@ -25,12 +26,15 @@ GOOD = '{"prompt_ids": [1, 2], "output_ids": [3, 4]}\n'
         (GOOD + GOOD + "[1, 2]\n", r"t\.jsonl:3: expected a JSON object per line, got list"),
         (GOOD + '{"prompt_ids": [1]}\n', r"t\.jsonl:2: missing key 'output_ids'"),
         ('{"output_ids": [1]}\n', r"t\.jsonl:1: missing key 'prompt_ids'"),
-        (GOOD + '\n{"prompt_ids": [1, "a"], "output_ids": [2]}\n', r"t\.jsonl:3: 'prompt_ids'\[1\] must be a non-negative integer"),
-        ('{"prompt_ids": [1], "output_ids": [2, -5]}\n', r"t\.jsonl:1: 'output_ids'\[1\] must be a non-negative"),
+        (GOOD + '\n{"prompt_ids": [1, "a"], "output_ids": [2]}\n',
+         r"t\.jsonl:3: 'prompt_ids'\[1\] must be a non-negative integer"),
+        ('{"prompt_ids": [1], "output_ids": [2, -5]}\n',
+         r"t\.jsonl:1: 'output_ids'\[1\] must be a non-negative"),
         ('{"prompt_ids": [1], "output_ids": [true]}\n', r"t\.jsonl:1: 'output_ids'\[0\] must be"),
         ('{"prompt_ids": [1], "output_ids": "abc"}\n', r"t\.jsonl:1: 'output_ids' must be a list"),
         ('{"prompt_ids": [], "output_ids": [2]}\n', r"t\.jsonl:1: 'prompt_ids' is empty"),
-        (GOOD + '{"meta": {"model": "x"}}\n', r"t\.jsonl:2: a \{\"meta\": ...\} header is only allowed as the first line"),
+        (GOOD + '{"meta": {"model": "x"}}\n',
+         r"t\.jsonl:2: a \{\"meta\": ...\} header is only allowed as the first line"),
         ("\n\n", r"t\.jsonl: no requests"),
     ],
 )
@@ -45,7 +49,8 @@ def test_trace_missing_file(tmp_path):
 
 
 def test_trace_header_and_extra_keys(tmp_path):
-    t = rp.load_trace(_write(tmp_path, '{"meta": {"model": "m"}}\n' + '{"kind": "code", "prompt_ids": [5], '
+    t = rp.load_trace(_write(tmp_path,
+                             '{"meta": {"model": "m"}}\n' + '{"kind": "code", "prompt_ids": [5], '
                                        '"output_ids": [6, 7, 8]}\n\n' + GOOD))
     assert t.meta == {"model": "m"}
     assert [r.line for r in t.requests] == [2, 4]
@@ -53,7 +58,7 @@ def test_trace_header_and_extra_keys(tmp_path):
     assert t.decode_tokens == 2 + 1
 
 
-# ---------------------------------------------------------------------------------- greedy acceptance
+# -------------------------------------------------------------------------------- greedy acceptance
 # Hand-drawn tree (node: token), root 0 holds the last context token:
 #        0:9
 #       /    \
@@ -94,18 +99,20 @@ def test_real_candidate_detection():
     assert rp.has_real_candidate([9, 3, 0, 0], [-1, 0, 0, 0])
 
 
-# ------------------------------------------------------------------------------------------ cost model
+# --------------------------------------------------------------------------------------- cost model
 
 
 def test_cost_table_math_by_hand():
     cost = rp.parse_cost_table({"decode_ms": 10.0, "verify_ms": {"1": 10.0, "2": 11.0, "8": 14.0}})
     assert cost.measured_pass_ms(1) == 10.0 and cost.measured_pass_ms(8) == 14.0
-    assert cost.measured_pass_ms(5) == pytest.approx(11.0 + (14.0 - 11.0) * 3 / 6)  # linear between 2 and 8: 12.5
-    # 4 steps of one stream: accept lengths 1, 3, 2, 1 (7 tokens); every step verifies 8 tokens; with gating the
-    # two no-match steps are plain decodes and the two others verify 8.
-    res = rp.ReplayResult(rp.ReplayConfig("tree", 8), accept_lens=[1, 3, 2, 1], matched=[False, True, True, False],
-                          draft_lens=[0, 5, 2, 0], step_static=[8, 8, 8, 8], step_planned=[1, 8, 8, 1],
-                          step_bs=[1, 1, 1, 1])
+    # linear between 2 and 8: 12.5
+    assert cost.measured_pass_ms(5) == pytest.approx(11.0 + (14.0 - 11.0) * 3 / 6)
+    # 4 steps of one stream: accept lengths 1, 3, 2, 1 (7 tokens); every step verifies 8 tokens;
+    # with gating the two no-match steps are plain decodes and the two others verify 8.
+    res = rp.ReplayResult(rp.ReplayConfig("tree", 8), accept_lens=[1, 3, 2, 1],
+                          matched=[False, True, True, False],
+                          draft_lens=[0, 5, 2, 0], step_static=[8, 8, 8, 8],
+                          step_planned=[1, 8, 8, 1], step_bs=[1, 1, 1, 1])
     p = rp.predict(res, cost)
     assert p["no_spec_tokens_per_s"] == pytest.approx(100.0)  # 1 / 10 ms
     assert p["tokens_per_s"] == pytest.approx(7 / (4 * 14.0) * 1000)  # 125.0
@@ -125,8 +132,8 @@ def test_cost_table_errors(tmp_path):
         cost.measured_pass_ms(9)
     with pytest.raises(rp.CostTableError, match="not valid JSON"):
         rp.load_cost_table(_write(tmp_path, "{", "c.json"))
-    res = rp.ReplayResult(rp.ReplayConfig("tree", 2), accept_lens=[1, 1], step_static=[4], step_planned=[2],
-                          step_bs=[2])
+    res = rp.ReplayResult(rp.ReplayConfig("tree", 2), accept_lens=[1, 1], step_static=[4],
+                          step_planned=[2], step_bs=[2])
     with pytest.raises(rp.CostTableError, match="--concurrency 1"):
         rp.predict(res, cost)
 
@@ -148,9 +155,10 @@ def test_cli_bad_trace_exits_2(tmp_path, capsys):
     assert "t.jsonl:2: not valid JSON" in capsys.readouterr().err
 
 
-# --------------------------------------------------------------------------- replays through the corpus
+# ----------------------------------------------------------------------- replays through the corpus
 # Prompt 1 2 3, then a period of five new tokens repeated three times.
-HAND = '{"prompt_ids": [1, 2, 3], "output_ids": [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11, 12, 13, 14]}\n'
+HAND = ('{"prompt_ids": [1, 2, 3], "output_ids": [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11, '
+        '12, 13, 14]}\n')
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +174,9 @@ def hand_trace(tmp_path_factory):
     return rp.load_trace(p)
 
 
-# Expected accept lengths, worked out by hand from the server's protocol (query = last 18 context tokens,
-# insert the same window after each verify, prompts never inserted) and the corpus' BFS rule:
+# Expected accept lengths, worked out by hand from the server's protocol (query = last
+# 18 context tokens, insert the same window after each verify, prompts never inserted)
+# and the corpus' BFS rule:
 #   g=1..5 (contexts end in 10..14): each last token is new to the corpus -> no match, accept 1 (5 steps).
 #   d=8, g=6: context ends "14 10"; only the suffix [10] matches; it continues 11 12 13 14 (window of step g=5),
 #     the draft is 10|11 12 13 14 + 3 pads; all four match (target 11 12 13 14), bonus 10 -> 5.
@@ -192,7 +201,8 @@ def test_hand_trace_exact_accept_lengths(corpus_factory, hand_trace, mode, size)
     cfg = rp.ReplayConfig(mode, size)
     res = rp.replay(hand_trace, cfg, corpus_factory)
     assert res.accept_lens == HAND_EXPECTED[(mode, size)]
-    assert res.tokens == hand_trace.decode_tokens == 14  # the replay reproduces the recording, token for token
+    # the replay reproduces the recording, token for token
+    assert res.tokens == hand_trace.decode_tokens == 14
     d = cfg.corpus_draft_tokens
     assert res.step_static == [d] * res.steps
     # gating: the five no-match steps are plain decodes, the others verify d
@@ -200,7 +210,8 @@ def test_hand_trace_exact_accept_lengths(corpus_factory, hand_trace, mode, size)
 
 
 class RecordingCorpus:
-    """The real corpus, with its inserts and state erasures recorded (to check the server protocol)."""
+    """The real corpus, with its inserts and state erasures recorded (to check
+    the server protocol)."""
 
     def __init__(self, inner):
         self.inner, self.puts, self.erased, self.gets = inner, [], [], []
@@ -234,7 +245,8 @@ def test_server_protocol_two_streams(corpus_factory, tmp_path):
     cfg = rp.ReplayConfig("tree", 4, max_trie_depth=3, concurrency=2)
     res = rp.replay(trace, cfg, factory)
     rec = made[0]
-    assert rec.gets[0] == (["r0", "r1"], [[2, 3, 10], [7, 8]], [4, 2])  # last 3 context tokens; prompt + g
+    # last 3 context tokens; prompt + g
+    assert rec.gets[0] == (["r0", "r1"], [[2, 3, 10], [7, 8]], [4, 2])
     assert rec.puts[0] == rec.gets[0][1]  # the server inserts the query windows after verify
     assert all(put == get[1] for put, get in zip(rec.puts, rec.gets))
     assert len(res.step_bs) == len(rec.gets) and res.step_bs[0] == 2
@@ -259,22 +271,27 @@ def test_default_trace_sane(corpus_factory):
             assert max(res.accept_lens) <= 2 and s["mean_accept_length"] <= 2
         else:
             assert s["verified_tokens_per_step"] == 8  # stock tree: every step verifies all 8 nodes
-            assert s["mean_accept_length"] > 1.05  # real outputs repeat themselves: the tree earns something
+            # real outputs repeat themselves: the tree earns something
+            assert s["mean_accept_length"] > 1.05
 
 
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_cli_json_and_cost_prediction(corpus_factory, tmp_path, capsys):
     trace = _write(tmp_path, HAND, "hand.jsonl")
-    cost = _write(tmp_path, json.dumps({"decode_ms": 10, "verify_ms": {"2": 11, "8": 14}}), "cost.json")
+    cost = _write(tmp_path,
+                  json.dumps({"decode_ms": 10, "verify_ms": {"2": 11, "8": 14}}), "cost.json")
     out = tmp_path / "r.json"
-    argv = [str(trace), "--mode", "tree", "--draft-tokens", "8", "--cost-table", str(cost), "--json", str(out)]
+    argv = [str(trace), "--mode", "tree", "--draft-tokens", "8", "--cost-table", str(cost),
+            "--json", str(out)]
     assert rp.main(argv) == 0
     saved = json.loads(out.read_text())
     row = saved["results"][0]
     assert saved["repro_command"] == "fastverify replay " + " ".join(argv)
-    assert row["steps"] == 7 and row["tokens"] == 14 and row["accept_length_hist"] == {"1": 5, "4": 1, "5": 1}
-    assert row["tokens_per_s"] == pytest.approx(14 / (7 * 14) * 1000)  # 7 verify passes of 8 tokens at 14 ms
+    assert (row["steps"] == 7 and row["tokens"] == 14
+            and row["accept_length_hist"] == {"1": 5, "4": 1, "5": 1})
+    # 7 verify passes of 8 tokens at 14 ms
+    assert row["tokens_per_s"] == pytest.approx(14 / (7 * 14) * 1000)
     assert row["gated_tokens_per_s"] == pytest.approx(14 / (5 * 10 + 2 * 14) * 1000)
     assert "tree d=8" in capsys.readouterr().out
 
@@ -289,7 +306,8 @@ def test_cost_table_from_microbenchmark_json():
     ]}}
     with pytest.raises(rp.CostTableError, match=r"--cost-backend \(nccl, symm-oneshot\)"):
         rp.parse_cost_table(bench, "b.json")
-    with pytest.raises(rp.CostTableError, match=r"b.json: backend 'flashinfer-ar' not in the file; allowed: nccl, symm"):
+    with pytest.raises(rp.CostTableError,
+                       match=r"b.json: backend 'flashinfer-ar' not in the file; allowed: nccl, symm"):
         rp.parse_cost_table(bench, "b.json", "flashinfer-ar")
     cost = rp.parse_cost_table(bench, "b.json", "symm-oneshot")
     assert cost.decode_ms(1) == 1.0 and cost.measured_pass_ms(8) == 1.2
@@ -303,7 +321,8 @@ def test_cost_table_from_microbenchmark_json():
 
 
 def test_cost_tables_are_read_by_the_controller_parser(tmp_path):
-    """One reader for both tools: every form the server flag takes works here, with the same table."""
+    """One reader for both tools: every form the server flag takes works
+    here, with the same table."""
     from fastverify import costs
     form1 = {"decode_ms": {"1": 12.2, "8": 13.0}, "verify_ms": {"2": 14.8, "8": 30.0}}
     cost = rp.parse_cost_table({"gpu": "H200", "cost_table": form1})
@@ -336,9 +355,11 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_from_json_replot_needs_no_corpus(tmp_path, capsys):
-    saved = {"repro_command": "fastverify replay x", "trace": {"path": "x.jsonl"}, "cost_table": None,
+    saved = {"repro_command": "fastverify replay x", "trace": {"path": "x.jsonl"},
+             "cost_table": None,
              "results": [{"label": "tree d=8", "mode": "tree", "num_draft_tokens": 8, "steps": 7,
-                          "mean_accept_length": 2.0, "verified_tokens_per_step": 8.0, "gated_tokens_per_step": 3.0,
+                          "mean_accept_length": 2.0, "verified_tokens_per_step": 8.0,
+                          "gated_tokens_per_step": 3.0,
                           "match_rate": 0.286, "accept_length_hist": {"1": 5, "4": 1, "5": 1}}]}
     p = _write(tmp_path, json.dumps(saved), "r.json")
     assert rp.main(["--from-json", str(p)]) == 0

@@ -1,9 +1,10 @@
 """benchmark/serving.py against a small fake HTTP server on 127.0.0.1 started inside the test.
 
-The fake server speaks the two protocols the client supports: SGLang's native /generate (server-sent events
-with cumulative output_ids and meta_info) and OpenAI's streaming /v1/completions and /v1/chat/completions
-(with reasoning_content deltas). It records every request body so the tests can check what was sent, and
-it sleeps a known time before the first token so TTFT can be checked against a lower bound.
+The fake server speaks the two protocols the client supports: SGLang's native /generate
+(server-sent events with cumulative output_ids and meta_info) and OpenAI's streaming
+/v1/completions and /v1/chat/completions (with reasoning_content deltas). It records every request
+body so the tests can check what was sent, and it sleeps a known time before the first token so
+TTFT can be checked against a lower bound.
 """
 import importlib.util
 import json
@@ -27,7 +28,8 @@ N_TOKENS = 6
 
 
 class FakeServer:
-    """SGLang-native and OpenAI-compatible streaming endpoints with scripted timing and spec meta_info."""
+    """SGLang-native and OpenAI-compatible streaming endpoints with scripted
+    timing and spec meta_info."""
 
     def __init__(self, spec=None, openai_usage=True, reasoning=False, incremental=False):
         self.bodies = []
@@ -81,7 +83,8 @@ class FakeServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.bodies.append((self.path, body))
-                n = body.get("sampling_params", {}).get("max_new_tokens") or body.get("max_tokens") or N_TOKENS
+                n = (body.get("sampling_params", {}).get("max_new_tokens")
+                     or body.get("max_tokens") or N_TOKENS)
                 # output depends on the prompt only (deterministic, like greedy decoding)
                 seed = len(body.get("input_ids") or body.get("text") or body.get("prompt") or "x")
                 ids = [(seed * 31 + i) % 1000 for i in range(n)]
@@ -97,7 +100,8 @@ class FakeServer:
                                 if al is not None:
                                     mi["spec_accept_length"] = al
                         out_ids = ids[k - 1:k] if outer.incremental else ids[:k]
-                        text = f"w{k} " if outer.incremental else "".join(f"w{j} " for j in range(1, k + 1))
+                        text = (f"w{k} " if outer.incremental
+                                else "".join(f"w{j} " for j in range(1, k + 1)))
                         evs.append({"text": text, "output_ids": out_ids, "meta_info": mi})
                     return self._stream(evs)
                 if self.path == "/v1/chat/completions":
@@ -106,13 +110,15 @@ class FakeServer:
                         key = "reasoning_content" if (outer.reasoning and k < n // 2) else "content"
                         evs.append({"choices": [{"index": 0, "delta": {key: f"t{k} "}}]})
                     if outer.openai_usage:
-                        evs.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n,
+                        evs.append({"choices": [],
+                                    "usage": {"prompt_tokens": 5, "completion_tokens": n,
                                                              "completion_tokens_details": {"reasoning_tokens": n // 2}}})
                     return self._stream(evs)
                 if self.path == "/v1/completions":
                     evs = [{"choices": [{"index": 0, "text": f"t{k} "}]} for k in range(n)]
                     if outer.openai_usage:
-                        evs.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+                        evs.append({"choices": [],
+                                    "usage": {"prompt_tokens": 5, "completion_tokens": n}})
                     return self._stream(evs)
                 self._send(404, "{}")
 
@@ -131,7 +137,8 @@ class FakeServer:
 
 def run_cli(tmp_path, url, *extra):
     out = tmp_path / "r.json"
-    rc = serving.main(["run", "--base-url", url, "--tag", "t", "--kinds", "code,chat", "--per-kind", "1",
+    rc = serving.main(["run", "--base-url", url, "--tag", "t", "--kinds", "code,chat",
+                       "--per-kind", "1",
                        "--concurrency", "1", "--max-new-tokens", str(N_TOKENS), "--warmup", "0",
                        "--no-progress", "--json", str(out), *extra])
     assert rc == 0
@@ -144,7 +151,8 @@ def test_ttft_tpot_and_throughput_from_a_streamed_request(tmp_path):
     lv = res["levels"][0]
     for r in lv["requests"]:
         assert r["output_tokens"] == N_TOKENS
-        # the first token cannot arrive before the server's scripted delay, and arrives well before the end
+        # the first token cannot arrive before the server's scripted delay, and
+        # arrives well before the end
         assert FIRST_TOKEN_DELAY <= r["ttft_s"] < r["latency_s"]
         assert r["tpot_s"] == pytest.approx((r["latency_s"] - r["ttft_s"]) / (N_TOKENS - 1))
         assert r["tpot_s"] >= STEP_DELAY * 0.9
@@ -158,8 +166,10 @@ def test_ttft_tpot_and_throughput_from_a_streamed_request(tmp_path):
 
 def test_summary_math_on_known_records():
     recs = [
-        {"kind": "code", "ttft_s": 0.1, "latency_s": 1.1, "tpot_s": 0.01, "output_tokens": 101, "spec_verify_ct": 25},
-        {"kind": "chat", "ttft_s": 0.3, "latency_s": 2.3, "tpot_s": 0.02, "output_tokens": 101, "spec_verify_ct": 75},
+        {"kind": "code", "ttft_s": 0.1, "latency_s": 1.1, "tpot_s": 0.01, "output_tokens": 101,
+         "spec_verify_ct": 25},
+        {"kind": "chat", "ttft_s": 0.3, "latency_s": 2.3, "tpot_s": 0.02, "output_tokens": 101,
+         "spec_verify_ct": 75},
         {"kind": "chat", "error": "boom", "latency_s": 0.5},
     ]
     s = serving.summarize(recs, duration=4.0)
@@ -212,7 +222,8 @@ def test_token_id_input_for_a_server_without_tokenizer(tmp_path):
     for b in bodies:
         assert "text" not in b and isinstance(b["input_ids"], list)
         assert all(isinstance(t, int) and 0 <= t < 32000 for t in b["input_ids"])
-        assert b["sampling_params"] == {"temperature": 0.0, "max_new_tokens": N_TOKENS, "ignore_eos": True}
+        assert b["sampling_params"] == {"temperature": 0.0, "max_new_tokens": N_TOKENS,
+                                        "ignore_eos": True}
     sent = sorted(tuple(b["input_ids"]) for b in bodies)
     assert sent == sorted(tuple(serving.text_to_ids(t, 32000)) for t in prompts.values())
     # repeated text gives repeated ids (what an n-gram drafter needs)
@@ -228,7 +239,8 @@ def test_incremental_and_cumulative_streams_give_the_same_output_ids(tmp_path):
         with FakeServer(incremental=incremental) as srv:
             res = run_cli(tmp_path, srv.url)
         reqs = res["levels"][0]["requests"]
-        assert all(len(r["output_ids"]) == r["output_tokens"] == N_TOKENS and "warning" not in r for r in reqs)
+        assert all(len(r["output_ids"]) == r["output_tokens"] == N_TOKENS and "warning" not in r
+                   for r in reqs)
         outs.append({r["prompt_id"]: (r["output_ids"], r["text"]) for r in reqs})
     assert outs[0] == outs[1]
     assert next(iter(outs[0].values()))[1] == "".join(f"w{j} " for j in range(1, N_TOKENS + 1))
@@ -247,7 +259,8 @@ def test_text_prompts_use_chatml_by_default(tmp_path):
     with FakeServer() as srv:
         run_cli(tmp_path, srv.url)
         texts = [b["text"] for p, b in srv.bodies if p == "/generate"]
-    assert all(t.startswith("<|im_start|>user\n") and t.endswith("<|im_start|>assistant\n") for t in texts)
+    assert all(t.startswith("<|im_start|>user\n") and t.endswith("<|im_start|>assistant\n")
+               for t in texts)
 
 
 def test_json_has_repro_command_preamble_and_metrics(tmp_path):
@@ -271,12 +284,15 @@ def test_json_has_repro_command_preamble_and_metrics(tmp_path):
 def test_concurrency_level_keeps_requests_in_flight(tmp_path):
     out = tmp_path / "c.json"
     with FakeServer() as srv:
-        serving.main(["run", "--base-url", srv.url, "--kinds", "chat", "--per-kind", "1", "--concurrency", "4",
-                      "--max-new-tokens", "3", "--warmup", "0", "--no-progress", "--json", str(out)])
+        serving.main(["run", "--base-url", srv.url, "--kinds", "chat", "--per-kind", "1",
+                      "--concurrency", "4",
+                      "--max-new-tokens", "3", "--warmup", "0", "--no-progress",
+                      "--json", str(out)])
     res = json.loads(out.read_text())
     s = res["levels"][0]["summary"]
     assert s["requests"] == 8                   # max(#prompts, 4 * requests-per-slot)
-    # 8 requests of >= FIRST_TOKEN_DELAY each, 4 at a time: about 2 rounds, far less than 8 back to back
+    # 8 requests of >= FIRST_TOKEN_DELAY each, 4 at a time: about 2 rounds, far
+    # less than 8 back to back
     assert s["duration_s"] < 8 * FIRST_TOKEN_DELAY * 0.75
 
 
@@ -295,21 +311,25 @@ def test_compare_reports_first_difference(tmp_path):
     assert "a: first difference at token 2" in lines[1]
     for i, r in enumerate((ref, diff)):
         (tmp_path / f"{i}.json").write_text(json.dumps(r))
-    assert serving.main(["compare", str(tmp_path / "0.json"), str(tmp_path / "1.json"), "--strict"]) == 1
-    assert serving.main(["compare", str(tmp_path / "0.json"), str(tmp_path / "0.json"), "--strict"]) == 0
+    assert serving.main(["compare", str(tmp_path / "0.json"), str(tmp_path / "1.json"),
+                         "--strict"]) == 1
+    assert serving.main(["compare", str(tmp_path / "0.json"), str(tmp_path / "0.json"),
+                         "--strict"]) == 0
 
 
 def test_compare_checks_every_repeat_of_a_prompt():
     """A level with more requests than prompts: every request is compared, in request order."""
     def result(outputs):
         return {"levels": [{"name": "c=4", "requests": [
-            {"prompt_id": p, "index": i, "output_ids": ids} for i, (p, ids) in enumerate(outputs)]}]}
+            {"prompt_id": p, "index": i, "output_ids": ids}
+            for i, (p, ids) in enumerate(outputs)]}]}
     ref = result([("a", [1, 2]), ("b", [3]), ("a", [1, 2]), ("b", [3])])
     lines, ok = serving.compare([ref, ref], ["ref", "same"], "c=4")
     assert ok and lines[0].endswith("4/4 prompts identical")
     late = result([("a", [1, 2]), ("b", [3]), ("a", [1, 7]), ("b", [3])])  # only the repeat differs
     lines, ok = serving.compare([ref, late], ["ref", "late"], "c=4")
-    assert not ok and "3/4 prompts identical" in lines[0] and "a#2: first difference at token 1" in lines[1]
+    assert (not ok and "3/4 prompts identical" in lines[0]
+            and "a#2: first difference at token 1" in lines[1])
 
 
 def test_bad_arguments_are_named():
@@ -326,27 +346,34 @@ def test_bad_arguments_are_named():
 def test_errors_are_recorded_not_raised(tmp_path):
     out = tmp_path / "e.json"
     # nothing listens on this port: every request fails, the level still completes and reports it
-    rc = serving.main(["run", "--base-url", "http://127.0.0.1:9", "--kinds", "chat", "--per-kind", "1",
+    rc = serving.main(["run", "--base-url", "http://127.0.0.1:9", "--kinds", "chat",
+                       "--per-kind", "1",
                        "--concurrency", "1", "--warmup", "0", "--no-progress", "--json", str(out),
                        "--fail-on-error"])
     assert rc == 1
     s = json.loads(out.read_text())["levels"][0]["summary"]
-    assert s["errors"] == s["requests"] == 2 and "first_error" in s   # max(1 prompt, 1 * 2 per slot)
+    # max(1 prompt, 1 * 2 per slot)
+    assert s["errors"] == s["requests"] == 2 and "first_error" in s
 
 
 def test_warmup_runs_at_every_measured_concurrency(tmp_path):
-    """Warm-up requests (short, one prompt) go out at each level's concurrency before anything is measured, so a
-    server's first batch of that size is not in the numbers; they are not in the results."""
+    """Warm-up requests (short, one prompt) go out at each level's concurrency before
+    anything is measured, so a server's first batch of that size is not in the numbers; they
+    are not in the results."""
     out = tmp_path / "w.json"
     with FakeServer() as srv:
-        serving.main(["run", "--base-url", srv.url, "--kinds", "chat", "--per-kind", "1", "--concurrency", "1,3",
-                      "--max-new-tokens", "40", "--warmup", "1", "--no-progress", "--json", str(out)])
+        serving.main(["run", "--base-url", srv.url, "--kinds", "chat", "--per-kind", "1",
+                      "--concurrency", "1,3",
+                      "--max-new-tokens", "40", "--warmup", "1", "--no-progress",
+                      "--json", str(out)])
         bodies = [b for path, b in srv.bodies if path == "/generate"]
     res = json.loads(out.read_text())
     warm, measured = bodies[:4], bodies[4:]
-    assert [b["sampling_params"]["max_new_tokens"] for b in warm] == [32] * 4  # 1 at c=1, then 3 at c=3
+    # 1 at c=1, then 3 at c=3
+    assert [b["sampling_params"]["max_new_tokens"] for b in warm] == [32] * 4
     assert all(b["sampling_params"]["max_new_tokens"] == 40 for b in measured)
-    assert len(measured) == sum(lv["summary"]["requests"] for lv in res["levels"]) == 2 + 6  # 2 per slot
+    # 2 per slot
+    assert len(measured) == sum(lv["summary"]["requests"] for lv in res["levels"]) == 2 + 6
 
 
 def test_plot_title_names_the_model_not_a_path_of_the_gpu_host():

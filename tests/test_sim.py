@@ -1,12 +1,13 @@
-"""The issue's guarantees, checked in simulation with the real decision code (fastverify.controller):
+"""The issue's guarantees, checked in simulation with the real decision code
+(fastverify.controller):
 
 (a) acceptance 0: auto >= 0.98x no speculation;
 (b) high acceptance: auto within 5% of the best fixed mode in hindsight;
 (c) acceptance switching mid-stream: auto follows within follow_bound_steps(cfg) steps;
 plus: with acceptance held flat, the decision flips with the fabric (cost table) and the batch size.
 
-Both cost tables are the sim's "h200-nvlink" (CONTEXT.md measurements) and "pcie-comm-bound" (the reference
-report's box). Throughput is simulated from the tables, not timed."""
+Both cost tables are the sim's "h200-nvlink" (CONTEXT.md measurements) and "pcie-comm-bound" (the
+reference report's box). Throughput is simulated from the tables, not timed."""
 import pytest
 
 from fastverify import sim
@@ -19,8 +20,10 @@ TABLES = sim.COST_TABLES
 
 
 def _run(ps, table, bs, n=40, length=256, match_rate=0.9, seed=1, controller_costs=None):
-    reqs = sim.synthetic_requests(n, length, ps, CFG.max_chain, CFG.tree_width, match_rate=match_rate, seed=seed)
-    return sim.summarize(sim.run_all(reqs, sim.cost_table(table), bs, CFG, controller_costs=controller_costs))
+    reqs = sim.synthetic_requests(n, length, ps, CFG.max_chain, CFG.tree_width,
+                                  match_rate=match_rate, seed=seed)
+    return sim.summarize(sim.run_all(reqs, sim.cost_table(table), bs, CFG,
+                                     controller_costs=controller_costs))
 
 
 @pytest.mark.parametrize("table", TABLES)
@@ -28,8 +31,8 @@ def _run(ps, table, bs, n=40, length=256, match_rate=0.9, seed=1, controller_cos
 def test_a_acceptance_zero_never_slower_than_no_speculation(table, bs):
     s = _run((0.0,), table, bs)
     assert s["auto_vs_none"] >= 0.98, s
-    # the corpus reports matches at 90% of positions, none of which is accepted: the controller must not
-    # keep paying for verify passes that buy nothing
+    # the corpus reports matches at 90% of positions, none of which is accepted: the controller must
+    # not keep paying for verify passes that buy nothing
     spec_steps = sum(v for k, v in s["auto_option_steps"].items() if k != NONE)
     costs = sim.cost_table(table)
     if costs.verify_ms(bs * 2) > costs.decode_ms(bs) * 1.001:
@@ -58,11 +61,11 @@ def test_c_follows_acceptance_changes_within_bound(table, bs):
 
 
 def test_c_follows_within_bound_when_probes_are_dear_and_held():
-    """Probes held to their budget (each 0.8 ms here, whole steps measured with a 1.8 ms lookup) are never held
-    past PROBE_MAX steps since the last lookup, so the follow bound of a controller that probes every PROBE_MAX
-    steps still holds, and on a load whose acceptance switches between 0 and 0.85 auto keeps what it gains with
-    probes that cost nothing, less their cost (held without the cap, it noticed the switch 50 steps late instead
-    of 27 and kept 0.89 of it)."""
+    """Probes held to their budget (each 0.8 ms here, whole steps measured with a 1.8 ms lookup) are
+    never held past PROBE_MAX steps since the last lookup, so the follow bound of a controller that
+    probes every PROBE_MAX steps still holds, and on a load whose acceptance switches between 0 and
+    0.85 auto keeps what it gains with probes that cost nothing, less their cost (held without the
+    cap, it noticed the switch 50 steps late instead of 27 and kept 0.89 of it)."""
     costs = sim.cost_table("h200-dummy24")
     bound = follow_bound_steps(CFG, probe_max=sim.PROBE_MAX)
     res, follow = sim.switching_run(costs, 4, CFG, period=200, lookup_ms=1.8, probe_ms=0.8)
@@ -75,7 +78,8 @@ def test_c_follows_within_bound_when_probes_are_dear_and_held():
 def test_c_follow_measure_catches_a_controller_that_does_not_follow():
     # the same measurement on a policy that never changes must report a failure to follow
     costs = sim.cost_table("pcie-comm-bound")
-    reqs = sim.synthetic_requests(4, 1024, (0.0, 0.85), CFG.max_chain, CFG.tree_width, match_rate=1.0)
+    reqs = sim.synthetic_requests(4, 1024, (0.0, 0.85), CFG.max_chain, CFG.tree_width,
+                                  match_rate=1.0)
     stuck = sim.simulate(reqs, sim.FixedPolicy(Option(NONE)), costs, 1,
                          regime_of_step=lambda s: (s // 200) % 2)
     rates = sim.regime_rates(reqs, 1, costs, 1, CFG)
@@ -98,9 +102,10 @@ def test_decision_flips_with_fabric_and_batch_size_at_flat_acceptance():
 
 
 def test_pessimistic_cost_table_costs_speed_but_not_correctness():
-    # the controller believes verify costs twice what it does: it speculates less than it could, yet never
-    # runs slower than no speculation. (The opposite error, a table that makes verify look cheaper than decode,
-    # does lead to useless verify passes: the table must be measured in the server, which the glue does.)
+    # the controller believes verify costs twice what it does: it speculates less than it could, yet
+    # never runs slower than no speculation. (The opposite error, a table that makes verify look
+    # cheaper than decode, does lead to useless verify passes: the table must be measured in the
+    # server, which the glue does.)
     true = sim.cost_table("pcie-comm-bound")
     s = _run((0.6,), "pcie-comm-bound", 1, controller_costs=true.scaled(verify=2.0))
     assert s["auto_vs_none"] >= 0.98, s
@@ -109,7 +114,8 @@ def test_pessimistic_cost_table_costs_speed_but_not_correctness():
 
 
 def test_simulator_accounts_costs_from_the_true_table():
-    # one request of 4 tokens, a chain that accepts everything: steps of 1 + 2 tokens on a width-3 pass
+    # one request of 4 tokens, a chain that accepts everything: steps of 1 + 2
+    # tokens on a width-3 pass
     costs = CostTable(((1, 10.0),), ((1, 10.0), (3, 12.0)))
     r = sim.SimRequest("x", [([sim.DraftFeatures(3, 1)] * 4, [3, 3, 3, 3], [0, 0, 0, 0])])
     res = sim.simulate([r], sim.FixedPolicy(Option("chain", 2, 3)), costs, 1)
@@ -120,7 +126,8 @@ def test_simulator_accounts_costs_from_the_true_table():
 
 def test_cli_writes_json(tmp_path, capsys):
     out = tmp_path / "sim.json"
-    assert sim.main(["--batch-sizes", "1", "--requests", "4", "--length", "64", "--json", str(out)]) == 0
+    assert sim.main(["--batch-sizes", "1", "--requests", "4", "--length", "64", "--json",
+                     str(out)]) == 0
     import json
     rep = json.loads(out.read_text())
     assert rep["repro_command"].startswith("python -m fastverify.sim")
@@ -142,37 +149,43 @@ def replayed():
 @pytest.mark.parametrize("table", TABLES)
 @pytest.mark.parametrize("bs", [1, 4, 16])
 def test_replayed_default_trace(replayed, table, bs):
-    # drafts from SGLang's own n-gram corpus over the recorded default trace (acceptance as the corpus gives it)
+    # drafts from SGLang's own n-gram corpus over the recorded default trace
+    # (acceptance as the corpus gives it)
     s = sim.summarize(sim.run_all(replayed, sim.cost_table(table), bs, CFG))
     assert s["auto_vs_none"] >= 0.98, s
     assert s["auto_vs_best_fixed"] >= 0.95, s
 
 
 def test_auto_in_the_simulator_runs_the_servers_lookup_and_lean_flow():
-    """The simulated auto policy makes lean steps (no lookup, no draft to score) where the server would (lean
-    measured cheaper), and still finds high acceptance again through its backed-off probe lookups."""
+    """The simulated auto policy makes lean steps (no lookup, no draft to score) where the
+    server would (lean measured cheaper), and still finds high acceptance again through its
+    backed-off probe lookups."""
     from fastverify.costs import LEAN, SPEC, StepCosts
 
     costs = sim.cost_table("pcie-comm-bound")
-    reqs = sim.synthetic_requests(4, 1024, (0.0, 0.85), CFG.max_chain, CFG.tree_width, match_rate=1.0)
-    measured = StepCosts(costs)  # the controller's view: a lean step measured 10 % cheaper than a lookup step
+    reqs = sim.synthetic_requests(4, 1024, (0.0, 0.85), CFG.max_chain, CFG.tree_width,
+                                  match_rate=1.0)
+    # the controller's view: a lean step measured 10 % cheaper than a lookup step
+    measured = StepCosts(costs)
     for _ in range(3):
         measured.record(LEAN, 1, 1, costs.decode_ms(1) * 0.9)
         measured.record(SPEC, 1, 1, costs.decode_ms(1))
     ctl = Controller(CFG, measured)
-    res = sim.simulate(reqs, sim.AutoPolicy(ctl), costs, 1, CFG.shape, CFG.max_chain, CFG.tree_width,
-                       regime_of_step=lambda s: (s // 200) % 2)
+    res = sim.simulate(reqs, sim.AutoPolicy(ctl), costs, 1, CFG.shape, CFG.max_chain,
+                       CFG.tree_width, regime_of_step=lambda s: (s // 200) % 2)
     assert ctl.counters["lean_steps"] > 0.3 * res.steps  # most steps of the acceptance-0 periods
-    assert sum(1 for o in res.options if o != NONE) > 0.2 * res.steps  # and it speculates in the others
+    # and it speculates in the others
+    assert sum(1 for o in res.options if o != NONE) > 0.2 * res.steps
     assert follow_bound_steps(CFG, probe_max=32) == 32 + 8 + 54
 
 
 def test_lookup_steps_cost_their_host_time_and_auto_probes_on_its_schedule():
-    """`lookup_ms`: every step that looked drafts up for real pays it (all steps of a speculative fixed mode,
-    none of no speculation). At acceptance 0 auto runs plain steps only, so every request's last step gave it
-    one token and each lookup is made behind the step in flight, at no cost: a new request is looked up at
-    once, then after gaps of 2, 4, ... up to 32 steps (steps 0, 2, 6, 14, 30, 62, 94, 126, 158, 190 of a
-    200-token request), and none of those drafts is verified."""
+    """`lookup_ms`: every step that looked drafts up for real pays it (all steps of a
+    speculative fixed mode, none of no speculation). At acceptance 0 auto runs plain steps only,
+    so every request's last step gave it one token and each lookup is made behind the step in
+    flight, at no cost: a new request is looked up at once, then after gaps of 2, 4, ... up to
+    32 steps (steps 0, 2, 6, 14, 30, 62, 94, 126, 158, 190 of a 200-token request), and none of
+    those drafts is verified."""
     reqs = sim.synthetic_requests(16, 200, (0.0,), CFG.max_chain, CFG.tree_width, seed=0)
     res = sim.run_all(reqs, sim.cost_table("h200-dummy24"), 1, CFG, lookup_ms=1.8)
     auto, none, chain = res["auto"], res[NONE], res["chain7"]
@@ -202,10 +215,10 @@ def test_with_lookup_costs_auto_keeps_its_guarantees():
 
 @pytest.mark.parametrize("bs", [1, 4])
 def test_a_sampled_load_after_a_repetitive_one_stays_at_no_speculation(bs):
-    """The first lookups of a load whose drafts match in full but are never accepted (a sampled load on the
-    prompts of a repetitive one) follow a load that speculated: the gain model still expects full matches to
-    pay. Looked up behind the step in flight they cost nothing; the second load stays within 2 % of no
-    speculation and pays for few lookups."""
+    """The first lookups of a load whose drafts match in full but are never accepted (a sampled load
+    on the prompts of a repetitive one) follow a load that speculated: the gain model still expects
+    full matches to pay. Looked up behind the step in flight they cost nothing; the second load
+    stays within 2 % of no speculation and pays for few lookups."""
     res, after = sim.load_switch_run(sim.cost_table("h200-dummy24"), bs, CFG, 8, 200, lookup_ms=1.8)
     assert after["auto_vs_none"] >= 0.98 and after["auto_lookups"] <= 2 * bs, after
     s = sim.summarize(res)
@@ -213,10 +226,11 @@ def test_a_sampled_load_after_a_repetitive_one_stays_at_no_speculation(bs):
 
 
 def test_load_switch_first_lookup_unsure_of_the_token_in_flight():
-    """The second load's first lookup (behind its prefill's token) finds the corpus unsure of that token while
-    full matches still look worth verifying: the server looks up for real (paid) and verifies the full match,
-    which is rejected. The gain model's floor keeps that to the first request: later ones are judged by a
-    model that has forgotten the first load (without the floor the second request speculates too)."""
+    """The second load's first lookup (behind its prefill's token) finds the corpus unsure of that
+    token while full matches still look worth verifying: the server looks up for real (paid) and
+    verifies the full match, which is rejected. The gain model's floor keeps that to the first
+    request: later ones are judged by a model that has forgotten the first load (without the floor
+    the second request speculates too)."""
     import dataclasses
 
     costs = sim.cost_table("h200-dummy24")
@@ -225,21 +239,24 @@ def test_load_switch_first_lookup_unsure_of_the_token_in_flight():
         res, after = sim.load_switch_run(costs, 1, cfg, 8, 200, lookup_ms=1.8, unsure_first=unsure)
         auto = res["auto"]
         start = len(auto.step_ms) - after["steps"]
-        return auto.step_lookups[start], [i - start for i, o in enumerate(auto.options) if i >= start and o != NONE]
+        return auto.step_lookups[start], [i - start for i, o in enumerate(auto.options)
+                                          if i >= start and o != NONE]
 
     paid, spec = second_load(CFG)
     assert paid and spec == [0]
     paid, spec = second_load(dataclasses.replace(CFG, prior_floor=0.0))
-    assert paid and spec == [0, 200]  # the second request (from step 200) still trusts the first load
+    # the second request (from step 200) still trusts the first load
+    assert paid and spec == [0, 200]
     paid, _ = second_load(CFG, unsure=False)
     assert not paid  # a sure guess: looked up behind, nothing paid
 
 
 def test_load_switch_to_requests_that_say_they_sample():
-    """The GPU check's second load samples at temperature 1 and its requests say so: judged by sampled
-    requests' drafts alone (the pessimistic prior here), no request of it verifies a draft or pays for a
-    lookup after the switch at bs 1, and at bs 4 one lookup is paid, on the first step of the window (requests
-    that pass for greedy, as above: 1 and 5 verify passes, 2 and 6 paid lookups)."""
+    """The GPU check's second load samples at temperature 1 and its requests say so: judged by
+    sampled requests' drafts alone (the pessimistic prior here), no request of it verifies a
+    draft or pays for a lookup after the switch at bs 1, and at bs 4 one lookup is paid, on
+    the first step of the window (requests that pass for greedy, as above: 1 and 5 verify
+    passes, 2 and 6 paid lookups)."""
     costs = sim.cost_table("h200-dummy24")
     for bs, greedy_like, told in ((1, (1, 2), (0, 0)), (4, (5, 6), (0, 1))):
         seen = {}
@@ -247,33 +264,36 @@ def test_load_switch_to_requests_that_say_they_sample():
             res, after = sim.load_switch_run(costs, bs, CFG, 8, 200, lookup_ms=1.8, sampled=sampled)
             auto = res["auto"]
             start = len(auto.step_ms) - after["steps"]
-            seen[sampled] = (sum(1 for o in auto.options[start:] if o != NONE), after["auto_lookups"],
-                             after["auto_vs_none"])
+            seen[sampled] = (sum(1 for o in auto.options[start:] if o != NONE),
+                             after["auto_lookups"], after["auto_vs_none"])
         assert seen[False][:2] == greedy_like and seen[True][:2] == told
         assert seen[True][2] > seen[False][2]
 
 
 def test_probes_that_cost_host_time_stay_within_the_probe_budget():
-    """At batch size 4 on the 2x H200 a probe made the step ~0.8 ms longer (the host's share of the step outgrew
-    the GPU's). On a sampled load that never pays, auto measures that cost and spreads its probes towards
-    `probe_budget` of the load's time, but never beyond PROBE_MAX steps apart (here that cap binds: a probe
-    every 32 steps instead of 1, 2, 4, ... again after each join); without the limit it probed twice as often
-    and lost 2 %. Where probes fit in the host's slack (probe_ms 0) nothing is held."""
+    """At batch size 4 on the 2x H200 a probe made the step ~0.8 ms longer (the host's share of the
+    step outgrew the GPU's). On a sampled load that never pays, auto measures that cost and spreads
+    its probes towards `probe_budget` of the load's time, but never beyond PROBE_MAX steps apart
+    (here that cap binds: a probe every 32 steps instead of 1, 2, 4, ... again after each join);
+    without the limit it probed twice as often and lost 2 %. Where probes fit in the host's slack
+    (probe_ms 0) nothing is held."""
     import dataclasses
 
     costs = sim.cost_table("h200-dummy24")
     seen = {}
     for budget in (1.0, CFG.probe_budget):
         cfg = dataclasses.replace(CFG, probe_budget=budget)
-        res, after = sim.load_switch_run(costs, 4, cfg, 16, 200, lookup_ms=1.8, sampled=True, probe_ms=0.8)
+        res, after = sim.load_switch_run(costs, 4, cfg, 16, 200, lookup_ms=1.8, sampled=True,
+                                         probe_ms=0.8)
         auto = res["auto"]
         start = len(auto.step_ms) - after["steps"]
-        at = [i for i in range(start, len(auto.step_ms)) if auto.step_probes[i] and auto.batch[i] == 4]
+        at = [i for i in range(start, len(auto.step_ms)) if auto.step_probes[i]
+              and auto.batch[i] == 4]
         seen[budget] = (after["auto_probes"], after["auto_vs_none"], at)
     probes, rate, at = seen[CFG.probe_budget]
     # the first probes are free until min_samples of them are measured and the costs are next shared
-    # (COST_SYNC_STEPS); from then on the budget would space them ~90 steps apart (0.8 ms / (budget * a 4.44 ms
-    # step)), and the cap holds them to PROBE_MAX
+    # (COST_SYNC_STEPS); from then on the budget would space them ~90 steps apart (0.8 ms / (budget
+    # * a 4.44 ms step)), and the cap holds them to PROBE_MAX
     measured = [b for a, b in zip(at, at[1:]) if a > at[0] + sim.COST_SYNC_STEPS]
     gaps = [b - a for a, b in zip(at, at[1:]) if a >= measured[0]] if measured else []
     assert len(gaps) >= 10 and sim.PROBE_MAX <= min(gaps) and max(gaps) <= sim.PROBE_MAX + 4, seen

@@ -1,4 +1,5 @@
-"""fastverify.timing with a fake device clock: sampling, records, aggregation, hold sizing, metrics, log line."""
+"""fastverify.timing with a fake device clock: sampling, records, aggregation, hold
+sizing, metrics, log line."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,6 @@ from fastverify import timing
 from fastverify.timing import (
     Aggregator,
     HoldController,
-    PassRecord,
     PassTimer,
     Sampler,
     TimingConfig,
@@ -74,13 +74,14 @@ def _pass(timer: PassTimer, clock: FakeClock, host: HostClock, mode="verify", to
           allreduce_ms=(), fused=(), compute_ms=4.0, enqueue_ms=5.0, starved=False, gpu_done=True):
     """One forward as the glue drives it: begin, collectives + compute on the stream, end.
 
-    Unless ``starved``, the GPU is still in the hold when the host finishes enqueuing (done(start) is
-    False at end()); ``gpu_done`` then lets the GPU finish the pass."""
+    Unless ``starved``, the GPU is still in the hold when the host finishes enqueuing (done(start)
+    is False at end()); ``gpu_done`` then lets the GPU finish the pass."""
     sampled = timer.begin(mode, tokens, requests)
     for ms in allreduce_ms:
         timer.timed_call("all_reduce", clock.run, (ms,), {})
     for ms, ran in fused:
-        timer.timed_call("allreduce_norm", lambda m=ms, r=ran: (clock.run(m), ("norm" if r else None))[1],
+        timer.timed_call("allreduce_norm", lambda m=ms,
+                         r=ran: (clock.run(m), ("norm" if r else None))[1],
                          (), {}, applied=lambda out: out is not None)
     clock.run(compute_ms)
     host.s += enqueue_ms / 1000.0
@@ -93,7 +94,8 @@ def _pass(timer: PassTimer, clock: FakeClock, host: HostClock, mode="verify", to
 def _timer(interval=2, log_interval_s=10.0, **kw):
     clock, host = FakeClock(), HostClock()
     logs = []
-    cfg = TimingConfig.from_flags(True, interval, log_interval_s, tp_size=2, tp_rank=0, model_name="m")
+    cfg = TimingConfig.from_flags(True, interval, log_interval_s, tp_size=2, tp_rank=0,
+                                  model_name="m")
     t = PassTimer(cfg, clock, log=logs.append, host_clock=host, **kw)
     return t, clock, host, logs
 
@@ -102,9 +104,10 @@ def _timer(interval=2, log_interval_s=10.0, **kw):
 # Flags
 # --------------------------------------------------------------------------------------------------
 def test_config_from_flags():
-    c = TimingConfig.from_flags(True, 7, 2.5, tp_size=4, tp_rank=3, model_name="k2", export_metrics=True)
-    assert (c.enabled, c.interval, c.log_interval_s, c.tp_size, c.tp_rank, c.model_name, c.export_metrics,
-            c.log_rank) == (True, 7, 2.5, 4, 3, "k2", True, False)
+    c = TimingConfig.from_flags(True, 7, 2.5, tp_size=4, tp_rank=3, model_name="k2",
+                                export_metrics=True)
+    assert (c.enabled, c.interval, c.log_interval_s, c.tp_size, c.tp_rank, c.model_name,
+            c.export_metrics, c.log_rank) == (True, 7, 2.5, 4, 3, "k2", True, False)
     assert TimingConfig.from_flags(False).interval == timing.DEFAULT_INTERVAL
     with pytest.raises(AttributeError):
         c.interval = 3  # frozen
@@ -112,10 +115,13 @@ def test_config_from_flags():
 
 @pytest.mark.parametrize("args,match", [
     ((True, -5, 1.0), r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got -5"),
-    ((True, 2.5, 1.0), r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got 2.5"),
-    ((True, True, 1.0), r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got True"),
+    ((True, 2.5, 1.0),
+     r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got 2.5"),
+    ((True, True, 1.0),
+     r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got True"),
     ((True, 10, -1.0), r"--verify-timing-log-interval must be a number of seconds >= 0; got -1.0"),
-    ((True, 10, float("nan")), r"--verify-timing-log-interval must be a number of seconds >= 0; got nan"),
+    ((True, 10, float("nan")),
+     r"--verify-timing-log-interval must be a number of seconds >= 0; got nan"),
     ((True, 10, "5"), r"--verify-timing-log-interval must be a number of seconds >= 0; got '5'"),
     (("yes", 10, 1.0), r"--enable-verify-timing takes no value \(a switch\); got 'yes'"),
 ])
@@ -130,7 +136,8 @@ def test_bad_flags_name_the_flag(args, match):
 def test_sampler_every_nth_pass_per_mode():
     s = Sampler(3)
     got = [(m, s.should_sample(m)) for m in ["verify"] * 7 + ["decode"] * 3]
-    assert [i for i, (m, x) in enumerate(got) if x] == [2, 5, 9]  # verify passes 3 and 6, decode pass 3
+    # verify passes 3 and 6, decode pass 3
+    assert [i for i, (m, x) in enumerate(got) if x] == [2, 5, 9]
     assert s.passes == {"verify": 1, "decode": 0}  # passes since each mode's last sample
     one = Sampler(1)
     assert all(one.should_sample("decode") for _ in range(5))
@@ -139,7 +146,8 @@ def test_sampler_every_nth_pass_per_mode():
 
 
 def test_two_ranks_sample_the_same_passes():
-    """Every TP rank must make the same eager/graph choice for a pass, or collectives would mismatch."""
+    """Every TP rank must make the same eager/graph choice for a pass, or
+    collectives would mismatch."""
     modes = ["decode", "verify", "verify", "decode", "verify"] * 40
     a, b = Sampler(7), Sampler(7)
     assert [a.should_sample(m) for m in modes] == [b.should_sample(m) for m in modes]
@@ -149,7 +157,8 @@ def test_two_ranks_sample_the_same_passes():
 # Records, percentiles, aggregation
 # --------------------------------------------------------------------------------------------------
 def test_build_record_splits_pass():
-    r = build_record("verify", 30.0, [("all_reduce", 0.2)] * 100 + [("allreduce_norm", 0.25)] * 20, 8, 1)
+    r = build_record("verify", 30.0,
+                     [("all_reduce", 0.2)] * 100 + [("allreduce_norm", 0.25)] * 20, 8, 1)
     assert r.allreduce_calls == 100 and r.fused_calls == 20 and r.comm_calls == 120
     assert r.allreduce_ms == pytest.approx(20.0) and r.fused_ms == pytest.approx(5.0)
     assert r.comm_ms == pytest.approx(25.0) and r.compute_ms == pytest.approx(5.0)
@@ -170,10 +179,12 @@ def test_percentile_matches_linear_interpolation():
 
 
 def test_summary_means_add_up():
-    recs = [build_record("verify", p, [("all_reduce", a)], t, 1) for p, a, t in [(30, 24, 8), (32, 26, 8), (28, 22, 9)]]
+    recs = [build_record("verify", p, [("all_reduce", a)], t, 1)
+            for p, a, t in [(30, 24, 8), (32, 26, 8), (28, 22, 9)]]
     s = summarize("verify", recs)
     assert s.samples == 3
-    assert s.pass_ms == pytest.approx(30.0) and s.comm_ms == pytest.approx(24.0) and s.compute_ms == pytest.approx(6.0)
+    assert (s.pass_ms == pytest.approx(30.0) and s.comm_ms == pytest.approx(24.0)
+            and s.compute_ms == pytest.approx(6.0))
     assert s.pass_ms == pytest.approx(s.comm_ms + s.compute_ms)
     assert s.tokens == pytest.approx(25 / 3) and s.comm_share == pytest.approx(0.8)
     assert s.us_per_call == pytest.approx(24000.0)
@@ -196,22 +207,24 @@ def test_aggregator_window_and_totals():
 # --------------------------------------------------------------------------------------------------
 def test_log_line_exact_format():
     v = [build_record("verify", 30.1, [("all_reduce", 24.9 / 122)] * 122, 8, 1)]
-    d = [build_record("decode", 9.8, [("all_reduce", 0.02)] * 100 + [("allreduce_norm", 0.02)] * 22, 1, 1)] * 2
-    line = format_log_line([summarize("verify", v), summarize("decode", d)], tp_rank=0, tp_size=2, dropped=1)
+    d = [build_record("decode", 9.8,
+                      [("all_reduce", 0.02)] * 100 + [("allreduce_norm", 0.02)] * 22, 1, 1)] * 2
+    line = format_log_line([summarize("verify", v), summarize("decode", d)], tp_rank=0,
+                           tp_size=2, dropped=1)
     assert line == (
         "Verify timing [tp 0/2], "
-        "verify: 30.1 ms, all-reduce 24.9 ms (83%), 8 tok, 1 req, compute 5.2 ms, 122 calls 204.1 us/call, "
-        "p90 30.1 ms, n 1 | "
-        "decode: 9.8 ms, all-reduce 2.4 ms (25%), 1 tok, 1 req, compute 7.4 ms, 122 calls 20.0 us/call "
-        "(fused 22 calls 0.4 ms), p90 9.8 ms, n 2, dropped 1"
+        "verify: 30.1 ms, all-reduce 24.9 ms (83%), 8 tok, 1 req, compute 5.2 ms, 122 calls 204.1 "
+        "us/call, p90 30.1 ms, n 1 | "
+        "decode: 9.8 ms, all-reduce 2.4 ms (25%), 1 tok, 1 req, compute 7.4 ms, 122 calls 20.0 "
+        "us/call (fused 22 calls 0.4 ms), p90 9.8 ms, n 2, dropped 1"
     )
 
 
 def test_log_line_fractional_counts():
     recs = [build_record("verify", 10.0, [("all_reduce", 1.0)], t, r) for t, r in [(8, 1), (16, 2)]]
     line = format_log_line([summarize("verify", recs)], tp_rank=1, tp_size=8, dropped=0)
-    assert line == ("Verify timing [tp 1/8], verify: 10.0 ms, all-reduce 1.0 ms (10%), 12 tok, 1.5 req, "
-                    "compute 9.0 ms, 1 calls 1000.0 us/call, p90 10.0 ms, n 2, dropped 0")
+    assert line == ("Verify timing [tp 1/8], verify: 10.0 ms, all-reduce 1.0 ms (10%), 12 tok, 1.5 "
+                    "req, compute 9.0 ms, 1 calls 1000.0 us/call, p90 10.0 ms, n 2, dropped 0")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,7 +242,8 @@ def test_only_sampled_passes_make_marks_and_records():
     t.poll()
     assert len(t.records) == 2
     r = t.records[0]
-    assert r.pass_ms == pytest.approx(10.0) and r.comm_ms == pytest.approx(6.0) and r.compute_ms == pytest.approx(4.0)
+    assert (r.pass_ms == pytest.approx(10.0) and r.comm_ms == pytest.approx(6.0)
+            and r.compute_ms == pytest.approx(4.0))
     assert r.allreduce_calls == 3 and (r.tokens, r.requests, r.mode) == (8, 1, "verify")
 
 
@@ -238,7 +252,8 @@ def test_hold_is_outside_the_pass_and_declined_fused_calls_do_not_count():
     _pass(t, clock, host, allreduce_ms=[1.0], fused=[(0.5, True), (0.3, False)], compute_ms=2.0)
     t.poll()
     (r,) = t.records
-    assert clock.holds and r.pass_ms == pytest.approx(3.8)  # 1 + 0.5 + 0.3 (declined, still GPU time) + 2
+    # 1 + 0.5 + 0.3 (declined, still GPU time) + 2
+    assert clock.holds and r.pass_ms == pytest.approx(3.8)
     assert (r.allreduce_calls, r.fused_calls) == (1, 1)
     assert r.fused_ms == pytest.approx(0.5) and r.compute_ms == pytest.approx(2.3)
 
@@ -249,7 +264,8 @@ def test_nested_collective_is_timed_once():
 
     def outer():
         clock.run(1.0)
-        t.timed_call("all_reduce", clock.run, (2.0,), {})  # e.g. a fused op falling back inside itself
+        # e.g. a fused op falling back inside itself
+        t.timed_call("all_reduce", clock.run, (2.0,), {})
 
     t.timed_call("allreduce_norm", outer, (), {})
     clock.completed = 0
@@ -273,7 +289,8 @@ def test_pending_until_gpu_passes_the_end_mark():
 def test_starved_pass_is_dropped_and_hold_grows():
     t, clock, host, _ = _timer(interval=1)
     target0 = t.hold.target_ms
-    # The GPU reached the start mark before the host finished enqueuing: done(start) is True at end().
+    # The GPU reached the start mark before the host finished enqueuing:
+    # done(start) is True at end().
     _pass(t, clock, host, allreduce_ms=[1.0], enqueue_ms=40.0, starved=True)
     t.poll()
     assert not t.records and t.aggregator.total_dropped["verify"] == 1
@@ -325,8 +342,9 @@ def test_periodic_log_line_uses_host_clock():
     assert logs == []  # 10 s have not passed
     host.s += 10.0
     t.poll()
-    assert logs == ["Verify timing [tp 0/2], verify: 25.0 ms, all-reduce 20.0 ms (80%), 8 tok, 1 req, "
-                    "compute 5.0 ms, 10 calls 2000.0 us/call, p90 25.0 ms, n 1, dropped 0, 1 in 1 passes sampled"]
+    assert logs == ["Verify timing [tp 0/2], verify: 25.0 ms, all-reduce 20.0 ms (80%), 8 tok, 1 "
+                    "req, compute 5.0 ms, 10 calls 2000.0 us/call, p90 25.0 ms, n 1, dropped 0, 1 "
+                    "in 1 passes sampled"]
     host.s += 100.0
     t.poll()
     assert len(logs) == 1  # empty window: no line
@@ -348,9 +366,11 @@ def test_only_rank_zero_logs():
 def test_metrics_names_labels_buckets():
     prometheus_client = pytest.importorskip("prometheus_client")
     reg = prometheus_client.CollectorRegistry()
-    cfg = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=1, model_name="qwen", export_metrics=True)
+    cfg = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=1, model_name="qwen",
+                                  export_metrics=True)
     m = VerifyMetrics(prometheus_client, cfg, registry=reg)
-    m.observe(build_record("verify", 30.0, [("all_reduce", 0.2)] * 100 + [("allreduce_norm", 0.25)] * 20, 8, 1))
+    m.observe(build_record("verify", 30.0,
+                           [("all_reduce", 0.2)] * 100 + [("allreduce_norm", 0.25)] * 20, 8, 1))
     m.observe(build_record("decode", 4.0, [("all_reduce", 0.02)] * 50, 1, 1))
     m.dropped("verify")
     lab = {"model_name": "qwen", "mode": "verify", "tp_size": "2", "tp_rank": "1"}
@@ -377,7 +397,8 @@ def test_metrics_names_labels_buckets():
         "sglang:verify_pass_seconds", "sglang:verify_allreduce_seconds",
         "sglang:verify_fused_allreduce_norm_seconds", "sglang:verify_compute_seconds",
         "sglang:verify_allreduce_share", "sglang:verify_pass_tokens", "sglang:verify_pass_requests",
-        "sglang:verify_allreduce_calls", "sglang:verify_timing_samples", "sglang:verify_rank_wait_seconds",
+        "sglang:verify_allreduce_calls", "sglang:verify_timing_samples",
+        "sglang:verify_rank_wait_seconds",
     }
     for mf in reg.collect():
         for s in mf.samples:
@@ -389,8 +410,10 @@ def test_timer_feeds_metrics():
     prometheus_client = pytest.importorskip("prometheus_client")
     reg = prometheus_client.CollectorRegistry()
     clock, host = FakeClock(), HostClock()
-    cfg = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=0, model_name="m", export_metrics=True)
-    t = PassTimer(cfg, clock, metrics=VerifyMetrics(prometheus_client, cfg, registry=reg), host_clock=host)
+    cfg = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=0, model_name="m",
+                                  export_metrics=True)
+    t = PassTimer(cfg, clock, metrics=VerifyMetrics(prometheus_client, cfg, registry=reg),
+                  host_clock=host)
     _pass(t, clock, host, mode="decode", tokens=4, requests=4, allreduce_ms=[0.5, 0.5])
     t.poll()
     lab = {"model_name": "m", "mode": "decode", "tp_size": "2", "tp_rank": "0"}
@@ -422,10 +445,9 @@ def test_across_ranks_refuses_unpaired_calls():
 
 def test_exchange_splits_wait_and_completes_at_next_begin():
     logs = []
-    clock0, clock1, host = FakeClock(), FakeClock(), HostClock()
+    clock0, host = FakeClock(), HostClock()
     payloads = {}
     cfg0 = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=0, model_name="m")
-    cfg1 = TimingConfig.from_flags(True, 1, 0, tp_size=2, tp_rank=1, model_name="m")
     # rank 1's payload is fixed in advance (as if gathered): its calls took 0.02 ms each, no waiting
     payloads[1] = {"starved": False, "spans": [("all_reduce", 0.02), ("all_reduce", 0.02)]}
 
@@ -435,7 +457,8 @@ def test_exchange_splits_wait_and_completes_at_next_begin():
 
     t0 = PassTimer(cfg0, clock0, log=logs.append, host_clock=host, exchange=exchange0)
     # rank 0 waits 3 ms in its first all-reduce (rank 1 arrived late), then runs in step
-    _pass(t0, clock0, host, mode="verify", tokens=8, allreduce_ms=[3.02, 0.02], compute_ms=1.0, gpu_done=False)
+    _pass(t0, clock0, host, mode="verify", tokens=8, allreduce_ms=[3.02, 0.02], compute_ms=1.0,
+          gpu_done=False)
     t0.poll()  # with an exchange, poll never completes a pass (ranks must complete together)
     assert not t0.records and len(t0.pending) == 1
     t0.begin("verify", 8, 1)  # next timed pass: wait for the end mark, exchange, record
@@ -480,8 +503,9 @@ def test_log_line_shows_rank_wait_and_busy_pass():
     r = build_record("verify", 13.0, [("all_reduce", 0.01)] * 61, 8, 1, wait_ms=10.0)
     s = summarize("verify", [r])
     line = format_log_line([s], 0, 2, 0)
-    assert line == ("Verify timing [tp 0/2], verify: 3.0 ms, all-reduce 0.6 ms (20%), 8 tok, 1 req, compute 2.4 ms, "
-                    "61 calls 10.0 us/call, rank wait 10.0 ms, p90 3.0 ms, n 1, dropped 0")
+    assert line == ("Verify timing [tp 0/2], verify: 3.0 ms, all-reduce 0.6 ms (20%), 8 tok, 1 "
+                    "req, compute 2.4 ms, 61 calls 10.0 us/call, rank wait 10.0 ms, p90 3.0 ms, n "
+                    "1, dropped 0")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,7 +513,8 @@ def test_log_line_shows_rank_wait_and_busy_pass():
 # --------------------------------------------------------------------------------------------------
 def test_widened_interval():
     assert widened_interval(500, 20.0, 2.0) == 2000  # 20 ms per sample, 2 ms passes, 0.5 %
-    assert widened_interval(500, 20.0, 30.0) == 500  # slow passes: the flag's interval already suffices
+    # slow passes: the flag's interval already suffices
+    assert widened_interval(500, 20.0, 30.0) == 500
     assert widened_interval(100, 0.0, 2.0) == 100 and widened_interval(100, 5.0, 0.0) == 100
     assert widened_interval(10, 1.0, 1.0, budget=0.01) == 100
 
@@ -546,7 +571,8 @@ def test_ranks_adopt_rank_zeros_interval_at_the_exchange(monkeypatch):
     assert t.begin("decode", 1, 1) is True
     t.end()
     host.s += 0.05
-    assert t.begin("decode", 1, 1) is False  # completes the sample: exchange, then rank 0's interval
+    # completes the sample: exchange, then rank 0's interval
+    assert t.begin("decode", 1, 1) is False
     assert got == [3] and t.sampler.interval == 777
     assert t.proposed_interval > 3  # this rank's own proposal goes out with the next exchange
 
@@ -554,7 +580,8 @@ def test_ranks_adopt_rank_zeros_interval_at_the_exchange(monkeypatch):
 def test_idle_gaps_count_neither_as_periods_nor_as_sample_cost(monkeypatch):
     monkeypatch.setattr(timing, "AUTO_FLOOR", 4)
     clock, host = FakeClock(), HostClock()
-    t = PassTimer(TimingConfig.from_flags(True, 0, 0, tp_size=1, tp_rank=0, model_name="m"), clock, host_clock=host)
+    t = PassTimer(TimingConfig.from_flags(True, 0, 0, tp_size=1, tp_rank=0, model_name="m"), clock,
+                  host_clock=host)
     for _ in range(3):
         _ordinary(t, host, 2.0)
     host.s += 30.0  # the server was idle for 30 s between two requests

@@ -1,4 +1,5 @@
-"""fastverify.glue.timing_hook: flag off = no event and no record; flag on = spans inside sampled passes.
+"""fastverify.glue.timing_hook: flag off = no event and no record; flag on =
+spans inside sampled passes.
 
 The first half needs no SGLang (fake runners, a fake device clock). The second half imports the
 patched SGLang (``make test`` applies the series first; run by hand with
@@ -52,11 +53,13 @@ class Mode:
 
 def fake_batch(mode="verify", bs=2, k=4):
     n = bs * k if mode == "verify" else bs
-    return SimpleNamespace(forward_mode=Mode(mode), input_ids=torch.zeros(n, dtype=torch.int64), batch_size=bs)
+    return SimpleNamespace(forward_mode=Mode(mode), input_ids=torch.zeros(n, dtype=torch.int64),
+                           batch_size=bs)
 
 
 def fake_runner(enable=False, draft=False):
-    args = SimpleNamespace(enable_verify_timing=enable, verify_timing_interval=1, verify_timing_log_interval=0.0,
+    args = SimpleNamespace(enable_verify_timing=enable, verify_timing_interval=1,
+                           verify_timing_log_interval=0.0,
                            served_model_name="m", enable_metrics=False)
     return SimpleNamespace(server_args=args, is_draft_worker=draft)
 
@@ -136,7 +139,8 @@ def test_flag_on_without_cuda_is_off(caplog):
 def test_sampled_pass_runs_eager_and_times_collectives():
     runner, timer, clock = runner_with_fake_timer(interval=2)
     ar = timing_hook.timed_collective("all_reduce")(lambda x: x)
-    fused = timing_hook.timed_collective("allreduce_norm")(lambda ran: ("norm", "res") if ran else (None, None))
+    fused = timing_hook.timed_collective("allreduce_norm")(lambda ran: ("norm", "res") if ran
+                                                           else (None, None))
     seen = []
 
     def body():
@@ -145,12 +149,15 @@ def test_sampled_pass_runs_eager_and_times_collectives():
 
     for _ in range(2):
         run_pass(runner, fake_batch("verify", bs=2, k=4), clock, body)
-    assert seen == [(False, False), (True, False)]  # pass 1 untimed (graph as usual), pass 2 sampled
+    # pass 1 untimed (graph as usual), pass 2 sampled
+    assert seen == [(False, False), (True, False)]
     assert timing_hook._ACTIVE is None
     timer.poll()
     (r,) = timer.records
-    assert (r.mode, r.tokens, r.requests, r.allreduce_calls, r.fused_calls) == ("verify", 8, 2, 2, 1)
-    # TickClock: 1 ms per mark; start .. end spans 2 + 2 + 2 + 2 (declined fused still brackets) marks
+    assert (r.mode, r.tokens, r.requests, r.allreduce_calls,
+            r.fused_calls) == ("verify", 8, 2, 2, 1)
+    # TickClock: 1 ms per mark; start .. end spans 2 + 2 + 2 + 2 (declined
+    # fused still brackets) marks
     assert r.allreduce_ms == 2.0 and r.fused_ms == 1.0 and r.pass_ms == 9.0
 
 
@@ -171,8 +178,11 @@ def test_fused_applied():
 def test_bad_kind_and_bad_flags():
     with pytest.raises(ValueError, match="unknown collective kind 'reduce_scatter'"):
         timing_hook.timed_collective("reduce_scatter")
-    args = SimpleNamespace(enable_verify_timing=True, verify_timing_interval=-1, verify_timing_log_interval=30.0)
-    with pytest.raises(ValueError, match=r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got -1"):
+    args = SimpleNamespace(enable_verify_timing=True, verify_timing_interval=-1,
+                           verify_timing_log_interval=30.0)
+    with pytest.raises(ValueError,
+                       match=r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); "
+                             r"got -1"):
         timing_hook.check_flags(args)
     timing_hook.check_flags(SimpleNamespace())  # an SGLang without our flags: defaults, no error
 
@@ -186,7 +196,8 @@ def parallel_state():
     from sglang.srt.distributed import parallel_state as ps
 
     if not hasattr(ps.GroupCoordinator.all_reduce, "__wrapped__"):
-        pytest.skip("patch 0006-verify-timing is not applied to this SGLang (make test applies the series)")
+        pytest.skip("patch 0006-verify-timing is not applied to this SGLang (make test applies the "
+                    "series)")
     return ps
 
 
@@ -228,13 +239,17 @@ def test_flags_parse_and_validate(parallel_state):
 
     parser = argparse.ArgumentParser()
     sa.ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(["--model-path", "dummy", "--enable-verify-timing", "--verify-timing-interval", "50",
-                            "--verify-timing-log-interval", "5"])
-    assert (ns.enable_verify_timing, ns.verify_timing_interval, ns.verify_timing_log_interval) == (True, 50, 5.0)
+    ns = parser.parse_args(["--model-path", "dummy", "--enable-verify-timing",
+                            "--verify-timing-interval", "50", "--verify-timing-log-interval", "5"])
+    assert (ns.enable_verify_timing, ns.verify_timing_interval,
+            ns.verify_timing_log_interval) == (True, 50, 5.0)
     ns = parser.parse_args(["--model-path", "dummy"])
     assert (ns.enable_verify_timing, ns.verify_timing_interval) == (False, timing.DEFAULT_INTERVAL)
     with pytest.raises(SystemExit):
         parser.parse_args(["--model-path", "dummy", "--verify-timing-interval", "often"])
-    args = SimpleNamespace(**vars(parser.parse_args(["--model-path", "dummy", "--verify-timing-interval", "-1"])))
-    with pytest.raises(ValueError, match=r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); got -1"):
+    args = SimpleNamespace(**vars(parser.parse_args(["--model-path", "dummy",
+                                                     "--verify-timing-interval", "-1"])))
+    with pytest.raises(ValueError,
+                       match=r"--verify-timing-interval must be an integer >= 0 \(0: budgeted\); "
+                             r"got -1"):
         timing_hook.check_flags(args)

@@ -1,10 +1,10 @@
-"""Reference verification: golden trees, tree-equals-chain, greedy losslessness through SGLang's real n-gram
-corpus, and the sampled rule's output distribution."""
+"""Reference verification: golden trees, tree-equals-chain, greedy losslessness through SGLang's
+real n-gram corpus, and the sampled rule's output distribution."""
 import numpy as np
 import pytest
 import torch
 
-from fastverify.chain import chain_indices, extract_chains, reduce_to_chain
+from fastverify.chain import extract_chains, reduce_to_chain
 from fastverify.verify_ref import (
     chain_links, greedy_verify_chain, greedy_verify_tree, sampled_verify_chain, sampled_verify_tree,
 )
@@ -31,7 +31,8 @@ CAND = torch.tensor([[3, 4, 44, 5, 55, 6, 66, 77]])
 def test_greedy_tree_golden():
     nt, ns = links_from_parents(PARENTS)
     ri = torch.arange(8)[None]
-    # target: after 3 -> 44, after 44 -> 55, after 55 -> 12 (mismatch with 66): accept 44, 55 + bonus 12
+    # target: after 3 -> 44, after 44 -> 55, after 55 -> 12 (mismatch with 66):
+    # accept 44, 55 + bonus 12
     pred = torch.tensor([[44, 0, 55, 0, 12, 0, 0, 0]])
     r = greedy_verify_tree(CAND, ri, nt, ns, pred)
     assert r.accept_index.tolist() == [[0, 2, 4, -1, -1, -1, -1, -1]]
@@ -49,7 +50,8 @@ def test_greedy_chain_golden_and_chain_len_cap():
     pred = torch.tensor([[44, 55, 66, 70, 1], [1, 2, 0, 0, 0]])
     r = greedy_verify_chain(ct, pred, chain_len=torch.tensor([4, 2]))
     assert r.accept_len.tolist() == [4, 3]
-    assert r.tokens == [[44, 55, 66, 70], [1, 2, 0]]  # request 2: padding is never accepted, 0 is the bonus
+    # request 2: padding is never accepted, 0 is the bonus
+    assert r.tokens == [[44, 55, 66, 70], [1, 2, 0]]
     assert r.accept_index.tolist() == [[0, 1, 2, 3, -1], [5, 6, 7, -1, -1]]
 
 
@@ -61,15 +63,18 @@ def test_single_path_tree_verifies_like_the_chain():
         pred = torch.randint(0, 4, (3, k), generator=gen)
         ri, nt, ns = chain_links(3, k)
         a, b = greedy_verify_tree(ct, ri, nt, ns, pred), greedy_verify_chain(ct, pred)
-        assert torch.equal(a.accept_index, b.accept_index) and torch.equal(a.accept_len, b.accept_len)
+        assert (torch.equal(a.accept_index, b.accept_index)
+                and torch.equal(a.accept_len, b.accept_len))
         assert a.tokens == b.tokens
         probs = torch.softmax(torch.randn(3, k, 4, generator=gen), -1)
         coins, fc = torch.rand(3, k, generator=gen), torch.rand(3, generator=gen)
-        sa, sb = sampled_verify_tree(ct, ri, nt, ns, probs, coins, fc), sampled_verify_chain(ct, probs, coins, fc)
+        sa, sb = (sampled_verify_tree(ct, ri, nt, ns, probs, coins, fc),
+                  sampled_verify_chain(ct, probs, coins, fc))
         assert sa.tokens == sb.tokens and torch.equal(sa.accept_index, sb.accept_index)
 
 
-# ----- greedy losslessness with drafts from SGLang's own C++ n-gram corpus --------------------------------------
+# ----- greedy losslessness with drafts from SGLang's own C++ n-gram corpus
+# --------------------------------------
 V = 24
 
 
@@ -96,7 +101,8 @@ class TrigramTarget:
 
 
 def decode(target, prompt, steps, corpus=None, mode=None, k=8, max_trie_depth=12, rid="r"):
-    """Greedy decoding; with a corpus, speculative (tree or chain verify by the reference). Returns tokens, steps."""
+    """Greedy decoding; with a corpus, speculative (tree or chain verify by the reference).
+    Returns tokens, steps."""
     ctx = list(prompt)
     n_steps = 0
     if corpus is not None:
@@ -147,15 +153,16 @@ def test_greedy_lossless_tree_chain_and_plain(corpus_cls):
         plain, n_plain = decode(target, prompt, 60)
         outs = {}
         for mode in ("tree", "chain"):
-            c = corpus_cls(max_trie_depth=12, draft_token_num=8, min_bfs_breadth=1, max_bfs_breadth=4,
-                           match_type="BFS", capacity=100000)
+            c = corpus_cls(max_trie_depth=12, draft_token_num=8, min_bfs_breadth=1,
+                           max_bfs_breadth=4, match_type="BFS", capacity=100000)
             outs[mode] = decode(target, prompt, 60, c, mode, rid=f"{mode}{seed}")
         assert outs["tree"][0] == plain, f"seed {seed}: tree verify changed greedy output"
         assert outs["chain"][0] == plain, f"seed {seed}: chain verify changed greedy output"
         total_plain += n_plain
         total_tree += outs["tree"][1]
         total_chain += outs["chain"][1]
-    # speculation must actually accept drafts, otherwise the check above compares plain decoding with itself
+    # speculation must actually accept drafts, otherwise the check above compares
+    # plain decoding with itself
     assert total_tree < 0.7 * total_plain and total_chain < 0.7 * total_plain
 
 
@@ -193,7 +200,8 @@ def test_prob_chain_follows_the_most_frequent_continuation(corpus_cls):
     assert ct.tolist()[0][:4] == [3, 50, 51, 52]
 
 
-# ----- sampled verification follows the target distribution ----------------------------------------------------
+# ----- sampled verification follows the target distribution
+# ----------------------------------------------------
 CHI2_DF5_P999 = 20.515  # chi-square critical value, 5 degrees of freedom, p = 0.001
 
 
@@ -204,7 +212,8 @@ def chi2(counts, probs):
 
 
 def first_two_token_counts(rule, n=6000, seed=0):
-    """Emitted tokens of n independent chain verifies of drafts [root, 2, 4] over a 6-token vocabulary."""
+    """Emitted tokens of n independent chain verifies of drafts [root, 2, 4] over
+    a 6-token vocabulary."""
     gen = torch.Generator().manual_seed(seed)
     p = torch.tensor([0.1, 0.15, 0.3, 0.05, 0.25, 0.15])  # target after the root
     q = torch.tensor([0.3, 0.1, 0.1, 0.2, 0.2, 0.1])  # target after draft token 2
@@ -220,11 +229,13 @@ def test_sampled_chain_matches_target_distribution():
     first, second, p, q = first_two_token_counts(sampled_verify_chain)
     assert chi2(first, p) < CHI2_DF5_P999
     assert chi2(second, q) < CHI2_DF5_P999
-    assert second.sum() > 1000  # the second token is reached through the accepted draft often enough to test
+    # the second token is reached through the accepted draft often enough to test
+    assert second.sum() > 1000
 
 
 def test_chi2_check_rejects_a_wrong_rule():
-    def no_residual(ct, probs, coins, fc):  # bug: after a rejection the bonus is drawn from p, draft not removed
+    # bug: after a rejection the bonus is drawn from p, draft not removed
+    def no_residual(ct, probs, coins, fc):
         n = ct.shape[0]
         gen = torch.Generator().manual_seed(1)
         out = []

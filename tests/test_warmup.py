@@ -1,5 +1,6 @@
-"""glue/warmup.py: the start-up compilation of the n-gram step's Triton kernels. SGLang's own kernels run under
-Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) in a subprocess; the rest on stand-ins."""
+"""glue/warmup.py: the start-up compilation of the n-gram step's Triton kernels. SGLang's
+own kernels run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) in a
+subprocess; the rest on stand-ins."""
 import json
 import os
 import subprocess
@@ -25,13 +26,15 @@ def _worker(pool_rows=2, pool_len=64, max_bs=4, k=8):
     import torch
 
     return types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
-        req_to_token=torch.zeros(pool_rows, pool_len, dtype=torch.int32))), max_batch_size=max_bs, draft_token_num=k)
+        req_to_token=torch.zeros(pool_rows, pool_len, dtype=torch.int32))), max_batch_size=max_bs,
+        draft_token_num=k)
 
 
 def test_nothing_to_warm_is_a_skip_not_an_error(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert "no req_to_token pool" in warmup.warm_spec_kernels(types.SimpleNamespace())["skipped"]
-    assert "runs no Triton kernels" in warmup.warm_spec_kernels(_worker())["skipped"]  # CPU, no interpreter
+    # CPU, no interpreter
+    assert "runs no Triton kernels" in warmup.warm_spec_kernels(_worker())["skipped"]
 
 
 class _Launch:
@@ -55,7 +58,8 @@ def test_a_kernel_that_fails_or_misbehaves_is_reported_and_start_up_goes_on(monk
     mods = {"fv_k1": types.SimpleNamespace(assign_extend_cache_locs=idle),
             "fv_k2": types.SimpleNamespace(assign_req_to_token_pool=failing)}
     monkeypatch.setattr(warmup.importlib, "import_module", lambda name: mods[name])
-    res = warmup.warm_spec_kernels(_worker(max_bs=3), kernels=(("fv_k1", "assign_extend_cache_locs"),
+    res = warmup.warm_spec_kernels(_worker(max_bs=3),
+                                   kernels=(("fv_k1", "assign_extend_cache_locs"),
                                                                 ("fv_k2", "assign_req_to_token_pool"),
                                                                 ("fv_k1", "missing")))
     assert res["kernels"] == ["assign_extend_cache_locs"] and res["buckets"] == [1, 2, 4]
@@ -77,18 +81,20 @@ print("PROBE " + json.dumps(warmup.warm_spec_kernels(w)))
 
 @pytest.mark.sglang
 def test_sglangs_own_kernels_run_with_the_warm_up_arguments():
-    """The pinned SGLang's two kernels, interpreted on the CPU: every bucket runs and gives what it must (a
-    wrong argument order or dtype would fail or mismatch here before it reaches a GPU)."""
+    """The pinned SGLang's two kernels, interpreted on the CPU: every bucket runs and gives what it
+    must (a wrong argument order or dtype would fail or mismatch here before it reaches a GPU)."""
     pytest.importorskip("triton")
     pytest.importorskip("sglang")
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests" / "stubs"),
                                            os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
+                       text=True, timeout=300)
     line = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
     assert r.returncode == 0 and line, r.stderr[-3000:]
     res = json.loads(line[0][6:])
-    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc"]
+    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs",
+                              "fill_accept_out_cache_loc"]
     assert res["buckets"] == [1, 2, 4, 8] and res["mismatches"] == []
 
 
@@ -138,11 +144,12 @@ print("KEYS " + json.dumps({"serving": sorted(serving), "warmed": sorted(Recorde
 
 
 def _keys(mode):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests" / "stubs"),
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests" / "stubs"),
                                                        os.environ.get("PYTHONPATH", "")]))
     env.pop("TRITON_INTERPRET", None)
-    r = subprocess.run([sys.executable, "-c", KEYS_PROBE, mode], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", KEYS_PROBE, mode], env=env,
+                       capture_output=True, text=True, timeout=300)
     line = [x for x in r.stdout.splitlines() if x.startswith("KEYS ")]
     if r.returncode != 0 and "triton.backends" in r.stderr:
         pytest.skip("Triton's binder is not reachable in this Triton")
@@ -153,10 +160,11 @@ def _keys(mode):
 
 @pytest.mark.sglang
 def test_the_scheduler_slot_kernel_is_warmed_for_every_cache_key_serving_meets():
-    """The pinned SGLang's assign_req_to_token_pool, keyed by Triton's own binder for a Hopper GPU: the calls
-    the scheduler makes at batch sizes 1-8 (its slots a free-list slice at offsets 0-3) meet two keys per
-    bucket, 16-byte aligned slots and not; the warm-up's calls meet all of them. Warmed with aligned slots only
-    (as before run28), the unaligned keys are missed: the compiles run26 and run28 recorded mid-serving."""
+    """The pinned SGLang's assign_req_to_token_pool, keyed by Triton's own binder for a Hopper GPU:
+    the calls the scheduler makes at batch sizes 1-8 (its slots a free-list slice at offsets 0-3)
+    meet two keys per bucket, 16-byte aligned slots and not; the warm-up's calls meet all of them.
+    Warmed with aligned slots only (as before run28), the unaligned keys are missed: the compiles
+    run26 and run28 recorded mid-serving."""
     pytest.importorskip("triton")
     pytest.importorskip("sglang")
     serving, warmed = _keys("both")
@@ -169,11 +177,11 @@ def test_the_scheduler_slot_kernel_is_warmed_for_every_cache_key_serving_meets()
 
 
 def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_slot_count_is_moved(monkeypatch):
-    """The scheduler passes assign_req_to_token_pool int32 lengths, the worker passes assign_extend_cache_locs
-    int64 ones (a warm-up with other types compiles a kernel the server never calls), and the scheduler's slots
-    are a free-list slice, aligned or not; the accepted tokens' fill
-    runs once per power-of-two bucket of batch size x verify width, and the KV pool moves slot 0 onto itself
-    for every such count, as the verify step's move would."""
+    """The scheduler passes assign_req_to_token_pool int32 lengths, the worker passes
+    assign_extend_cache_locs int64 ones (a warm-up with other types compiles a kernel the server
+    never calls), and the scheduler's slots are a free-list slice, aligned or not; the accepted
+    tokens' fill runs once per power-of-two bucket of batch size x verify width, and the KV pool
+    moves slot 0 onto itself for every such count, as the verify step's move would."""
     import torch
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -181,7 +189,8 @@ def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_
 
     def kernel_of(name):
         def body(*args):
-            seen.setdefault(name, []).append(tuple(a.dtype if hasattr(a, "dtype") else a for a in args))
+            seen.setdefault(name, []).append(tuple(a.dtype if hasattr(a, "dtype") else a
+                                                   for a in args))
             if len(args) > 4:  # the slot kernels' out_cache_loc
                 aligned.setdefault(name, []).append(args[4].data_ptr() % 16 == 0)
         return _Launch(body)
@@ -194,7 +203,8 @@ def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_
 
     class Pool:
         def move_kv_cache(self, tgt, src):
-            assert tgt.dtype == src.dtype == torch.int64 and not tgt.any() and not src.any()  # slot 0 only
+            # slot 0 only
+            assert tgt.dtype == src.dtype == torch.int64 and not tgt.any() and not src.any()
             moved.append(tgt.numel())
 
     w = _worker(max_bs=3)
@@ -203,13 +213,15 @@ def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_
                                    kernels=(("fv_k", "assign_req_to_token_pool", "int32"),
                                             ("fv_k", "assign_extend_cache_locs", "int64")),
                                    accept=("fv_k", "fill_accept_out_cache_loc"))
-    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc",
-                              "move_kv_cache"]
-    # the scheduler's slots come from the allocator's free list at any offset: each bucket with an aligned and
-    # an unaligned list (16 bytes: Triton's specialisation); the worker's own call only aligned
+    assert res["kernels"] == ["assign_req_to_token_pool", "assign_extend_cache_locs",
+                              "fill_accept_out_cache_loc", "move_kv_cache"]
+    # the scheduler's slots come from the allocator's free list at any offset: each bucket
+    # with an aligned and an unaligned list (16 bytes: Triton's specialisation); the
+    # worker's own call only aligned
     assert [a[2:4] for a in seen["req"]] == [(torch.int32, torch.int32)] * 6
     assert aligned["req"] == [True, False] * 3 and [a[6] for a in seen["req"]] == [1, 1, 2, 2, 4, 4]
-    assert [a[2:4] for a in seen["ext"]] == [(torch.int64, torch.int64)] * 3 and aligned["ext"] == [True] * 3
+    assert ([a[2:4] for a in seen["ext"]] == [(torch.int64, torch.int64)] * 3
+            and aligned["ext"] == [True] * 3)
     assert warmup.accept_sizes(3, (1, 2, 8)) == [1, 2, 3, 4, 6, 8, 16, 24]
     assert [a[3] for a in seen["fill"]] == [1, 2, 4, 8, 16, 32]  # size_upper of each count's bucket
     assert [a[:3] for a in seen["fill"]] == [(torch.int32, torch.int64, torch.int64)] * 6

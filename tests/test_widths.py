@@ -1,5 +1,5 @@
-"""fastverify.widths: flag parsing, width choice, draft truncation, buffer views, accept-token padding, and
-greedy losslessness of per-step widths against plain decoding."""
+"""fastverify.widths: flag parsing, width choice, draft truncation, buffer views, accept-token
+padding, and greedy losslessness of per-step widths against plain decoding."""
 import numpy as np
 import pytest
 import torch
@@ -20,7 +20,7 @@ from fastverify.widths import (
 FLAG = "--speculative-ngram-verify-widths"
 
 
-# ------------------------------------------------------------------------------------------------ the flag
+# ----------------------------------------------------------------------------------------- the flag
 def test_parse_ok_and_off():
     c = parse_widths("1,2,4,8", 8, "chain")
     assert c.widths == (1, 2, 4, 8) and c.extra == (1, 2, 4) and c.enabled and c.per_step
@@ -49,7 +49,7 @@ def test_parse_errors_name_the_flag(value, k, mode, match):
     assert FLAG in str(e.value)
 
 
-# ------------------------------------------------------------------------------------------- width choice
+# ------------------------------------------------------------------------------------- width choice
 def _chains(rows, k):
     """Chain-format tokens [bs*k] from per-request draft lists (root 100+b)."""
     out = np.zeros((len(rows), k), dtype=np.int64)
@@ -62,12 +62,15 @@ def _chains(rows, k):
 def test_chain_draft_lengths_golden():
     k = 6
     toks = _chains([[], [5], [5, 6, 7, 8, 9], [5, 0, 7]], k)
-    assert chain_draft_lengths(toks, k).tolist() == [0, 1, 5, 3]  # a 0 inside a chain is a real token
-    assert chain_draft_lengths(_chains([[5, 0]], k), k).tolist() == [1]  # trailing real 0 reads as padding
+    # a 0 inside a chain is a real token
+    assert chain_draft_lengths(toks, k).tolist() == [0, 1, 5, 3]
+    # trailing real 0 reads as padding
+    assert chain_draft_lengths(_chains([[5, 0]], k), k).tolist() == [1]
 
 
 def test_chain_draft_lengths_match_reduce_to_chain():
-    """On the chain module's own output the lengths equal its chain_len (no real token 0 drafted)."""
+    """On the chain module's own output the lengths equal its chain_len (no
+    real token 0 drafted)."""
     rng = np.random.default_rng(0)
     k, bs = 8, 16
     for _ in range(20):
@@ -103,7 +106,7 @@ def test_choose_width(lens, widths, expect):
     assert plan.tokens_static == 8 * len(lens)
 
 
-# ------------------------------------------------------------------------------------------- truncation
+# --------------------------------------------------------------------------------------- truncation
 def test_truncate_chain_golden():
     k = 5
     toks = _chains([[11, 12], [21]], k)
@@ -115,24 +118,26 @@ def test_truncate_chain_golden():
     assert t1.tolist() == [100, 101] and m1.tolist() == [1, 1]
     tk, mk = truncate_drafts(toks, mask, k, k)
     assert tk.tolist() == toks.tolist() and mk.tolist() == mask.tolist()
-    tg, _ = truncate_drafts(toks, mask, k, 3, keep=[0, 1])  # per-request gating: request 0 verifies no draft
+    # per-request gating: request 0 verifies no draft
+    tg, _ = truncate_drafts(toks, mask, k, 3, keep=[0, 1])
     assert tg.tolist() == [100, 0, 0, 101, 21, 0]
     with pytest.raises(ValueError, match=r"1\.\.5"):
         truncate_drafts(toks, mask, k, 6)
 
 
 def test_truncate_tree_keeps_a_valid_subtree():
-    """BFS order: the first w nodes of a tree are a tree; verifying them accepts what the full tree accepts
-    whenever w covers the accepted path."""
+    """BFS order: the first w nodes of a tree are a tree; verifying them accepts what the full tree
+    accepts whenever w covers the accepted path."""
     # root 0 -> 1(a) 2(b); 1 -> 3(c); 3 -> 4(d)
     tokens = np.array([[9, 1, 2, 3, 4]])
-    mask = np.array([[[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]])
+    mask = np.array([[[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
+                      [1, 1, 0, 1, 1]]])
     t, m = truncate_drafts(tokens.reshape(-1), mask.reshape(-1), 5, 4)
     m = m.reshape(4, 4)
     assert t.tolist() == [9, 1, 2, 3] and (np.tril(m) == m).all() and (m.diagonal() == 1).all()
 
 
-# ---------------------------------------------------------------------------------- views and padding
+# -------------------------------------------------------------------------------- views and padding
 def test_batch_views_share_the_k_buffer():
     max_bs, k, w = 4, 8, 2
     flat = torch.arange(max_bs * k)
@@ -141,7 +146,8 @@ def test_batch_views_share_the_k_buffer():
     v = batch_views(flat, max_bs, w, w)
     r = batch_views(rows, max_bs, w, w, rows=True)
     mv = batch_views(mask, max_bs, w * w, w)
-    assert len(v) == max_bs + 1 and v[3].shape == (6,) and r[3].shape == (3, 2) and mv[3].shape == (12,)
+    assert (len(v) == max_bs + 1 and v[3].shape == (6,) and r[3].shape == (3, 2)
+            and mv[3].shape == (12,))
     assert r[3].is_contiguous() and r[3].data_ptr() == rows.data_ptr()
     r[3].copy_(torch.full((3, 2), -5))
     assert rows.reshape(-1)[:6].tolist() == [-5] * 6 and rows.reshape(-1)[6] == 6
@@ -166,11 +172,11 @@ def test_width_stats():
     s = WidthStats.empty()
     s.record(4, 1, 8)
     s.record(4, 8, 8)
-    assert s.summary() == {"steps": 2, "steps_by_width": {1: 1, 8: 1}, "verified_tokens_per_step": 18.0,
-                           "static_tokens_per_step": 32.0}
+    assert s.summary() == {"steps": 2, "steps_by_width": {1: 1, 8: 1},
+                           "verified_tokens_per_step": 18.0, "static_tokens_per_step": 32.0}
 
 
-# ---------------------------------------------------------------------------------------- losslessness
+# ------------------------------------------------------------------------------------- losslessness
 def _target(ctx):
     """A fixed deterministic 'model': next token from the last three tokens (vocab 1..40)."""
     a, b, c = ctx[-3:]

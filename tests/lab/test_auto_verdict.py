@@ -1,4 +1,5 @@
-"""lab/auto_verdict.py on recorded GPU runs (benchmark/results/h200x2/auto) and on made-up folders."""
+"""lab/auto_verdict.py on recorded GPU runs (benchmark/results/h200x2/auto)
+and on made-up folders."""
 import json
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def test_run10_gpu_bound_model():
 def test_run6_medians_over_three_rounds():
     rows = _rows(RUNS / "run6")
     plain = rows[("sampled", 1)]["servers"]["m_plain"]
-    assert (plain["median"], plain["min"], plain["max"], plain["rounds"]) == (323.6, 310.9, 339.1, 3)
+    assert (plain["median"], plain["min"], plain["max"],
+            plain["rounds"]) == (323.6, 310.9, 339.1, 3)
     assert rows[("greedy", 4)]["best"] == "m_chain"
     assert not any(r["met"] for r in rows.values())
 
@@ -37,8 +39,10 @@ def _level(c, rate):
 
 
 def test_goal_needs_both_the_share_of_the_best_and_no_speculation(tmp_path):
-    for name, rate in {"m_plain_sampled_r1": 100.0, "m_auto_sampled_r1": 101.0, "m_chain_sampled_r1": 103.0,
-                       "m_plain_greedy_r1": 100.0, "m_auto_greedy_r1": 300.0, "m_chain_greedy_r1": 310.0}.items():
+    for name, rate in {"m_plain_sampled_r1": 100.0, "m_auto_sampled_r1": 101.0,
+                       "m_chain_sampled_r1": 103.0,
+                       "m_plain_greedy_r1": 100.0, "m_auto_greedy_r1": 300.0,
+                       "m_chain_greedy_r1": 310.0}.items():
         (tmp_path / f"{name}.json").write_text(json.dumps({"levels": [_level(1, rate)]}))
     (tmp_path / "m_plain.metrics.txt").write_text("not a result")
     rows = _rows(tmp_path)
@@ -48,7 +52,8 @@ def test_goal_needs_both_the_share_of_the_best_and_no_speculation(tmp_path):
 
 
 def test_cli(tmp_path, capsys):
-    assert av.main([str(tmp_path)]) == 2 and "no <server>_<load>_r<round>.json" in capsys.readouterr().err
+    assert (av.main([str(tmp_path)]) == 2
+            and "no <server>_<load>_r<round>.json" in capsys.readouterr().err)
     out = tmp_path / "v.json"
     assert av.main([str(RUNS / "run10"), "--json", str(out)]) == 0
     text = capsys.readouterr().out
@@ -57,9 +62,10 @@ def test_cli(tmp_path, capsys):
 
 
 def test_a_second_server_without_speculation_gives_the_floor_and_auto_meets_the_faster(tmp_path):
-    """m_plain2 (same flags, another process): the column reports how far apart the two land, and auto is held
-    to the faster of them, whichever name it has."""
-    for name, rate in {"m_plain_sampled_r1": 100.0, "m_plain2_sampled_r1": 102.0, "m_auto_sampled_r1": 101.0,
+    """m_plain2 (same flags, another process): the column reports how far apart the two land, and
+    auto is held to the faster of them, whichever name it has."""
+    for name, rate in {"m_plain_sampled_r1": 100.0, "m_plain2_sampled_r1": 102.0,
+                       "m_auto_sampled_r1": 101.0,
                        "m_plain_greedy_r1": 100.0, "m_auto_greedy_r1": 300.0}.items():
         (tmp_path / f"{name}.json").write_text(json.dumps({"levels": [_level(1, rate)]}))
     rows = _rows(tmp_path)
@@ -71,14 +77,15 @@ def test_a_second_server_without_speculation_gives_the_floor_and_auto_meets_the_
 
 
 def _req(i, latency, tpot=None, ttft=0.05, tokens=200, prompt=None):
-    return {"prompt_id": prompt or f"p{i}", "index": i, "latency_s": latency, "output_tokens": tokens,
+    return {"prompt_id": prompt or f"p{i}", "index": i, "latency_s": latency,
+            "output_tokens": tokens,
             "ttft_s": ttft, "tpot_s": tpot if tpot is not None else (latency - ttft) / (tokens - 1)}
 
 
 def test_paired_requests_tell_below_from_level():
-    """Each request of auto set against the same request of m_plain: 2 % slower on every request is below no
-    speculation beyond the requests' spread; +-2 % at random around equal is level. Requests that do not pair
-    (another prompt, another length) are left out."""
+    """Each request of auto set against the same request of m_plain: 2 % slower on every request is
+    below no speculation beyond the requests' spread; +-2 % at random around equal is level.
+    Requests that do not pair (another prompt, another length) are left out."""
     import random
 
     plain = [_req(i, 1.0 + 0.01 * i) for i in range(16)]
@@ -107,7 +114,8 @@ def test_paired_rounds_in_the_cli(tmp_path, capsys):
             (tmp_path / f"{name}_sampled_{rnd}.json").write_text(json.dumps({"levels": [level]}))
     pairs = av.paired(tmp_path)
     assert set(pairs) == {("sampled", 1)} and pairs[("sampled", 1)]["r1"]["side"] == "below"
-    assert pairs[("sampled", 1)]["r2"]["side"] == "level" and pairs[("sampled", 1)]["r2"]["lo"] == 1.0
+    assert (pairs[("sampled", 1)]["r2"]["side"] == "level"
+            and pairs[("sampled", 1)]["r2"]["lo"] == 1.0)
     out = tmp_path / "v.json"
     assert av.main([str(tmp_path), "--json", str(out)]) == 0
     text = capsys.readouterr().out
@@ -117,8 +125,8 @@ def test_paired_rounds_in_the_cli(tmp_path, capsys):
 
 
 def test_paired_on_a_recorded_run():
-    """run10 (GPU-bound model, one round): auto below no speculation beyond the requests' spread on both
-    non-repetitive columns (0.988x and 0.981x per request), above it on the repetitive ones."""
+    """run10 (GPU-bound model, one round): auto below no speculation beyond the requests' spread on
+    both non-repetitive columns (0.988x and 0.981x per request), above it on the repetitive ones."""
     pairs = av.paired(RUNS / "run10")
     assert [pairs[("sampled", c)]["r1"]["side"] for c in (1, 4)] == ["below", "below"]
     assert pairs[("sampled", 1)]["r1"]["hi"] < 1.0 and pairs[("sampled", 1)]["r1"]["n"] == 8
@@ -126,27 +134,30 @@ def test_paired_on_a_recorded_run():
 
 
 def _run_with_two_autos(folder):
-    """m_auto and m_auto_op (the same mode, other settings) beside m_plain; per request m_auto 2 % slower than
-    m_plain on the sampled load, m_auto_op level with it."""
+    """m_auto and m_auto_op (the same mode, other settings) beside m_plain; per request m_auto 2 %
+    slower than m_plain on the sampled load, m_auto_op level with it."""
     plain = [_req(i, 1.0 + 0.01 * i) for i in range(12)]
-    rates = {"m_plain": {"greedy": 300.0, "sampled": 200.0}, "m_auto": {"greedy": 905.0, "sampled": 196.0},
+    rates = {"m_plain": {"greedy": 300.0, "sampled": 200.0},
+             "m_auto": {"greedy": 905.0, "sampled": 196.0},
              "m_auto_op": {"greedy": 965.0, "sampled": 199.6}}
     factor = {"m_plain": 1.0, "m_auto": 1.02, "m_auto_op": 1.0}
     for server, by_load in rates.items():
         for load, rate in by_load.items():
-            reqs = [_req(i, (1.0 + 0.01 * i) * factor[server]) for i in range(12)] if load == "sampled" else plain
+            reqs = [_req(i, (1.0 + 0.01 * i) * factor[server])
+                    for i in range(12)] if load == "sampled" else plain
             level = dict(_level(1, rate), requests=reqs)
             (folder / f"{server}_{load}_r1.json").write_text(json.dumps({"levels": [level]}))
 
 
 def test_other_auto_servers_are_listed_but_not_competitors(tmp_path):
-    """Judging either auto server, the other is the same mode with other settings, not a rival for the best:
-    m_auto is the best on the greedy load although m_auto_op is faster there."""
+    """Judging either auto server, the other is the same mode with other settings, not a rival for
+    the best: m_auto is the best on the greedy load although m_auto_op is faster there."""
     _run_with_two_autos(tmp_path)
     rows = _rows(tmp_path)
     rep = rows[("greedy", 1)]
     assert rep["best"] == "m_auto" and rep["met"] and rep["variants"] == ["m_auto_op"]
-    op = {(r["load"], r["concurrency"]): r for r in av.verdict(av.collect(tmp_path), auto="m_auto_op")}
+    op = {(r["load"], r["concurrency"]): r
+          for r in av.verdict(av.collect(tmp_path), auto="m_auto_op")}
     assert op[("greedy", 1)]["best"] == "m_auto_op" and op[("greedy", 1)]["variants"] == ["m_auto"]
     assert op[("sampled", 1)]["auto_vs_plain"] == pytest.approx(199.6 / 200.0, abs=1e-3)
     assert not op[("sampled", 1)]["met"] and rows[("sampled", 1)]["auto_vs_best"] == 0.98

@@ -1,4 +1,5 @@
-"""lab/gpu/cpu_probe.py: topology read from a made-up sysfs tree, the pair verdict, and a real short run."""
+"""lab/gpu/cpu_probe.py: topology read from a made-up sysfs tree, the pair verdict,
+and a real short run."""
 import importlib.util
 import json
 import os
@@ -12,7 +13,8 @@ spec = importlib.util.spec_from_file_location("cpu_probe", SCRIPT)
 cpu_probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cpu_probe)
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads sysfs, sets affinity")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="reads sysfs, sets affinity")
 
 
 def _write(path: Path, text: str) -> None:
@@ -21,7 +23,8 @@ def _write(path: Path, text: str) -> None:
 
 
 def test_topology_of_a_two_node_guest_with_hyperthreads(tmp_path):
-    # 4 CPUs: cores 0 and 1 on package 0, each with two threads (0,2 and 1,3); node 0 holds 0-1, node 1 holds 2-3
+    # 4 CPUs: cores 0 and 1 on package 0, each with two threads (0,2 and 1,3); node 0
+    # holds 0-1, node 1 holds 2-3
     _write(tmp_path / "cpu" / "online", "0-3")
     for cpu, core, sib in ((0, 0, "0,2"), (1, 1, "1,3"), (2, 0, "0,2"), (3, 1, "1,3")):
         base = tmp_path / "cpu" / f"cpu{cpu}" / "topology"
@@ -40,8 +43,8 @@ def test_topology_of_a_two_node_guest_with_hyperthreads(tmp_path):
 def test_topology_without_the_optional_files(tmp_path):
     _write(tmp_path / "cpu" / "online", "0")
     (tmp_path / "cpu" / "cpu0" / "topology").mkdir(parents=True)
-    assert cpu_probe.topology(str(tmp_path)) == {0: {"package": None, "core": None, "siblings": None,
-                                                     "node": None}}
+    assert cpu_probe.topology(str(tmp_path)) == {0: {"package": None, "core": None,
+                                                     "siblings": None, "node": None}}
 
 
 def test_sharing_names_only_the_cpus_past_the_threshold():
@@ -50,7 +53,8 @@ def test_sharing_names_only_the_cpus_past_the_threshold():
 
 
 def test_render_reports_each_part():
-    result = {"logical": 2, "physical": 1, "topology": {0: {"package": 0, "core": 0, "siblings": [0, 1],
+    result = {"logical": 2, "physical": 1,
+              "topology": {0: {"package": 0, "core": 0, "siblings": [0, 1],
                                                             "node": 0}},
               "per_cpu": {0: 5.0, 1: 6.0}, "sleep_cpu": 0, "after_sleep": {0: 5.0, 20: 7.5},
               "pairs": {0: {0: 5.0, 1: 9.0}}}
@@ -71,7 +75,8 @@ def test_a_short_real_run_writes_every_part(tmp_path, capsys):
     assert all(t > 0 for t in data["per_cpu"].values())
     assert sorted(int(k) for k in data["after_sleep"]) == list(cpu_probe.SLEEPS_MS)
     if 0 in cpus:
-        assert sorted(int(c) for c in data["pairs"]["0"]) == cpus  # the base alone, then every other CPU
+        # the base alone, then every other CPU
+        assert sorted(int(c) for c in data["pairs"]["0"]) == cpus
     assert os.sched_getaffinity(0) == set(cpus)  # the probe gives the process its CPUs back
     assert "work alone" in capsys.readouterr().out
 
@@ -83,7 +88,8 @@ def test_pick_ranks_each_cpu_by_its_slowest_pass():
 
 
 def test_pick_on_the_command_line_ends_with_the_cpus(tmp_path, capsys):
-    assert cpu_probe.main(["--reps", "1", "--bases", "", "--pick", "1", "--json", str(tmp_path / "p.json")]) == 0
+    assert cpu_probe.main(["--reps", "1", "--bases", "", "--pick", "1", "--json",
+                           str(tmp_path / "p.json")]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("CPUS ") and int(last[5:]) in os.sched_getaffinity(0)
     assert len(json.loads((tmp_path / "p.json").read_text())["pick_passes"]) == 2

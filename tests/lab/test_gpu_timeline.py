@@ -1,4 +1,5 @@
-"""lab/gpu_timeline.py on made-up torch-profiler traces whose step anatomy is known by construction."""
+"""lab/gpu_timeline.py on made-up torch-profiler traces whose step anatomy is
+known by construction."""
 
 import gzip
 import json
@@ -8,8 +9,8 @@ import pytest
 
 
 class Trace:
-    """Builds Chrome-trace events: graph launches (host call + kernels with its correlation id) and loose
-    kernels (each with its own launch call)."""
+    """Builds Chrome-trace events: graph launches (host call + kernels with its correlation id) and
+    loose kernels (each with its own launch call)."""
 
     def __init__(self):
         self.events, self.corr = [], 0
@@ -27,22 +28,23 @@ class Trace:
             name = names[i] if names else "gemm"
             args = {"correlation": c, "device": device}
             if grids:
-                args.update({"grid": list(grids[i]), "block": [384, 1, 1], "registers per thread": 168,
-                             "shared memory": 221460})
-            self.events.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": d, "pid": device,
-                                "tid": 7, "args": args})
+                args.update({"grid": list(grids[i]), "block": [384, 1, 1],
+                             "registers per thread": 168, "shared memory": 221460})
+            self.events.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": d,
+                                "pid": device, "tid": 7, "args": args})
             t += d + gap
         return t - gap  # end of the last kernel
 
     def loose(self, name, start, dur, cat="kernel", device=0):
         c = self._call("cudaLaunchKernel", start - 20.0)
-        self.events.append({"ph": "X", "cat": cat, "name": name, "ts": start, "dur": dur, "pid": device,
-                            "tid": 7, "args": {"correlation": c, "device": device}})
+        self.events.append({"ph": "X", "cat": cat, "name": name, "ts": start, "dur": dur,
+                            "pid": device, "tid": 7, "args": {"correlation": c, "device": device}})
 
 
 def _steady(n_steps=6, pause_after=None):
-    """Steps of period 1000 us: a graph of three 200-us kernels (span 602 us), then an index kernel (10 us)
-    and a copy (5 us) outside the graph; the host launches each graph 300 us before its first kernel."""
+    """Steps of period 1000 us: a graph of three 200-us kernels (span 602 us), then an index
+    kernel (10 us) and a copy (5 us) outside the graph; the host launches each graph 300 us
+    before its first kernel."""
     tr = Trace()
     t = 10_000.0
     for i in range(n_steps):
@@ -68,7 +70,8 @@ def test_step_anatomy_by_construction():
     assert r["graph_sizes"] == {3: 5}
     ops = r["ops_by_name"]
     assert list(ops) == ["index_kernel", "Memcpy DtoH"]  # heaviest first
-    assert ops["index_kernel"]["per_step"] == pytest.approx(1.0) and ops["index_kernel"]["mean_us"] == 10.0
+    assert (ops["index_kernel"]["per_step"] == pytest.approx(1.0)
+            and ops["index_kernel"]["mean_us"] == 10.0)
 
 
 def test_pauses_between_requests_are_not_steps():
@@ -87,7 +90,8 @@ def test_overlapping_operations_count_once_and_other_devices_are_ignored():
     tr.loose("dev1", 9_700.0, 1.0, device=1)
     r = gpu_timeline.analyze(tr.events)
     rows_around = r["mean_us"]["around"]
-    # one step gains 5 us of union busy time (55..65 overlaps 50..60 by 5): mean over 5 steps = 15 + 1
+    # one step gains 5 us of union busy time (55..65 overlaps 50..60 by 5):
+    # mean over 5 steps = 15 + 1
     assert rows_around == pytest.approx(16.0)
     assert "dev1" not in r["ops_by_name"]
 
@@ -142,15 +146,18 @@ def test_graph_launches_found_without_host_calls_and_steps_split_by_graph():
     assert r["graph_sizes"] == {3: 2, 4: 3}
     assert r["median_us"]["lead"] is None
     g3, g4 = r["by_graph"][3], r["by_graph"][4]
-    assert g3["median_us"]["graph"] == pytest.approx(602.0) and g4["median_us"]["graph"] == pytest.approx(1203.0)
-    assert g3["median_us"]["around"] == pytest.approx(4.0) and g4["median_us"]["around"] == pytest.approx(8.0)
+    assert (g3["median_us"]["graph"] == pytest.approx(602.0)
+            and g4["median_us"]["graph"] == pytest.approx(1203.0))
+    assert (g3["median_us"]["around"] == pytest.approx(4.0)
+            and g4["median_us"]["around"] == pytest.approx(8.0))
     text = gpu_timeline.render({"x": r})
     assert "x/g3" in text and "x/g4" in text
 
 
 def test_inside_the_graph_slower_kernels_and_gaps_are_told_apart(tmp_path, capsys):
-    """Two servers with the same graph: in the second, the attention kernel takes 30 us more and the kernels
-    wait 10 us for each other (a graph submitted just in time); the table names the kernel and the gaps."""
+    """Two servers with the same graph: in the second, the attention kernel takes 30 us more
+    and the kernels wait 10 us for each other (a graph submitted just in time); the table names
+    the kernel and the gaps."""
     names = ["gemm", "attn", "gemm"]
     traces = {}
     for label, attn, gap in (("plain", 100.0, 1.0), ("auto", 130.0, 11.0)):
@@ -178,9 +185,9 @@ def test_inside_the_graph_slower_kernels_and_gaps_are_told_apart(tmp_path, capsy
 
 
 def test_one_kernel_call_by_call_and_its_launch_configurations():
-    """--kernel: the k-th call of a kernel in each launch of the dominant graph (one per layer), its median over
-    the launches, the sum, and the launch configurations; a second trace whose second call is 3 us slower on
-    every step but one shows it at that call only."""
+    """--kernel: the k-th call of a kernel in each launch of the dominant graph (one per layer), its
+    median over the launches, the sum, and the launch configurations; a second trace whose second
+    call is 3 us slower on every step but one shows it at that call only."""
     names = ["gemm_big", "norm", "gemm_big", "gemm_small"]
 
     def trace(second_us):

@@ -1,6 +1,6 @@
-"""The scheduler step trace: the recorder (lab/steptrace/steptrace.py) on a stand-in scheduler driven by a
-fake clock, its import hook on a throwaway module, and lab/step_trace.py on records whose statistics
-are known by construction."""
+"""The scheduler step trace: the recorder (lab/steptrace/steptrace.py) on a stand-in scheduler
+driven by a fake clock, its import hook on a throwaway module, and lab/step_trace.py on records
+whose statistics are known by construction."""
 
 import gc
 import gzip
@@ -16,8 +16,9 @@ import steptrace
 
 @pytest.fixture(autouse=True)
 def no_automatic_gc():
-    """The recorder writes a G record for every garbage collection; one that the interpreter starts on its own in
-    the middle of a test would add a record the test does not expect (collections the tests start still run)."""
+    """The recorder writes a G record for every garbage collection; one that the interpreter starts
+    on its own in the middle of a test would add a record the test does not expect (collections the
+    tests start still run)."""
     was = gc.isenabled()
     gc.disable()
     yield
@@ -37,7 +38,8 @@ class Clock:
 
 
 def make_classes(clock):
-    """A scheduler whose launch takes 1 ms and whose result processing waits 3 ms on an event, then 0.5 ms."""
+    """A scheduler whose launch takes 1 ms and whose result processing waits 3 ms on
+    an event, then 0.5 ms."""
 
     class Event:
         def synchronize(self):
@@ -64,7 +66,8 @@ def make_classes(clock):
 
 
 def write_traces(tmp_path, **servers) -> list:
-    """Each server's records as a trace file; the LABEL=FILE arguments of step_trace.main, in order."""
+    """Each server's records as a trace file; the LABEL=FILE arguments of
+    step_trace.main, in order."""
     paths = []
     for name, recs in servers.items():
         f = tmp_path / f"{name}.jsonl"
@@ -74,9 +77,11 @@ def write_traces(tmp_path, **servers) -> list:
 
 
 def by_bs_table(capsys, out=None) -> list:
-    """The rows of the printed per-batch-size table (of `out`, else of what was printed), split into words."""
+    """The rows of the printed per-batch-size table (of `out`, else of what was
+    printed), split into words."""
     lines = (capsys.readouterr().out if out is None else out).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("decode steps by batch size, sampling"))
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("decode steps by batch size, sampling"))
     return [line.split() for line in lines[start + 2:]]
 
 
@@ -117,8 +122,8 @@ def test_recorder_wraps_scheduler_and_writes_records(tmp_path):
 
 
 def test_records_wait_for_the_idle_scheduler_by_default(tmp_path):
-    """A load of 2000 steps writes nothing while it runs (a write on the scheduler thread stalls a step); the
-    scheduler's first idle moment writes it all."""
+    """A load of 2000 steps writes nothing while it runs (a write on the scheduler thread stalls a
+    step); the scheduler's first idle moment writes it all."""
     clock = Clock()
     Scheduler, Event = make_classes(clock)
     path = tmp_path / "steps-2.jsonl"
@@ -135,7 +140,8 @@ def test_records_wait_for_the_idle_scheduler_by_default(tmp_path):
         s.on_idle()
     finally:
         gc.callbacks.remove(trace.on_gc)
-    assert len(path.read_text().splitlines()) == held + 1 and trace.records == []  # and the idle mark
+    # and the idle mark
+    assert len(path.read_text().splitlines()) == held + 1 and trace.records == []
 
 
 def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
@@ -155,8 +161,10 @@ def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
     helpers.glue, helpers.Worker = glue, Worker
     monkeypatch.setitem(sys.modules, "fv_span_helpers", helpers)
     trace = steptrace.StepTrace(str(tmp_path / "s.jsonl"), clock=clock)
-    trace.span_targets = (("fv_span_helpers", "glue", "glue"), ("fv_span_helpers", "Worker.step", "worker"),
-                          ("fv_not_imported", "f", "missing"), ("fv_span_helpers", "Worker.nope", "nope"))
+    trace.span_targets = (("fv_span_helpers", "glue", "glue"),
+                          ("fv_span_helpers", "Worker.step", "worker"),
+                          ("fv_not_imported", "f", "missing"),
+                          ("fv_span_helpers", "Worker.nope", "nope"))
     worker = Worker()
     orig_run = Scheduler.run_batch
     Scheduler.run_batch = lambda self, b: (worker.step(), orig_run(self, b))[1]
@@ -169,15 +177,17 @@ def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
         gc.callbacks.remove(trace.on_gc)
     assert trace._spans_installed
     first, second = trace.records
-    # the worker step (0.4 ms) includes the glue (2 x 0.2 ms); both wrapped once, not again at the 2nd step
+    # the worker step (0.4 ms) includes the glue (2 x 0.2 ms); both wrapped once,
+    # not again at the 2nd step
     assert first[8] == {"glue": pytest.approx(0.0004), "worker": pytest.approx(0.0008)}
     assert second[8] == first[8]
     assert trace.install_spans() == []  # already wrapped: nothing twice
 
 
 def test_the_span_table_names_functions_that_exist(monkeypatch):
-    """Every SPANS entry whose module imports here resolves to a function (a renamed one would silently stop
-    being timed); Triton's compile step among them where this Triton has it. The same for GPU_SPANS."""
+    """Every SPANS entry whose module imports here resolves to a function (a renamed one
+    would silently stop being timed); Triton's compile step among them where this Triton has
+    it. The same for GPU_SPANS."""
     assert {m for m, _, _ in steptrace.GPU_SPANS} <= {m for m, _, _ in steptrace.SPANS}
     for module_name, qualname, label in steptrace.SPANS + steptrace.GPU_SPANS:
         try:
@@ -211,7 +221,8 @@ def test_spans_wrap_functions_that_other_decorators_wrapped(tmp_path, monkeypatc
 
 
 def test_triton_compiles_are_timed_and_named(tmp_path, monkeypatch):
-    """Triton's compile step is a span and a C record: the kernel's name and its compile-time constants."""
+    """Triton's compile step is a span and a C record: the kernel's name and its
+    compile-time constants."""
     clock = Clock()
 
     class JITFunction:
@@ -226,7 +237,8 @@ def test_triton_compiles_are_timed_and_named(tmp_path, monkeypatch):
     jit_mod.JITFunction = JITFunction
     monkeypatch.setitem(sys.modules, "fv_fake_triton_jit", jit_mod)
     trace = steptrace.StepTrace(str(tmp_path / "c.jsonl"), clock=clock)
-    trace.span_targets = (("fv_fake_triton_jit", "JITFunction._do_compile", steptrace.COMPILE_LABEL),)
+    trace.span_targets = (("fv_fake_triton_jit", "JITFunction._do_compile",
+                           steptrace.COMPILE_LABEL),)
     assert trace.install_spans() == ["triton_compile"]
     k = JITFunction("assign_extend_cache_locs")
     sig = {"req_pool_indices": "*i64", "req_to_token": "*i32", "pool_len": "constexpr"}
@@ -240,9 +252,11 @@ def test_triton_compiles_are_timed_and_named(tmp_path, monkeypatch):
 
 
 def test_recorder_reads_auto_step_kind():
-    state = types.SimpleNamespace(last_step=("probe", 4, 1), controller=types.SimpleNamespace(planned="probe"))
+    state = types.SimpleNamespace(last_step=("probe", 4, 1),
+                                  controller=types.SimpleNamespace(planned="probe"))
     sched = types.SimpleNamespace(draft_worker=types.SimpleNamespace(_fv_auto=state))
-    assert steptrace.auto_step(sched) == ["lean", 1, True]  # a probe step is written as a lean step that probed
+    # a probe step is written as a lean step that probed
+    assert steptrace.auto_step(sched) == ["lean", 1, True]
     state.last_step = ("lean", 4, 1)
     assert steptrace.auto_step(sched) == ["lean", 1, False]
     state.last_step, state.controller.planned = ("spec", 4, 8), "wanted"
@@ -253,11 +267,12 @@ def test_recorder_reads_auto_step_kind():
 
 
 def test_a_prefill_record_carries_no_auto_kind(tmp_path):
-    """The worker's last step kind stays its last decode step's through a prefill: the record of the prefill
-    does not take it, the next decode step's does."""
+    """The worker's last step kind stays its last decode step's through a prefill: the record of the
+    prefill does not take it, the next decode step's does."""
     clock = Clock()
     Scheduler, Event = make_classes(clock)
-    state = types.SimpleNamespace(last_step=("lean", 1, 1), controller=types.SimpleNamespace(planned=None))
+    state = types.SimpleNamespace(last_step=("lean", 1, 1),
+                                  controller=types.SimpleNamespace(planned=None))
     trace = steptrace.StepTrace(str(tmp_path / "steps-8.jsonl"), clock=clock)
     steptrace.instrument(Scheduler, Event, trace)
     try:
@@ -284,7 +299,8 @@ def test_import_hook_instruments_module_when_imported(tmp_path, monkeypatch):
     pkg = tmp_path / "fakesched_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "scheduler.py").write_text("class Scheduler:\n    def run_batch(self, b):\n        return 7\n")
+    (pkg / "scheduler.py").write_text("class Scheduler:\n    def run_batch(self, b):\n        "
+                                      "return 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
     hook = steptrace._AfterImport("fakesched_pkg.scheduler", lambda m: seen.append(m.Scheduler))
@@ -306,14 +322,15 @@ def test_install_import_hook_needs_the_variable():
     assert sys.meta_path == before
 
 
-# ---- the analysis -----------------------------------------------------------------------------------------
+# ---- the analysis
+# -----------------------------------------------------------------------------------------
 
 def server_records(n_steps=200, period=0.005, busy=0.003, late_every=0, late_extra=0.0, gc_every=0,
                    kinds=None, bs=1, t0=0.0, sampling=None):
-    """Decode steps of a fixed period at batch size `bs`: the host works `busy` s, then waits period - busy on
-    the GPU; every `late_every`-th step the host is late by `late_extra` s (no wait); a prefill first.
-    `sampling` ("greedy"/"sampled"): written after the spans, as the recorder does (None: an older trace's
-    records, which end with the spans)."""
+    """Decode steps of a fixed period at batch size `bs`: the host works `busy` s, then waits period
+    - busy on the GPU; every `late_every`-th step the host is late by `late_extra` s (no wait); a
+    prefill first. `sampling` ("greedy"/"sampled"): written after the spans, as the recorder does
+    (None: an older trace's records, which end with the spans)."""
     recs, t = [], t0
     recs.append(["R", t, t + 0.002, "EXTEND", 1, None, None, None])
     t += 0.04
@@ -332,7 +349,8 @@ def server_records(n_steps=200, period=0.005, busy=0.003, late_every=0, late_ext
 
 
 def test_steady_steps_statistics():
-    res = step_trace.analyze(server_records(n_steps=200, late_every=10, late_extra=0.002, gc_every=50))
+    res = step_trace.analyze(server_records(n_steps=200, late_every=10,
+                                            late_extra=0.002, gc_every=50))
     d = res["decode"]
     assert d["steps"] == 200
     assert d["period_median"] == pytest.approx(5.0)
@@ -349,9 +367,11 @@ def test_steady_steps_statistics():
 
 
 def test_first_decode_step_after_each_prefill(tmp_path, capsys):
-    """A new request's first decode step: its host launch and whether it verified drafts. Two requests of an
-    auto server, the first starting with a verify step launched in 4 ms, the second with a plain one in 2 ms."""
-    first = server_records(n_steps=30, kinds=lambda i: ["spec", 8, False] if i == 0 else ["lean", 1, False])
+    """A new request's first decode step: its host launch and whether it verified drafts. Two
+    requests of an auto server, the first starting with a verify step launched in 4 ms, the second
+    with a plain one in 2 ms."""
+    first = server_records(n_steps=30, kinds=lambda i: ["spec", 8, False] if i == 0
+                           else ["lean", 1, False])
     second = server_records(n_steps=30, t0=1.0, kinds=lambda i: ["lean", 1, False])
     for recs, launch in ((first, 0.004), (second, 0.002)):
         rs = [r for r in recs if r[0] == "R"]
@@ -361,8 +381,10 @@ def test_first_decode_step_after_each_prefill(tmp_path, capsys):
     assert res["first_decode_launch_ms"] == pytest.approx(3.0)
     assert res["first_decode_spec_share"] == pytest.approx(0.5)
     plain = step_trace.analyze(server_records(n_steps=30))
-    assert plain["first_decode_launch_ms"] == pytest.approx(1.0) and plain["first_decode_spec_share"] is None
-    assert step_trace.main(write_traces(tmp_path, plain=server_records(n_steps=30), auto=first + second)) == 0
+    assert (plain["first_decode_launch_ms"] == pytest.approx(1.0)
+            and plain["first_decode_spec_share"] is None)
+    assert step_trace.main(write_traces(tmp_path, plain=server_records(n_steps=30),
+                                        auto=first + second)) == 0
     lines = {line[:34].strip(): line[34:].split() for line in capsys.readouterr().out.splitlines()}
     assert lines["prefill + 1: launch (median ms)"] == ["1.000", "3.000", "(+2.000)"]
     assert lines["prefill + 1: verify passes"] == ["-", "50", "%"]
@@ -371,11 +393,13 @@ def test_first_decode_step_after_each_prefill(tmp_path, capsys):
 def test_pauses_and_batch_size_changes_are_not_steady_steps():
     recs = server_records(n_steps=20)
     last_t = recs[-1][1]
-    recs.append(["R", last_t + 2.0, last_t + 2.001, "DECODE", 1, None, None, None])  # after a 2 s pause
+    # after a 2 s pause
+    recs.append(["R", last_t + 2.0, last_t + 2.001, "DECODE", 1, None, None, None])
     recs.append(["R", last_t + 2.005, last_t + 2.006, "DECODE", 3, None, None, None])  # batch grew
     recs.append(["R", last_t + 2.010, last_t + 2.011, "DECODE", 3, None, None, None])
     d = step_trace.analyze(recs)["decode"]
-    # 20 steps + the step ending at the pause is dropped, the bs 1 -> 3 step is not steady, bs 3 -> 3 is
+    # 20 steps + the step ending at the pause is dropped, the bs 1 -> 3 step is
+    # not steady, bs 3 -> 3 is
     assert d["steps"] == 21
 
 
@@ -389,7 +413,8 @@ def test_steps_by_auto_kind():
     assert set(res["by_kind"]) == {"spec w8", "lean", "lean probe"}
     # every launch record carries 1 ms in "glue", the spec steps 2 ms more in "lookup"
     assert res["by_kind"]["lean"]["spans_mean_ms"] == {"glue": pytest.approx(1.0)}
-    assert res["by_kind"]["spec w8"]["spans_mean_ms"] == {"glue": pytest.approx(1.0), "lookup": pytest.approx(2.0)}
+    assert res["by_kind"]["spec w8"]["spans_mean_ms"] == {"glue": pytest.approx(1.0),
+                                                          "lookup": pytest.approx(2.0)}
     assert res["decode"]["spans_mean_ms"]["lookup"] == pytest.approx(0.5)
     assert res["by_kind"]["spec w8"]["steps"] == 20
     assert res["by_kind"]["lean probe"]["steps"] == 20
@@ -397,18 +422,20 @@ def test_steps_by_auto_kind():
 
 
 def test_time_by_category_splits_a_difference_into_where_it_arose(tmp_path, capsys):
-    """Two servers on one load: the prefill (40 ms), the three steps after it, and the other decode steps, summed
-    over every step (steady or not). The auto server's probe steps (every tenth) come out 2 ms longer; its
-    categories' differences add up to the difference in total time."""
+    """Two servers on one load: the prefill (40 ms), the three steps after it, and the other decode
+    steps, summed over every step (steady or not). The auto server's probe steps (every tenth) come
+    out 2 ms longer; its categories' differences add up to the difference in total time."""
     plain = server_records(n_steps=40)
-    auto = server_records(n_steps=40, kinds=lambda i: ["lean", 1, i % 10 == 9], late_every=10, late_extra=0.004)
+    auto = server_records(n_steps=40, kinds=lambda i: ["lean", 1, i % 10 == 9], late_every=10,
+                          late_extra=0.004)
     t = step_trace.analyze(plain)["time_by_category"]
     assert t["prefills"] == {"steps": 1, "ms": pytest.approx(40.0)}
     assert t["3 steps after each prefill"] == {"steps": 3, "ms": pytest.approx(15.0)}
     assert t["other decode steps"] == {"steps": 37, "ms": pytest.approx(185.0)}
     assert t["other decode steps: plain"] == t["other decode steps"]
     a = step_trace.analyze(auto)["time_by_category"]
-    assert a["other decode steps: lean probe"] == {"steps": 4, "ms": pytest.approx(28.0)}  # steps 9, 19, 29, 39
+    # steps 9, 19, 29, 39
+    assert a["other decode steps: lean probe"] == {"steps": 4, "ms": pytest.approx(28.0)}
     assert a["other decode steps: lean"] == {"steps": 33, "ms": pytest.approx(165.0)}
     assert step_trace.main(write_traces(tmp_path, plain=plain, auto=auto)) == 0
     lines = {line[:34].strip(): line[34:].split() for line in capsys.readouterr().out.splitlines()}
@@ -419,8 +446,9 @@ def test_time_by_category_splits_a_difference_into_where_it_arose(tmp_path, caps
 
 
 def test_long_steps_are_listed_with_where_their_time_went():
-    """Steps over the threshold, one by one: the first step of a new kind (batch size 3 at width 8) that spent
-    its time in the n-gram step, and a later step of a kind seen before whose time is in no recorded function."""
+    """Steps over the threshold, one by one: the first step of a new kind (batch size 3 at width 8)
+    that spent its time in the n-gram step, and a later step of a kind seen before whose time is in
+    no recorded function."""
     recs, t = [], 0.0
     for i in range(30):
         kind = ["spec", 8, False]
@@ -446,7 +474,8 @@ def test_long_steps_are_listed_with_where_their_time_went():
     res = step_trace.analyze(built, long_ms=50.0)
     assert res["long_steps"]["steps"][0]["compiled"] == [["assign_req_to_token_pool", 150.0]]
     assert res["long_steps"]["steps"][1]["compiled"] == []
-    assert res["compiled"] == {"assign_req_to_token_pool": {"count": 1, "ms": 150.0, "constexprs": ["{(6,): 4}"],
+    assert res["compiled"] == {"assign_req_to_token_pool": {"count": 1, "ms": 150.0,
+                                                            "constexprs": ["{(6,): 4}"],
                                                            "signatures": []}}
     text = step_trace.render({"a": res})
     assert "compiled: assign_req_to_token_pool 150.0" in text
@@ -470,15 +499,16 @@ def test_cli_compares_servers_and_writes_json(tmp_path, capsys):
         else:
             (d / "steps-9.jsonl").write_text(text)
     out = tmp_path / "st.json"
-    rc = step_trace.main([f"plain={tmp_path / 'plain'}", f"auto={tmp_path / 'auto'}", "--json", str(out)])
+    rc = step_trace.main([f"plain={tmp_path / 'plain'}", f"auto={tmp_path / 'auto'}",
+                          "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "period mean" in text and "(+" in text
     data = json.loads(out.read_text())
     assert data["files"]["auto"].endswith("steps-9.jsonl.gz")
     assert data["repro_command"].startswith("python lab/step_trace.py")
-    # every fifth step is late: 3 ms of host work (plain: shorter than the 5 ms step) against 3 + 4 ms
-    # (auto): the auto server's mean period is 0.2 * 4 = 0.8 ms longer
+    # every fifth step is late: 3 ms of host work (plain: shorter than the 5 ms step) against 3 + 4
+    # ms (auto): the auto server's mean period is 0.2 * 4 = 0.8 ms longer
     delta = data["results"]["auto"]["decode"]["period_mean"] - data["results"]["plain"]["decode"]["period_mean"]
     assert delta == pytest.approx(0.8, abs=1e-6)
 
@@ -496,15 +526,16 @@ def test_cli_errors_on_missing_or_bad_traces(tmp_path, capsys):
 
 
 def test_segments_split_loads_and_one_is_analyzed_alone(tmp_path, capsys):
-    """Two loads a client ran one after the other (a 0.3 s gap between them): --segments lists them, and
-    --segment keeps one, so two servers are compared on the same load."""
+    """Two loads a client ran one after the other (a 0.3 s gap between them): --segments lists them,
+    and --segment keeps one, so two servers are compared on the same load."""
     fast = server_records(n_steps=50, period=0.004, busy=0.002)
     slow = server_records(n_steps=60, period=0.006, busy=0.002)
     shift = fast[-1][1] + 0.3 - slow[0][1]
     for r in slow:  # launch and result records only (no collections here): start and end times move
         r[1] += shift
         r[2] += shift
-    recs = fast + slow + [["C", slow[5][1] + 0.0002, 0.15, "some_kernel", {}, []]]  # compiled in the second
+    # compiled in the second
+    recs = fast + slow + [["C", slow[5][1] + 0.0002, 0.15, "some_kernel", {}, []]]
     segs = step_trace.segments(recs)
     assert [n for _, _, n in segs] == [52, 62]  # prefill + 50 steps + the closing launch; then 62
     second = step_trace.in_window(recs, segs[1][0], segs[1][1])
@@ -518,10 +549,12 @@ def test_segments_split_loads_and_one_is_analyzed_alone(tmp_path, capsys):
     listed = capsys.readouterr().out
     assert "2 stretches" in listed and "62 launches" in listed
     out = tmp_path / "one.json"
-    assert step_trace.main([f"a={path}", f"b={path}", "--segment", "a:1", "--segment", "0", "--json", str(out)]) == 0
+    assert step_trace.main([f"a={path}", f"b={path}", "--segment", "a:1", "--segment", "0",
+                            "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["results"]["a"]["decode"]["period_median"] == pytest.approx(6.0)
-    assert data["results"]["b"]["decode"]["period_median"] == pytest.approx(4.0)  # the unlabelled index: 0
+    # the unlabelled index: 0
+    assert data["results"]["b"]["decode"]["period_median"] == pytest.approx(4.0)
     assert data["files"]["a"].endswith("stretch 1")
     capsys.readouterr()
     assert step_trace.main([f"a={path}", "--segment", "5"]) == 2
@@ -531,8 +564,9 @@ def test_segments_split_loads_and_one_is_analyzed_alone(tmp_path, capsys):
 
 
 def test_steps_compared_per_batch_size_and_kind(tmp_path, capsys):
-    """A plain server at bs 1 (5 ms) and bs 4 (6 ms); auto's lean steps 1 % slower at bs 4 only, its spec steps
-    rarer than the table's minimum at bs 1. Each row is against the baseline at its own batch size."""
+    """A plain server at bs 1 (5 ms) and bs 4 (6 ms); auto's lean steps 1 % slower at bs 4
+    only, its spec steps rarer than the table's minimum at bs 1. Each row is against the
+    baseline at its own batch size."""
     def plain():
         return server_records(n_steps=150, period=0.005) + server_records(n_steps=150, period=0.006, bs=4, t0=5.0)
 
@@ -545,42 +579,49 @@ def test_steps_compared_per_batch_size_and_kind(tmp_path, capsys):
             + server_records(n_steps=150, period=0.00606, bs=4, t0=5.0, kinds=lean))
     groups = {(g["bs"], g["kind"]): g for g in step_trace.analyze(auto)["by_bs_kind"]}
     assert {g["sampling"] for g in step_trace.analyze(auto)["by_bs_kind"]} == {""}  # not recorded
-    assert set(groups) == {(1, "lean"), (4, "lean")}  # 15 spec steps at bs 1: under the table's minimum
+    # 15 spec steps at bs 1: under the table's minimum
+    assert set(groups) == {(1, "lean"), (4, "lean")}
     assert groups[(4, "lean")]["period_median"] == pytest.approx(6.06)
     assert groups[(1, "lean")]["steps"] == 135
     assert step_trace.main(write_traces(tmp_path, plain=plain(), auto=auto)) == 0
     table = by_bs_table(capsys)
     assert table[0][:5] == ["plain", "1", "-", "plain", "150"]
     assert table[1][:5] == ["auto", "1", "-", "lean", "135"] and table[1][6:8] == ["(+0.0", "%)"]
-    assert table[3][:5] == ["auto", "4", "-", "lean", "150"] and table[3][5:8] == ["6.060", "(+1.0", "%)"]
+    assert (table[3][:5] == ["auto", "4", "-", "lean", "150"]
+            and table[3][5:8] == ["6.060", "(+1.0", "%)"])
 
 
 def test_greedy_and_sampled_steps_are_compared_apart(tmp_path, capsys):
-    """The plain server ran a greedy load (4.5 ms steps) and a sampled one (4.7 ms: the sampler's softmax and
-    draw); auto ran its lean steps on the sampled load only (speculating on the greedy one), at 4.7 ms. Pooled,
-    auto would look 2 % slower than the plain server's mixed steps; by sampling it is even with the plain
-    server's sampled steps, and auto's few greedy steps fall under the table's minimum."""
+    """The plain server ran a greedy load (4.5 ms steps) and a sampled one (4.7 ms: the sampler's
+    softmax and draw); auto ran its lean steps on the sampled load only (speculating on the greedy
+    one), at 4.7 ms. Pooled, auto would look 2 % slower than the plain server's mixed steps; by
+    sampling it is even with the plain server's sampled steps, and auto's few greedy steps fall
+    under the table's minimum."""
     plain = (server_records(n_steps=300, period=0.0045, sampling="greedy")
              + server_records(n_steps=300, period=0.0047, t0=5.0, sampling="sampled"))
-    auto = (server_records(n_steps=40, period=0.0045, sampling="greedy", kinds=lambda i: ["spec", 8, False])
+    auto = (server_records(n_steps=40, period=0.0045, sampling="greedy",
+                           kinds=lambda i: ["spec", 8, False])
             + server_records(n_steps=300, period=0.0047, t0=5.0, sampling="sampled",
                              kinds=lambda i: ["lean", 1, False]))
-    groups = {(g["bs"], g["sampling"], g["kind"]): g for g in step_trace.analyze(plain)["by_bs_kind"]}
+    groups = {(g["bs"], g["sampling"], g["kind"]): g
+              for g in step_trace.analyze(plain)["by_bs_kind"]}
     assert set(groups) == {(1, "greedy", "plain"), (1, "sampled", "plain")}
     assert groups[(1, "sampled", "plain")]["period_median"] == pytest.approx(4.7)
     assert step_trace.main(write_traces(tmp_path, plain=plain, auto=auto)) == 0
     table = by_bs_table(capsys)[:3]
     assert table[0][:5] == ["plain", "1", "greedy", "plain", "300"]
     assert table[1][:5] == ["plain", "1", "sampled", "plain", "300"]
-    assert table[2][:5] == ["auto", "1", "sampled", "lean", "300"] and table[2][5:8] == ["4.700", "(+0.0", "%)"]
+    assert (table[2][:5] == ["auto", "1", "sampled", "lean", "300"]
+            and table[2][5:8] == ["4.700", "(+0.0", "%)"])
 
 
-# ---- the device side of each step (E records) -------------------------------------------------------------
+# ---- the device side of each step (E records)
+# -------------------------------------------------------------
 
 class FakeGpu:
-    """A forward stream that runs each launched step for `step_ms` of device time, starting when the previous
-    one ended or when the host launched it, whichever is later; events read its clock. `host` is the fake host
-    clock (s), so a host that launches late leaves the stream idle."""
+    """A forward stream that runs each launched step for `step_ms` of device time, starting when the
+    previous one ended or when the host launched it, whichever is later; events read its clock.
+    `host` is the fake host clock (s), so a host that launches late leaves the stream idle."""
 
     def __init__(self, host, step_ms):
         self.host, self.step_ms = host, step_ms
@@ -614,14 +655,16 @@ class FakeGpu:
 
         return Event
 
-    def launch(self, ms=None):  # device work (default: a whole step's), queued behind what was launched before
+    # device work (default: a whole step's), queued behind what was launched before
+    def launch(self, ms=None):
         self.busy_until = max(self.busy_until, 1000.0 * self.host()) + (self.step_ms if ms is None else ms)
 
 
 def test_gpu_marks_tell_device_time_from_a_late_host(tmp_path):
-    """Each step 4 ms on the device; the host launches each step 1 ms after the previous launch, then waits for
-    the previous step, except every 5th step, where it comes 2 ms after the device went idle. The E records give
-    each step's span 4 ms, the gap 0 while the host is ahead and 2 ms where it came late; events are reused."""
+    """Each step 4 ms on the device; the host launches each step 1 ms after the previous launch,
+    then waits for the previous step, except every 5th step, where it comes 2 ms after the device
+    went idle. The E records give each step's span 4 ms, the gap 0 while the host is ahead and 2 ms
+    where it came late; events are reused."""
     clock = Clock()
     gpu = FakeGpu(clock, step_ms=4.0)
     Event = gpu.event_cls()
@@ -637,13 +680,15 @@ def test_gpu_marks_tell_device_time_from_a_late_host(tmp_path):
         def process_batch_result(self, batch, result):
             pass
 
-    trace = steptrace.StepTrace(str(tmp_path / "steps-5.jsonl"), clock=clock, gpu=steptrace.GpuMarks(Event))
+    trace = steptrace.StepTrace(str(tmp_path / "steps-5.jsonl"), clock=clock,
+                                gpu=steptrace.GpuMarks(Event))
     steptrace.instrument(Scheduler, Event, trace)
     try:
         s = Scheduler()
         for i in range(20):
             s.run_batch(batch(bs=1))
-            # the host waits for the previous step (overlap: one step in flight); now and then it is late
+            # the host waits for the previous step (overlap: one step in
+            # flight); now and then it is late
             clock.t = max(clock.t, (gpu.busy_until - gpu.step_ms) / 1000.0)
             if i % 5 == 4:
                 clock.t = gpu.busy_until / 1000.0 + 0.002
@@ -661,9 +706,9 @@ def test_gpu_marks_tell_device_time_from_a_late_host(tmp_path):
 
 
 def test_gpu_marks_split_the_span_into_forward_sample_and_rest(tmp_path, monkeypatch):
-    """A step of 0.5 ms of other device work, then the model's forward (3 ms) and the sampler (0.5 ms), both
-    wrapped: each E record carries forward 3.0 and sample 0.5, and the analysis puts 0.5 ms in the rest.
-    Calls outside a step (a warm-up before serving) record nothing."""
+    """A step of 0.5 ms of other device work, then the model's forward (3 ms) and the sampler (0.5
+    ms), both wrapped: each E record carries forward 3.0 and sample 0.5, and the analysis puts 0.5
+    ms in the rest. Calls outside a step (a warm-up before serving) record nothing."""
     clock = Clock()
     gpu = FakeGpu(clock, step_ms=4.0)
     Event = gpu.event_cls()
@@ -692,10 +737,12 @@ def test_gpu_marks_split_the_span_into_forward_sample_and_rest(tmp_path, monkeyp
         def process_batch_result(self, batch, result):
             clock.t = max(clock.t, (gpu.busy_until - gpu.step_ms) / 1000.0)
 
-    trace = steptrace.StepTrace(str(tmp_path / "steps-7.jsonl"), clock=clock, gpu=steptrace.GpuMarks(Event))
+    trace = steptrace.StepTrace(str(tmp_path / "steps-7.jsonl"), clock=clock,
+                                gpu=steptrace.GpuMarks(Event))
     trace.span_targets = ()
     trace.gpu_span_targets = (("fv_gpu_helpers", "Runner.forward", "forward"),
-                              ("fv_gpu_helpers", "Runner.sample", "sample"), ("fv_gpu_helpers", "Runner.no", "x"))
+                              ("fv_gpu_helpers", "Runner.sample", "sample"),
+                              ("fv_gpu_helpers", "Runner.no", "x"))
     steptrace.instrument(Scheduler, Event, trace)
     try:
         s = Scheduler()
@@ -710,10 +757,11 @@ def test_gpu_marks_split_the_span_into_forward_sample_and_rest(tmp_path, monkeyp
     assert trace.install_spans() == []  # wrapped once
     e = [r for r in trace.records if r[0] == "E"]
     assert len(e) >= 9  # (the last steps: read once a later step's first mark has passed)
-    assert all(r[2] == pytest.approx(4.0) and r[4] == {"forward": pytest.approx(3.0), "sample": pytest.approx(0.5)}
-               for r in e)
+    assert all(r[2] == pytest.approx(4.0)
+               and r[4] == {"forward": pytest.approx(3.0), "sample": pytest.approx(0.5)} for r in e)
     d = step_trace.analyze(trace.records)["decode"]
-    assert d["gpu_forward_median"] == pytest.approx(3.0) and d["gpu_sample_median"] == pytest.approx(0.5)
+    assert (d["gpu_forward_median"] == pytest.approx(3.0)
+            and d["gpu_sample_median"] == pytest.approx(0.5))
     assert d["gpu_rest_median"] == pytest.approx(0.5)
 
 
@@ -750,21 +798,24 @@ def with_device(recs, span_ms, gap_ms=lambda i: 0.0):
 
 
 def test_device_side_per_batch_size(tmp_path, capsys):
-    """Both servers' steps last 4.6 ms on the host clock; auto's device span is 25 us longer and its gaps 0,
-    the plain server's span shorter by as much with a 25 us gap every step: the same period, told apart."""
+    """Both servers' steps last 4.6 ms on the host clock; auto's device span is 25 us longer
+    and its gaps 0, the plain server's span shorter by as much with a 25 us gap every step: the
+    same period, told apart."""
     plain = with_device(server_records(n_steps=200, period=0.0046, sampling="sampled"),
                         span_ms=lambda i: 4.575, gap_ms=lambda i: 0.025)
     auto = with_device(server_records(n_steps=200, period=0.0046, sampling="sampled",
                                       kinds=lambda i: ["lean", 1, False]), span_ms=lambda i: 4.6)
     d = step_trace.analyze(plain)["decode"]
-    assert d["gpu_span_median"] == pytest.approx(4.575) and d["gpu_gap_mean"] == pytest.approx(0.025)
+    assert (d["gpu_span_median"] == pytest.approx(4.575)
+            and d["gpu_gap_mean"] == pytest.approx(0.025))
     assert d["gpu_gap_share"] == 1.0 and step_trace.analyze(auto)["decode"]["gpu_gap_share"] == 0.0
     assert step_trace.main(write_traces(tmp_path, plain=plain, auto=auto)) == 0
     out = capsys.readouterr().out
     assert "gpu span median" in out and "gpu gap > 5 us (share)" in out
     table = by_bs_table(capsys, out)
     assert table[1][:5] == ["auto", "1", "sampled", "lean", "200"]
-    assert table[1][-4:] == ["4.600", "(+0.5", "%)", "0.000"] and table[0][-2:] == ["4.575", "0.025"]
+    assert (table[1][-4:] == ["4.600", "(+0.5", "%)", "0.000"]
+            and table[0][-2:] == ["4.575", "0.025"])
 
 
 def test_traces_without_device_side_print_no_device_columns(tmp_path, capsys):
@@ -775,8 +826,8 @@ def test_traces_without_device_side_print_no_device_columns(tmp_path, capsys):
 
 
 def test_slow_stretches_are_found_and_isolated_long_steps_are_not(tmp_path, capsys):
-    """300 steps of 4.6 ms with 80 of 5.6 ms in a row from step 100: one slow stretch holding the 80 ms those
-    steps lost; a long step every 10th (1 ms more, 2 % a window) makes none."""
+    """300 steps of 4.6 ms with 80 of 5.6 ms in a row from step 100: one slow stretch holding the 80
+    ms those steps lost; a long step every 10th (1 ms more, 2 % a window) makes none."""
     def periods(i):
         return 0.0056 if 100 <= i < 180 else 0.0046
     recs, t = [["R", 0.0, 0.002, "EXTEND", 1, None, None, None]], 0.04
@@ -788,11 +839,13 @@ def test_slow_stretches_are_found_and_isolated_long_steps_are_not(tmp_path, caps
     slow = step_trace.analyze(recs)["slow_stretches"]
     assert slow["count"] == 1
     (s,) = slow["stretches"]
-    # the windows reaching into the slow run from either side (more than 5 % over: 12+ of their 50 steps slow)
-    # widen the stretch by up to 38 steps each way; what it holds is the 80 ms the slow steps lost
+    # the windows reaching into the slow run from either side (more than 5 % over: 12+ of
+    # their 50 steps slow) widen the stretch by up to 38 steps each way; what it holds is the
+    # 80 ms the slow steps lost
     assert 80 <= s["steps"] <= 80 + 2 * 38 and s["over_ms"] == pytest.approx(80.0, abs=0.5)
     assert slow["in_stretches_ms"] == pytest.approx(slow["total_over_ms"], abs=0.5)
-    spiky = server_records(n_steps=300, period=0.0046, late_every=10, late_extra=0.0026)  # 3 + 2.6 ms
+    # 3 + 2.6 ms
+    spiky = server_records(n_steps=300, period=0.0046, late_every=10, late_extra=0.0026)
     res = step_trace.analyze(spiky)
     assert res["decode"]["period_max"] == pytest.approx(5.6) and res["slow_stretches"]["count"] == 0
     assert step_trace.main(write_traces(tmp_path, slow=recs)) == 0

@@ -1,4 +1,5 @@
-"""lab/gpu/thread_cpu.py: per-thread CPU use read from /proc (Linux), checked against a thread that spins."""
+"""lab/gpu/thread_cpu.py: per-thread CPU use read from /proc (Linux), checked
+against a thread that spins."""
 import importlib.util
 import os
 import sys
@@ -41,7 +42,8 @@ def test_a_spinning_thread_is_reported_and_a_sleeping_one_is_not(capsys):
     try:
         while len(tids) < 2:
             time.sleep(0.01)
-        assert thread_cpu.main([str(os.getpid()), "--interval", "0.4", "--samples", "2", "--min-pct", "30"]) == 0
+        assert thread_cpu.main([str(os.getpid()), "--interval", "0.4", "--samples", "2",
+                                "--min-pct", "30"]) == 0
     finally:
         stop.set()
         for t in threads:
@@ -50,8 +52,8 @@ def test_a_spinning_thread_is_reported_and_a_sleeping_one_is_not(capsys):
     assert f"# pid {os.getpid()}:" in out and "affinity" in out
     samples = out.split("== sample ")[1:]
     assert len(samples) == 2
-    # the spinning thread holds the GIL part of the time (the main thread sleeps in between): well over 30 % of
-    # a CPU in at least one sample; the waiting thread never
+    # the spinning thread holds the GIL part of the time (the main thread sleeps in between): well
+    # over 30 % of a CPU in at least one sample; the waiting thread never
     assert any(f"tid {tids['spin']} " in s for s in samples)
     assert not any(f"tid {tids['sleep']} " in s for s in samples)
     assert f"pid {os.getpid()} CPUs busy:" in samples[-1]

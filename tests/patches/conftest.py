@@ -11,7 +11,8 @@ from pristine import ROOT
 
 @pytest.fixture(scope="session")
 def pristine_source(tmp_path_factory):
-    """pristine_source(version) -> folder holding sglang/ and sglang-<ver>.dist-info/ (never modify it)."""
+    """pristine_source(version) -> folder holding sglang/ and
+    sglang-<ver>.dist-info/ (never modify it)."""
     found = {}
 
     def get(version: str) -> Path:
@@ -23,7 +24,8 @@ def pristine_source(tmp_path_factory):
             return unpacked
         wheels = sorted((ROOT / ".downloads").glob(f"sglang-{version}-*.whl"))
         if not wheels:
-            pytest.skip(f"no pristine SGLang {version}: neither .scratch/pristine/{version} nor .downloads/sglang-{version}-*.whl")
+            pytest.skip(f"no pristine SGLang {version}: neither .scratch/pristine/{version} nor "
+                        f".downloads/sglang-{version}-*.whl")
         dest = tmp_path_factory.mktemp(f"pristine-{version}")
         with zipfile.ZipFile(wheels[0]) as z:
             z.extractall(dest)

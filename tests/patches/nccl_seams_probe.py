@@ -38,7 +38,8 @@ def resolved(sa):
 
 @contextlib.contextmanager
 def platform(sm):
-    """Override SGLang's own platform detection: override_platform (0.5.23) or module attrs (0.5.16)."""
+    """Override SGLang's own platform detection: override_platform (0.5.23) or
+    module attrs (0.5.16)."""
     if V23:
         from sglang.srt.runtime_context import override_platform
 
@@ -47,7 +48,8 @@ def platform(sm):
     else:
         from sglang.srt.utils import common
 
-        saved = {k: getattr(common, k) for k in ("is_sm90_supported", "is_sm100_supported", "is_sm120_supported")}
+        saved = {k: getattr(common, k)
+                 for k in ("is_sm90_supported", "is_sm100_supported", "is_sm120_supported")}
         common.is_sm90_supported = lambda: sm == 90
         common.is_sm100_supported = lambda: sm == 100
         common.is_sm120_supported = lambda: sm == 120
@@ -59,12 +61,14 @@ def platform(sm):
 
 
 def flags_parsed():
-    sa = args("--nccl-algo", "ring", "--nccl-proto", "LL", "--nccl-min-channels", "2", "--nccl-max-channels", "4",
-              "--nccl-buffsize", "1048576", "--nccl-env", "NCCL_P2P_LEVEL=SYS", "--nccl-env", "NCCL_DEBUG=INFO")
+    sa = args("--nccl-algo", "ring", "--nccl-proto", "LL", "--nccl-min-channels", "2",
+              "--nccl-max-channels", "4",
+              "--nccl-buffsize", "1048576", "--nccl-env", "NCCL_P2P_LEVEL=SYS", "--nccl-env",
+              "NCCL_DEBUG=INFO")
     r = resolved(sa)
     sa.check_server_args()
-    return {k: r[k] for k in ("nccl_algo", "nccl_proto", "nccl_min_channels", "nccl_max_channels", "nccl_buffsize",
-                              "nccl_env", "nccl_tuning_profile", "tp_size")}
+    return {k: r[k] for k in ("nccl_algo", "nccl_proto", "nccl_min_channels", "nccl_max_channels",
+                              "nccl_buffsize", "nccl_env", "nccl_tuning_profile", "tp_size")}
 
 
 case("flags_parsed", flags_parsed)
@@ -85,7 +89,8 @@ for choice in ("nccl", "custom", "pcie-ipc"):
     case(f"tp_{choice}", lambda c=choice: {k: resolved(args("--tp-allreduce", c))[k] for k in
                                             ("tp_allreduce", "disable_custom_all_reduce",
                                              "flashinfer_allreduce_fusion_backend")})
-case("tp_unset", lambda: {k: resolved(args())[k] for k in ("tp_allreduce", "disable_custom_all_reduce",
+case("tp_unset",
+     lambda: {k: resolved(args())[k] for k in ("tp_allreduce", "disable_custom_all_reduce",
                                                            "flashinfer_allreduce_fusion_backend")})
 
 import fastverify.glue.allreduce_hook as hook  # noqa: E402

@@ -1,7 +1,8 @@
-"""Helpers for the patch-series tests: where pristine upstream sources are, which SGLang is installed.
+"""Helpers for the patch-series tests: where pristine upstream sources are,
+which SGLang is installed.
 
-Pristine sources come from .scratch/pristine/<ver>/ (an unpacked wheel, read-only: tests copy from it) or,
-on a fresh machine, from the wheel in .downloads/ unpacked into a session temp folder.
+Pristine sources come from .scratch/pristine/<ver>/ (an unpacked wheel, read-only: tests copy from
+it) or, on a fresh machine, from the wheel in .downloads/ unpacked into a session temp folder.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Drift guards for patch 0006-verify-timing: the seams it touches still exist, with the shapes the patch
-and fastverify.glue.timing_hook rely on, in every pinned SGLang (parsed from the pristine sources with ast).
-"""
+"""Drift guards for patch 0006-verify-timing: the seams it touches still exist, with the shapes
+the patch and fastverify.glue.timing_hook rely on, in every pinned SGLang (parsed from the
+pristine sources with ast). """
 from __future__ import annotations
 
 import ast
@@ -28,7 +28,8 @@ def _class(mod: ast.Module, name: str) -> ast.ClassDef:
 
 
 def _func(scope, name: str):
-    found = [n for n in scope.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    found = [n for n in scope.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.name == name]
     assert found, f"function {name} is gone"
     return found[0]
 
@@ -63,7 +64,8 @@ def test_flashinfer_fused_entry_point(src):
     mod = _tree(root, "srt/layers/flashinfer_comm_fusion.py")
     fn = _func(mod, "flashinfer_allreduce_residual_rmsnorm")
     assert _argnames(fn)[:4] == ["input_tensor", "residual", "weight", "eps"]
-    decos = [d.func.id for d in fn.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Name)]
+    decos = [d.func.id for d in fn.decorator_list if isinstance(d, ast.Call)
+             and isinstance(d.func, ast.Name)]
     assert decos == ["register_custom_op"]  # our decorator goes above this one
     # it declines with (None, None)-style results the glue must not count
     assert any(isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
@@ -82,7 +84,8 @@ def test_model_runner_forward_seams(src):
     raw = _func(mr, "_forward_raw")
     assert _argnames(raw)[:2] == ["self", "forward_batch"]
     src_raw = ast.unparse(raw)
-    # the decode-graph decision the patch overrides, and the two graph paths a sampled pass must avoid
+    # the decode-graph decision the patch overrides, and the two graph paths
+    # a sampled pass must avoid
     assert "can_run_graph = bool(" in src_raw
     assert "self.decode_cuda_graph_runner.can_run_graph(forward_batch)" in src_raw
     assert "self.prefill_cuda_graph_runner.can_run_graph(forward_batch)" in src_raw
@@ -99,7 +102,8 @@ def test_forward_mode_predicates(src):
     for name in ("is_target_verify", "is_decode", "is_cuda_graph"):
         _func(fm, name)
     fb = _class(_tree(root, "srt/model_executor/forward_batch_info.py"), "ForwardBatch")
-    fields = {n.target.id for n in fb.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    fields = {n.target.id for n in fb.body if isinstance(n, ast.AnnAssign)
+              and isinstance(n.target, ast.Name)}
     assert {"forward_mode", "batch_size", "input_ids"} <= fields
 
 
@@ -107,9 +111,11 @@ def test_flag_home_and_validation_hook(src):
     version, root = src
     rel, cls = FLAG_HOME[version]
     home = _class(_tree(root, rel), cls)
-    fields = {n.target.id for n in home.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    fields = {n.target.id for n in home.body if isinstance(n, ast.AnnAssign)
+              and isinstance(n.target, ast.Name)}
     assert "decode_log_interval" in fields and "enable_metrics" in fields
-    assert not {"enable_verify_timing", "verify_timing_interval", "verify_timing_log_interval"} & fields
+    assert not {"enable_verify_timing", "verify_timing_interval",
+                "verify_timing_log_interval"} & fields
     if version == "0.5.16":
         check = _func(_class(_tree(root, "srt/server_args.py"), "ServerArgs"), "check_server_args")
         assert _argnames(check) == ["self"]

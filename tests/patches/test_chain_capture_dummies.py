@@ -1,12 +1,13 @@
 """Chain verify must never capture a verify CUDA graph with a custom mask.
 
-A verify graph captured with a mask reads the mask buffer at every replay; in chain mode nothing writes that
-buffer, so the graph attends through a stale mask. SGLang builds NGRAM capture dummies in more than one place
-(spec_info.create_dummy_verify_input and the decode graph runner's own get_spec_info). The first GPU run of
-chain mode (2x H200, 2026-11-30) missed the second one and its greedy output diverged from plain decoding at
-the first verify step. This test applies each pinned series to a pristine copy and checks, statically, every
-``NgramVerifyInput(...)`` construction in SGLang: its ``custom_mask`` must be None, go through
-``fv_ngram.dummy_custom_mask`` (None for chain-shaped verify), or be the worker's own chain switch.
+A verify graph captured with a mask reads the mask buffer at every replay; in chain mode nothing
+writes that buffer, so the graph attends through a stale mask. SGLang builds NGRAM capture dummies
+in more than one place (spec_info.create_dummy_verify_input and the decode graph runner's own
+get_spec_info). The first GPU run of chain mode (2x H200, 2026-11-30) missed the second one and its
+greedy output diverged from plain decoding at the first verify step. This test applies each pinned
+series to a pristine copy and checks, statically, every ``NgramVerifyInput(...)`` construction in
+SGLang: its ``custom_mask`` must be None, go through ``fv_ngram.dummy_custom_mask`` (None for
+chain-shaped verify), or be the worker's own chain switch.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def _pristine(ver: str) -> Path | None:
 def _patched_tree(ver: str, dest: Path) -> Path:
     src = _pristine(ver)
     if src is None:
-        pytest.skip(f"no pristine SGLang {ver} here (.scratch/pristine/{ver} or .downloads/sglang-{ver}-*.whl)")
+        pytest.skip(f"no pristine SGLang {ver} here (.scratch/pristine/{ver} or "
+                    f".downloads/sglang-{ver}-*.whl)")
     if src.is_dir():
         shutil.copytree(src / "sglang" / "srt", dest / "sglang" / "srt")
     else:
@@ -43,7 +45,8 @@ def _patched_tree(ver: str, dest: Path) -> Path:
         with zipfile.ZipFile(src) as z:
             z.extractall(dest, [n for n in z.namelist() if n.startswith("sglang/srt/")])
     series = ROOT / "patches" / f"sglang-{ver}" / "series"
-    for name in [l.strip() for l in series.read_text().splitlines() if l.strip() and not l.startswith("#")]:
+    for name in [line.strip() for line in series.read_text().splitlines() if line.strip()
+                 and not line.startswith("#")]:
         text = (series.parent / name).read_text()
         if "a/sglang/srt/" not in text:
             continue  # a patch outside srt/ (the C++ corpus header) is not needed here

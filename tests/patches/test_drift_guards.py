@@ -1,7 +1,7 @@
 """Drift guards: the seams each patch touches still exist, unchanged in shape, in pristine upstream.
 
-Entries live in tests/patches/guards.py (one or more per patch, added by the patch author). Sources are
-parsed with `ast`; nothing of SGLang is imported, so this runs in any venv.
+Entries live in tests/patches/guards.py (one or more per patch, added by the patch author). Sources
+are parsed with `ast`; nothing of SGLang is imported, so this runs in any venv.
 """
 from __future__ import annotations
 
@@ -46,12 +46,14 @@ def _assigned_names(body) -> dict:
 
 
 def resolve(source: str, symbol: str):
-    """The ast node of a dotted symbol ("Class.method") in a module's source, or raise LookupError."""
+    """The ast node of a dotted symbol ("Class.method") in a module's source,
+    or raise LookupError."""
     node_body, node = ast.parse(source).body, None
     for part in symbol.split("."):
         names = _assigned_names(node_body)
         if part not in names:
-            raise LookupError(f"{symbol}: {part!r} not found (have: {', '.join(sorted(names)[:30])} ...)")
+            raise LookupError(f"{symbol}: {part!r} not found (have: "
+                              f"{', '.join(sorted(names)[:30])} ...)")
         node = names[part]
         node_body = getattr(node, "body", [])
     return node
@@ -75,7 +77,8 @@ def check_guard(guard: Guard, root: Path) -> None:
             assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), f"{guard}: not a function"
             have = _params(node)
             if guard.params is not None:
-                assert have == list(guard.params), f"{guard}: parameters are {have}, expected {list(guard.params)}"
+                assert have == list(guard.params), (f"{guard}: parameters are {have}, expected "
+                                                    f"{list(guard.params)}")
             missing = [p for p in guard.params_include if p not in have]
             assert not missing, f"{guard}: parameters {missing} are gone (have {have})"
 
@@ -97,8 +100,8 @@ def test_glue_seam_holds_upstream(guard, version, pristine_source):
 def test_every_patch_has_a_guard(version):
     named = {g.patch for g in GUARDS if version in g.versions}
     unguarded = [p.name for p in patchtool.load_series(version) if p.name not in named]
-    assert not unguarded, (f"SGLang {version}: add entries to tests/patches/guards.py for {unguarded} "
-                           "(see patches/REGISTRY.md, 'Drift guards')")
+    assert not unguarded, (f"SGLang {version}: add entries to tests/patches/guards.py for "
+                           f"{unguarded} (see patches/REGISTRY.md, 'Drift guards')")
 
 
 @pytest.mark.parametrize("guard,version", CASES, ids=[f"{v}:{g}" for g, v in CASES])
@@ -107,12 +110,13 @@ def test_guard_matches_its_patch(guard, version):
     series = {p.name: p for p in patchtool.load_series(version)}
     assert guard.patch in series, f"{guard}: {guard.patch} is not in the SGLang {version} series"
     touched = [fp.path for fp in series[guard.patch].files]
-    assert guard.file in touched, f"{guard}: {guard.patch} does not touch {guard.file} (it touches {touched})"
+    assert guard.file in touched, (f"{guard}: {guard.patch} does not touch {guard.file} (it "
+                                   f"touches {touched})")
 
 
 def test_resolver_on_a_known_source():
-    src = ("X = 1\n@dataclass\nclass A:\n    f: int = 0\n    def m(self, a, /, b, *c, d, **e): ...\n"
-           "def g(x, *, y): ...\n")
+    src = ("X = 1\n@dataclass\nclass A:\n    f: int = 0\n    def m(self, a, /, b, *c, d, **e): "
+           "...\ndef g(x, *, y): ...\n")
     assert _params(resolve(src, "A.m")) == ["self", "a", "b", "*c", "d", "**e"]
     assert _params(resolve(src, "g")) == ["x", "*", "y"]
     assert isinstance(resolve(src, "A.f"), ast.AnnAssign)

@@ -1,11 +1,12 @@
 """Seams of patches 0002-0004 (NCCL flags, --tp-allreduce, SM12X fusion) in the pinned SGLang.
 
-* drift guards: the upstream functions/lines the patches hook still exist, and in the patched bootstrap
-  the NCCL/all-reduce hooks run after `_set_all_reduce_flags` and before `_init_parallel_groups`;
+* drift guards: the upstream functions/lines the patches hook still exist, and in the patched
+  bootstrap the NCCL/all-reduce hooks run after `_set_all_reduce_flags` and before
+  `_init_parallel_groups`;
 * the worker hook exports the variables before a (fake) communicator is created;
 * a patched SGLang (the installed one if `make test` applied the series, else a patched temp copy on
-  PYTHONPATH in a subprocess) parses the flags, rejects every bad value, maps --tp-allreduce and applies
-  the fusion gates with SGLang's platform detection overridden.
+  PYTHONPATH in a subprocess) parses the flags, rejects every bad value, maps --tp-allreduce and
+  applies the fusion gates with SGLang's platform detection overridden.
 """
 import ast
 import importlib.util
@@ -19,7 +20,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MINE = ("0002-nccl-tuning-flags.patch", "0003-tp-allreduce-path.patch", "0004-flashinfer-fusion-sm120.patch")
+MINE = ("0002-nccl-tuning-flags.patch", "0003-tp-allreduce-path.patch",
+        "0004-flashinfer-fusion-sm120.patch")
 
 
 def _installed_sglang():
@@ -42,7 +44,7 @@ pytestmark = pytest.mark.sglang
 
 def _series(ver):
     lines = (ROOT / f"patches/sglang-{ver}/series").read_text().splitlines()
-    return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def _is_patched(pkg: Path) -> bool:
@@ -58,7 +60,8 @@ def patched_root(tmp_path_factory):
     shutil.copytree(SG, dest / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
     for name in _series(_version(SG)):
         r = subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-d", str(dest)],
-                           stdin=open(ROOT / f"patches/sglang-{_version(SG)}/{name}"), capture_output=True, text=True)
+                           stdin=open(ROOT / f"patches/sglang-{_version(SG)}/{name}"),
+                           capture_output=True, text=True)
         assert r.returncode == 0, f"{name} does not apply: {r.stdout}{r.stderr}"
     return dest
 
@@ -67,7 +70,8 @@ def _pkg(patched_root):
     return SG if patched_root is None else patched_root / "sglang"
 
 
-# ---- series files -------------------------------------------------------------------------------------
+# ---- series files
+# -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ver", ["0.5.16", "0.5.23"])
 def test_series_lists_my_patches_in_order(ver):
@@ -78,18 +82,20 @@ def test_series_lists_my_patches_in_order(ver):
     assert series[: len(MINE) + (series[0].startswith("0001-"))][-len(MINE):] == list(MINE)
     for p in MINE:
         text = (ROOT / f"patches/sglang-{ver}/{p}").read_text()
-        assert text.startswith("From: sglang-fastverify\nSubject: [PATCH] ") and f"Targets: SGLang {ver}" in text
+        assert (text.startswith("From: sglang-fastverify\nSubject: [PATCH] ")
+                and f"Targets: SGLang {ver}" in text)
 
 
 @pytest.mark.parametrize("ver", ["0.5.16", "0.5.23"])
 def test_patches_stay_thin(ver):
     for p in MINE:
-        added = [l for l in (ROOT / f"patches/sglang-{ver}/{p}").read_text().splitlines()
-                 if l.startswith("+") and not l.startswith("+++")]
+        added = [line for line in (ROOT / f"patches/sglang-{ver}/{p}").read_text().splitlines()
+                 if line.startswith("+") and not line.startswith("+++")]
         assert len(added) <= 20, (p, len(added))
 
 
-# ---- drift guards on the installed SGLang ---------------------------------------------------------------
+# ---- drift guards on the installed SGLang
+# ---------------------------------------------------------------
 
 def _calls_in_order(tree: ast.AST, func: str):
     """Line numbers of calls by name inside function `func`."""
@@ -109,7 +115,8 @@ def _calls_in_order(tree: ast.AST, func: str):
 @needs_sglang
 def test_bootstrap_hooks_run_before_first_communicator(patched_root):
     pkg = _pkg(patched_root)
-    func = "init_parallel_runtime" if _version(SG).startswith("0.5.23") else "init_torch_distributed"
+    func = ("init_parallel_runtime" if _version(SG).startswith("0.5.23")
+            else "init_torch_distributed")
     calls = _calls_in_order(ast.parse((pkg / "srt/distributed/bootstrap.py").read_text()), func)
     first_groups = min(calls["_init_parallel_groups"])
     assert min(calls["_set_all_reduce_flags"]) < min(calls["nccl_hook.apply_in_worker"]) < first_groups
@@ -123,7 +130,8 @@ def test_upstream_seams_still_exist():
     boot = src("srt/distributed/bootstrap.py")
     assert "def _init_parallel_groups(" in boot and "def _set_all_reduce_flags(" in boot
     fc = src("srt/layers/flashinfer_comm_fusion.py")
-    assert "def _resolve_backend(" in fc and "def _flashinfer_trtllm_workspace_allocation_sizes(" in fc
+    assert ("def _resolve_backend(" in fc
+            and "def _flashinfer_trtllm_workspace_allocation_sizes(" in fc)
     assert "cuMulticastGetGranularity" in fc
     if ver.startswith("0.5.23"):
         assert "run_post_process_pass(server_args, _enforce_disable_allreduce_fusion)" in src("srt/arg_groups/model_hook.py")
@@ -137,7 +145,8 @@ def test_upstream_seams_still_exist():
         assert not (SG / "srt/distributed/device_communicators/pcie_ipc_ar.py").exists()
 
 
-# ---- worker hook with a fake distributed init -----------------------------------------------------------
+# ---- worker hook with a fake distributed init
+# -----------------------------------------------------------
 
 def test_worker_hook_exports_before_fake_communicator(monkeypatch):
     from fastverify.glue import nccl_hook
@@ -168,22 +177,26 @@ def test_worker_hook_exports_before_fake_communicator(monkeypatch):
     nccl_hook._reset_for_tests()
 
 
-# ---- the patched SGLang end to end (one subprocess) ------------------------------------------------------
+# ---- the patched SGLang end to end (one subprocess)
+# ------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def probe(patched_root, tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     (d / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2,
-        "vocab_size": 1000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
+        "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 8,
+        "num_hidden_layers": 2,
+        "vocab_size": 1000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16"}))
     env = dict(os.environ)
     paths = [str(ROOT / "python")] + ([str(patched_root)] if patched_root else [])
     env["PYTHONPATH"] = os.pathsep.join(paths[::-1] + [env.get("PYTHONPATH", "")])
     env.pop("NCCL_ALGO", None)
-    r = subprocess.run([sys.executable, str(Path(__file__).with_name("nccl_seams_probe.py")), str(d)],
+    r = subprocess.run([sys.executable,
+                        str(Path(__file__).with_name("nccl_seams_probe.py")), str(d)],
                        capture_output=True, text=True, env=env, timeout=600)
-    line = [l for l in r.stdout.splitlines() if l.startswith("FVJSON")]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("FVJSON")]
     assert line, f"probe failed rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return json.loads(line[-1][len("FVJSON"):])
 
@@ -206,7 +219,8 @@ def test_flags_parse_through_prepare_server_args(probe):
     ("bad_channels", r"--nccl-max-channels: 0 is out of range; allowed: channels 1\.\.64"),
     ("bad_buffsize", r"--nccl-buffsize: -1 is out of range"),
     ("non_nccl_env", r"--nccl-env: 'LD_PRELOAD' is not an NCCL variable"),
-    ("global_tree", r"--nccl-algo: refused: .*Broadcast/Reduce"),   # CPU torch: NCCL version unknown
+    # CPU torch: NCCL version unknown
+    ("global_tree", r"--nccl-algo: refused: .*Broadcast/Reduce"),
     ("bad_profile", r"--nccl-tuning-profile .*missing\.json: file not found"),
 ])
 def test_every_bad_flag_fails_server_args_check(probe, case, match):
@@ -253,4 +267,5 @@ def test_fusion_gate_by_sm_and_flashinfer(probe, sm, fi):
 def test_preflight_multicast_probe_conditional(probe):
     assert "cuMulticastGetGranularity failed" in probe["preflight_multicast_True"]["error"]
     ok = probe["preflight_multicast_False"]["ok"]
-    assert ok["asked"] == 0 and len(ok["sizes"]) == 3 and all(s % (2 << 20) == 0 for s in ok["sizes"])
+    assert (ok["asked"] == 0 and len(ok["sizes"]) == 3
+            and all(s % (2 << 20) == 0 for s in ok["sizes"]))

@@ -1,8 +1,8 @@
-"""0001-ngram-corpus-cstddef: SGLang 0.5.16's C++ n-gram corpus fails to build with g++ 12 as shipped and
-builds (and works) with the patch.
+"""0001-ngram-corpus-cstddef: SGLang 0.5.16's C++ n-gram corpus fails to build with g++ 12 as
+shipped and builds (and works) with the patch.
 
-Both builds run for real: each in a fresh subprocess with its own empty JIT cache folder, importing the
-copied sources (PYTHONPATH) rather than the venv's SGLang. About 30 s per build on 2 cores.
+Both builds run for real: each in a fresh subprocess with its own empty JIT cache folder, importing
+the copied sources (PYTHONPATH) rather than the venv's SGLang. About 30 s per build on 2 cores.
 """
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ PATCH = ROOT / "patches" / "sglang-0.5.16" / "0001-ngram-corpus-cstddef.patch"
 pytestmark = [
     pytest.mark.slow, pytest.mark.sglang,
     pytest.mark.skipif(installed_version() != "0.5.16",
-                       reason="needs SGLang 0.5.16's dependencies in the running venv (patch 0001 is 0.5.16 only)"),
-    pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler"),
+                       reason="needs SGLang 0.5.16's dependencies in the running venv (patch 0001 "
+                              "is 0.5.16 only)"),
+    pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                       reason="no C++ compiler"),
 ]
 
 # A tiny corpus: two sequences sharing the prefix [1, 2, 3], then three queries.
@@ -48,7 +50,8 @@ def _build_and_probe(tree: Path, cache: Path) -> subprocess.CompletedProcess:
                SGLANG_JIT_CACHE_DIR=str(cache / "sglang-jit"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("CXX", None)  # the compiler as installed: no "-include cstddef" workaround
-    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=540)
+    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                          env=env, timeout=540)
 
 
 def test_corpus_fails_before_and_builds_after(tmp_path, pristine_source):
@@ -68,7 +71,8 @@ def test_corpus_fails_before_and_builds_after(tmp_path, pristine_source):
 
     after = _build_and_probe(tree, tmp_path / "cache-patched")
     assert after.returncode == 0, (after.stdout + after.stderr)[-4000:]
-    assert any((tmp_path / "cache-patched").rglob("*.so")), "no freshly built module in the new cache"
+    assert any((tmp_path / "cache-patched").rglob("*.so")), ("no freshly built module in the new "
+                                                             "cache")
     result = json.loads(after.stdout.split("RESULT ", 1)[1])
     assert result["sglang"].startswith(str(tree))
     ids, masks = result["ids"], result["masks"]
@@ -78,6 +82,7 @@ def test_corpus_fails_before_and_builds_after(tmp_path, pristine_source):
     assert ids[1] == [44, 55, 66, 77, 88, 99, 100, 0]
     # q2 ends in an unseen token: no match, just the root
     assert ids[2] == [999, 0, 0, 0, 0, 0, 0, 0]
-    # mask row i = ancestors-or-self of node i; node 3 (token 5) descends from 1 (token 4) and the root
+    # mask row i = ancestors-or-self of node i; node 3 (token 5) descends from
+    # 1 (token 4) and the root
     assert masks[0][3] == [1, 1, 0, 1, 0, 0, 0, 0]
     assert all(masks[0][i][i] == 1 and masks[0][i][0] == 1 for i in range(8))

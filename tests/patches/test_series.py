@@ -1,8 +1,9 @@
-"""The real patch series of the SGLang installed in the running venv, on a pristine copy of its wheel.
+"""The real patch series of the SGLang installed in the running venv, on a
+pristine copy of its wheel.
 
-Generic over whatever the series holds at run time: apply -> second apply is a no-op -> revert -> every
-RECORD hash matches; a deliberately edited line of each patch's first hunk is reported as drift naming
-the patch, the file and the hunk, and nothing changes; the patched tree imports and
+Generic over whatever the series holds at run time: apply -> second apply is a no-op -> revert ->
+every RECORD hash matches; a deliberately edited line of each patch's first hunk is reported as
+drift naming the patch, the file and the hunk, and nothing changes; the patched tree imports and
 `python -m sglang.launch_server --help` runs.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ from fastverify import patchtool
 
 VERSION = installed_version()
 pytestmark = [pytest.mark.sglang,
-              pytest.mark.skipif(VERSION is None, reason="no pinned SGLang installed in this interpreter")]
+              pytest.mark.skipif(VERSION is None,
+                                 reason="no pinned SGLang installed in this interpreter")]
 SERIES = patchtool.load_series(VERSION) if VERSION else []
 
 
@@ -43,7 +45,8 @@ def _record_mismatches(tree: Path) -> list:
     record = patchtool.read_record(next(tree.glob("sglang-*.dist-info")) / "RECORD")
     assert len(record) > 1000  # the whole package, not an empty list
     return [rel for rel, want in record.items()
-            if not (tree / rel).is_file() or patchtool.record_hash((tree / rel).read_bytes()) != want]
+            if not (tree / rel).is_file()
+            or patchtool.record_hash((tree / rel).read_bytes()) != want]
 
 
 def test_apply_reapply_revert(tree):
@@ -91,7 +94,8 @@ def _hunk_bodies(patch: patchtool.Patch, path: str) -> list:
 
 
 def _drift_site(patch, tree):
-    """(file, hunk number, line) of a pre-image line of the patch that occurs exactly once upstream."""
+    """(file, hunk number, line) of a pre-image line of the patch that occurs
+    exactly once upstream."""
     for fp in patch.files:
         if fp.created:
             continue
@@ -139,8 +143,8 @@ def _touched_modules() -> list:
     return mods
 
 
-# One interpreter (one ~8 s SGLang import): import every touched module from the patched copy, print where
-# each came from, then run `python -m sglang.launch_server --help` in the same process.
+# One interpreter (one ~8 s SGLang import): import every touched module from the patched copy, print
+# where each came from, then run `python -m sglang.launch_server --help` in the same process.
 _PROBE = """
 import importlib, runpy, sys
 sys.path.append(sys.argv[1])  # test stand-ins after site-packages, as tests/conftest.py does
@@ -157,11 +161,14 @@ def test_patched_tree_imports_and_launch_server_help(tree):
     try:
         mods = _touched_modules()
         r = subprocess.run([sys.executable, "-c", _PROBE, str(ROOT / "tests" / "stubs"), *mods],
-                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tree)), timeout=300)
+                           capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(tree)), timeout=300)
         assert r.returncode == 0, r.stderr[-4000:]
-        files = [line.split(" ", 1)[1] for line in r.stdout.splitlines() if line.startswith("MODULE ")]
+        files = [line.split(" ", 1)[1] for line in r.stdout.splitlines()
+                 if line.startswith("MODULE ")]
         assert len(files) == len(mods)
-        assert all(f.startswith(str(tree)) for f in files), files  # the patched copy, not the venv's SGLang
+        # the patched copy, not the venv's SGLang
+        assert all(f.startswith(str(tree)) for f in files), files
         assert "--speculative-algorithm" in r.stdout  # the help text was printed
     finally:
         assert patchtool.cmd_revert(sglang_dir=str(tree), say=_quiet()) == 0

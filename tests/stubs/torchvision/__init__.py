@@ -1,10 +1,10 @@
 """CPU test stand-in for torchvision.
 
-SGLang imports ``torchvision.io.decode_jpeg`` at the top of ``sglang/srt/utils/common.py`` and transformers
-probes several torchvision submodules when it sees one installed. PyPI has no CPU torchvision that imports
-beside the local CPU torch wheel, so the test environment installs this package instead. Every attribute of
-every ``torchvision.*`` module is a placeholder that raises when used; nothing in the tests uses vision code.
-"""
+SGLang imports ``torchvision.io.decode_jpeg`` at the top of ``sglang/srt/utils/common.py`` and
+transformers probes several torchvision submodules when it sees one installed. PyPI has no CPU
+torchvision that imports beside the local CPU torch wheel, so the test environment installs this
+package instead. Every attribute of every ``torchvision.*`` module is a placeholder that raises when
+used; nothing in the tests uses vision code. """
 import importlib.abc
 import importlib.machinery
 import sys
@@ -22,7 +22,8 @@ class _Placeholder:
         return _Placeholder(f"{self._qualname}.{name}")
 
     def __call__(self, *args, **kwargs):
-        raise NotImplementedError(f"{self._qualname} is a CPU test stand-in (torchvision is not installed)")
+        raise NotImplementedError(f"{self._qualname} is a CPU test stand-in (torchvision is not "
+                                  "installed)")
 
     def __mro_entries__(self, bases):
         return (object,)
