@@ -1,10 +1,10 @@
 """What the GPU does between two CUDA-graph launches of a decode loop, from a torch-profiler trace.
 
-A server's decode step is one CUDA-graph launch (the forward) plus the small kernels and copies around it
-(input preparation, sampling, bookkeeping). When the GPU is the bottleneck, every such kernel adds its time to
-the step; when the host is, the GPU idles between launches. This reads a Chrome trace written by SGLang's
-/start_profile (torch profiler with CPU and GPU activities) and reports, per step (one graph launch to the
-next, pauses between requests left out):
+A server's decode step is one CUDA-graph launch (the forward) plus the small kernels and copies
+around it (input preparation, sampling, bookkeeping). When the GPU is the bottleneck, every such
+kernel adds its time to the step; when the host is, the GPU idles between launches. This reads a
+Chrome trace written by SGLang's /start_profile (torch profiler with CPU and GPU activities) and
+reports, per step (one graph launch to the next, pauses between requests left out):
 
   period     graph start to the next graph's start (the step time as the GPU sees it)
   graph      first kernel start to last kernel end of the launch (the forward in the graph)
@@ -16,21 +16,24 @@ next, pauses between requests left out):
   graph_gaps graph - in_graph: the GPU waiting inside the launch (a graph started before the host finished
              submitting it runs with gaps; kernels queued well ahead run back to back)
 
-and the outside-graph operations by name (calls per step, mean microseconds), and the graph's kernels by name
-(microseconds per step; with several traces, the names whose time differs most from the baseline's first). Kernels belong to a graph when
-their correlation id is that of a cudaGraphLaunch call (or, in a trace without the host calls, when several GPU
-operations share one correlation id). A server with several graphs (decode and verify passes: graphs of
-different kernel counts) also gets the statistics of each graph's steps.
+and the outside-graph operations by name (calls per step, mean microseconds), and the graph's
+kernels by name (microseconds per step; with several traces, the names whose time differs most from
+the baseline's first). Kernels belong to a graph when their correlation id is that of a
+cudaGraphLaunch call (or, in a trace without the host calls, when several GPU operations share one
+correlation id). A server with several graphs (decode and verify passes: graphs of different kernel
+counts) also gets the statistics of each graph's steps.
 
   python lab/gpu_timeline.py TRACE.json.gz [TRACE2 ...] [--json OUT.json] [--top 15] [--kernel NAME]
 
-``--kernel NAME`` (a part of a kernel's name) also lists that kernel call by call inside the dominant graph:
-the k-th call of each launch (with one call per layer, the layers in order), its median microseconds per
-trace, and the launch configurations (grid, block, registers, shared memory) the trace recorded for it, so two
-servers whose graphs run the same kernel at different speeds can be told apart by layer and by launch.
+``--kernel NAME`` (a part of a kernel's name) also lists that kernel call by call
+inside the dominant graph:
+the k-th call of each launch (with one call per layer, the layers in order), its median
+microseconds per trace, and the launch configurations (grid, block, registers, shared memory) the
+trace recorded for it, so two servers whose graphs run the same kernel at different speeds can be
+told apart by layer and by launch.
 
-Several traces (say, the same load on a server without speculation and on one with auto) print side by side
-in one table, the first as the baseline.
+Several traces (say, the same load on a server without speculation and on one with auto) print side
+by side in one table, the first as the baseline.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ SCRIPT = "lab/gpu_timeline.py"
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
-PAUSE_FACTOR = 3.0  # a period over this many times the median is a pause between requests, not a step
+# a period over this many times the median is a pause between requests, not a step
+PAUSE_FACTOR = 3.0
 STEP_KEYS = ("period", "graph", "in_graph", "graph_gaps", "around", "idle", "ops", "lead")
 
 
@@ -87,9 +91,9 @@ def _union(intervals) -> float:
 
 
 def analyze(events, pause_factor: float = PAUSE_FACTOR, kernel: str | None = None) -> dict:
-    """Per-step statistics of one trace (see the module doc); with ``kernel`` (part of a kernel's name) also
-    "kernel_calls": that kernel call by call in the dominant graph (`_kernel_calls`). Raises ValueError when
-    the trace has fewer than two graph launches on its busiest device."""
+    """Per-step statistics of one trace (see the module doc); with ``kernel`` (part of a kernel's
+    name) also "kernel_calls": that kernel call by call in the dominant graph (`_kernel_calls`).
+    Raises ValueError when the trace has fewer than two graph launches on its busiest device."""
     api = {}
     for ev in events:
         if ev.get("ph") == "X" and ev.get("cat") in API_CATS:
@@ -105,19 +109,21 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR, kernel: str | None = Non
     dev = max(per_dev, key=per_dev.get)
     gpu = sorted((ev for ev in gpu if _device(ev) == dev), key=lambda ev: float(ev["ts"]))
 
-    # a graph launch: its host call is cudaGraphLaunch, or (a trace without the host calls) several GPU
-    # operations share its correlation id, which a single kernel launch never does
+    # a graph launch: its host call is cudaGraphLaunch, or (a trace without the host calls) several
+    # GPU operations share its correlation id, which a single kernel launch never does
     per_corr = defaultdict(int)
     for ev in gpu:
         per_corr[_corr(ev)] += 1
-    launches = {}  # correlation -> [start, end, kernels, host launch ts or None, [(start, end, name)], [config]]
+    # correlation -> [start, end, kernels, host launch ts or None, [(start, end, name)], [config]]
+    launches = {}
     loose = []  # (start, end, name)
     for ev in gpu:
         s = float(ev["ts"])
         e = s + float(ev.get("dur", 0.0))
         c = _corr(ev)
         call = api.get(c)
-        if c is not None and ((call is not None and "GraphLaunch" in call[0]) or (call is None and per_corr[c] > 1)):
+        if c is not None and ((call is not None and "GraphLaunch" in call[0])
+                              or (call is None and per_corr[c] > 1)):
             g = launches.setdefault(c, [s, e, 0, None if call is None else call[1], [], []])
             g[0], g[1], g[2] = min(g[0], s), max(g[1], e), g[2] + 1
             g[4].append((s, e, ev.get("name", "?")))
@@ -131,11 +137,13 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR, kernel: str | None = Non
     windows = []
     for g, nxt in zip(graphs, graphs[1:]):
         windows.append({"start": g[0], "graph_end": g[1], "next": nxt[0], "kernels": g[2],
-                        "lead": None if g[3] is None else g[0] - g[3], "inside": g[4], "configs": g[5]})
+                        "lead": None if g[3] is None else g[0] - g[3], "inside": g[4],
+                        "configs": g[5]})
     med_period = statistics.median(w["next"] - w["start"] for w in windows)
     steps = [w for w in windows if w["next"] - w["start"] <= pause_factor * med_period]
 
-    # outside-graph operations, assigned to the window they start in (bisect over sorted window ends)
+    # outside-graph operations, assigned to the window they start in (bisect
+    # over sorted window ends)
     ends = [w["graph_end"] for w in steps]
     per_step_ops = [[] for _ in steps]
     for s, e, name in loose:
@@ -160,8 +168,8 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR, kernel: str | None = Non
     sizes = defaultdict(int)
     for r in rows:
         sizes[r["kernels"]] += 1
-    # the same statistics per graph (by kernel count: a server with several graph kinds, e.g. decode and
-    # verify passes, mixes steps of different anatomy)
+    # the same statistics per graph (by kernel count: a server with several graph kinds, e.g. decode
+    # and verify passes, mixes steps of different anatomy)
     by_graph = {}
     for size in sorted(sizes):
         sel = [(r, ops) for r, ops in zip(rows, per_step_ops) if r["kernels"] == size]
@@ -173,27 +181,32 @@ def analyze(events, pause_factor: float = PAUSE_FACTOR, kernel: str | None = Non
         "device": dev, "steps": n, "pauses_dropped": len(windows) - n,
         "graph_sizes": dict(sorted(sizes.items())),
         "median_us": _medians(rows),
-        "mean_us": {k: sum(r[k] for r in rows) / n for k in ("period", "graph", "around", "idle", "ops")},
+        "mean_us": {k: sum(r[k] for r in rows) / n
+                    for k in ("period", "graph", "around", "idle", "ops")},
         "ops_by_name": _ops_by_name(per_step_ops),
         "by_graph": by_graph,
     }
     if kernel:
         size = max(sizes, key=sizes.get)
-        out["kernel_calls"] = _kernel_calls([w for w, r in zip(steps, rows) if r["kernels"] == size], kernel)
+        out["kernel_calls"] = _kernel_calls([w for w, r in zip(steps, rows)
+                                             if r["kernels"] == size], kernel)
     return out
 
 
 def _launch_config(ev) -> str:
-    """A kernel's launch configuration as the trace records it (grid, block, registers, shared memory)."""
+    """A kernel's launch configuration as the trace records it (grid, block,
+    registers, shared memory)."""
     a = ev.get("args") or {}
-    return (f"grid {tuple(a['grid']) if 'grid' in a else '?'} block {tuple(a['block']) if 'block' in a else '?'} "
-            f"regs {a.get('registers per thread', '?')} smem {a.get('shared memory', '?')}")
+    return (f"grid {tuple(a['grid']) if 'grid' in a else '?'} block "
+            f"{tuple(a['block']) if 'block' in a else '?'} regs "
+            f"{a.get('registers per thread', '?')} smem {a.get('shared memory', '?')}")
 
 
 def _kernel_calls(windows, part: str) -> dict:
-    """The kernels whose name contains `part`, call by call over the launches of one graph (`windows`, all of
-    the same kernel count): {"name": the names matched, "calls": calls per launch, "us": [median microseconds
-    of the k-th call], "configs": {launch configuration: calls}}."""
+    """The kernels whose name contains `part`, call by call over the launches of one graph
+    (`windows`, all of the same kernel count): {"name": the names matched, "calls": calls
+    per launch, "us": [median microseconds of the k-th call], "configs": {launch
+    configuration: calls}}."""
     per_call = defaultdict(list)
     configs = defaultdict(int)
     names = set()
@@ -206,7 +219,8 @@ def _kernel_calls(windows, part: str) -> dict:
                 names.add(name)
                 k += 1
     calls = len(per_call)
-    return {"name": sorted(names), "calls": calls, "us": [statistics.median(per_call[k]) for k in range(calls)],
+    return {"name": sorted(names), "calls": calls,
+            "us": [statistics.median(per_call[k]) for k in range(calls)],
             "configs": dict(sorted(configs.items(), key=lambda kv: -kv[1]))}
 
 
@@ -215,7 +229,8 @@ def _device(ev):
 
 
 def _medians(rows) -> dict:
-    """Median of each step statistic over `rows` (None where no row has it: `lead` without host calls)."""
+    """Median of each step statistic over `rows` (None where no row has it:
+    `lead` without host calls)."""
     out = {}
     for key in STEP_KEYS:
         vals = [r[key] for r in rows if r[key] is not None]
@@ -224,8 +239,8 @@ def _medians(rows) -> dict:
 
 
 def _ops_by_name(op_lists) -> dict:
-    """Outside-graph operations of the steps in `op_lists` (one list of (start, end, name) per step) by name:
-    calls per step and mean microseconds, heaviest in total first."""
+    """Outside-graph operations of the steps in `op_lists` (one list of (start, end, name) per step)
+    by name: calls per step and mean microseconds, heaviest in total first."""
     names = defaultdict(lambda: [0, 0.0])
     for ops in op_lists:
         for s, e, name in ops:
@@ -236,9 +251,9 @@ def _ops_by_name(op_lists) -> dict:
 
 
 def _kernels_by_name(kernel_lists) -> dict:
-    """A graph's kernels over the steps in `kernel_lists` (one list of (start, end, name) per launch) by name:
-    calls per step and microseconds per step (median over the steps of each name's summed time: one slow
-    launch does not move it), heaviest first."""
+    """A graph's kernels over the steps in `kernel_lists` (one list of (start, end, name) per
+    launch) by name: calls per step and microseconds per step (median over the steps of each name's
+    summed time: one slow launch does not move it), heaviest first."""
     per_step = defaultdict(lambda: [0.0] * len(kernel_lists))
     calls = defaultdict(int)
     for i, ks in enumerate(kernel_lists):
@@ -258,24 +273,26 @@ def _short(name: str, width: int = 100) -> str:
 
 
 def _views(results: dict) -> dict:
-    """Columns of the table: each trace whole, and, for a trace with several graphs, each graph's steps."""
+    """Columns of the table: each trace whole, and, for a trace with several
+    graphs, each graph's steps."""
     cols = {}
     for label, r in results.items():
         cols[label] = r
         if len(r["by_graph"]) > 1:
             for size, g in r["by_graph"].items():
-                cols[f"{label}/g{size}"] = {**g, "pauses_dropped": 0, "graph_sizes": {size: g["steps"]},
-                                            "mean_us": None}
+                cols[f"{label}/g{size}"] = {**g, "pauses_dropped": 0,
+                                            "graph_sizes": {size: g["steps"]}, "mean_us": None}
     return cols
 
 
 def render(results: dict, top: int = 15) -> str:
-    """results: label -> analyze() output. The first label is the baseline of the delta column; a trace with
-    several graphs (by kernel count) also gets one column per graph (LABEL/gN)."""
+    """results: label -> analyze() output. The first label is the baseline of the delta column; a
+    trace with several graphs (by kernel count) also gets one column per graph (LABEL/gN)."""
     results = _views(results)
     labels = list(results)
     out = [f"{'per step (median, us)':<24}" + "".join(f"{lb[:22]:>24}" for lb in labels),
-           f"{'':<24}" + "".join(f"{'(- ' + labels[0][:18] + ')' if i else '':>24}" for i in range(len(labels)))]
+           f"{'':<24}" + "".join(f"{'(- ' + labels[0][:18] + ')' if i else '':>24}"
+                                 for i in range(len(labels)))]
     for key in STEP_KEYS:
         vals = [results[lb]["median_us"][key] for lb in labels]
         cells = []
@@ -288,31 +305,36 @@ def render(results: dict, top: int = 15) -> str:
                 cells.append(f"{v:>24.1f}")
         out.append(f"{key:<24}" + "".join(cells))
     out.append(f"{'steps (pauses dropped)':<24}" + "".join(
-        f"{str(results[lb]['steps']) + ' (' + str(results[lb]['pauses_dropped']) + ')':>24}" for lb in labels))
+        f"{str(results[lb]['steps']) + ' (' + str(results[lb]['pauses_dropped']) + ')':>24}"
+        for lb in labels))
     out.append(f"{'mean period':<24}" + "".join(
-        f"{results[lb]['mean_us']['period']:>24.1f}" if results[lb]["mean_us"] else f"{'-':>24}" for lb in labels))
+        f"{results[lb]['mean_us']['period']:>24.1f}" if results[lb]["mean_us"] else f"{'-':>24}"
+        for lb in labels))
     for lb in labels:
         r = results[lb]
         out.append("")
-        out.append(f"{lb}: graphs by kernel count {r['graph_sizes']}; outside-graph operations, heaviest first")
+        out.append(f"{lb}: graphs by kernel count {r['graph_sizes']}; outside-graph operations, "
+                   "heaviest first")
         out.append(f"  {'calls/step':>10} {'mean us':>8} {'us/step':>8}  name")
         for name, v in list(r["ops_by_name"].items())[:top]:
-            out.append(f"  {v['per_step']:>10.2f} {v['mean_us']:>8.2f} {v['per_step'] * v['mean_us']:>8.2f}  "
-                       f"{_short(name)}")
+            out.append(f"  {v['per_step']:>10.2f} {v['mean_us']:>8.2f} "
+                       f"{v['per_step'] * v['mean_us']:>8.2f}  {_short(name)}")
     out.extend(_graph_kernels(results, labels, top))
     out.extend(_render_kernel_calls({lb: r for lb, r in results.items() if "/g" not in lb}))
     return "\n".join(out)
 
 
 def _render_kernel_calls(results: dict) -> list:
-    """`--kernel`: the k-th call's median microseconds per trace (the first trace the baseline), their sum,
-    and each trace's launch configurations."""
+    """`--kernel`: the k-th call's median microseconds per trace (the first trace the baseline),
+    their sum, and each trace's launch configurations."""
     cols = [lb for lb, r in results.items() if r.get("kernel_calls")]
     if not cols:
         return []
     kc = {lb: results[lb]["kernel_calls"] for lb in cols}
     n = max(v["calls"] for v in kc.values())
-    out = ["", f"kernel call by call in the dominant graph (median us): {', '.join(kc[cols[0]]['name']) or '-'}",
+    out = ["",
+           "kernel call by call in the dominant graph (median us): "
+           f"{', '.join(kc[cols[0]]['name']) or '-'}",
            f"  {'call':>6}" + "".join(f"{lb[:16]:>18}" for lb in cols)]
 
     def cell(i, v, base):
@@ -337,8 +359,9 @@ def _dominant(r: dict) -> dict:
 
 
 def _graph_kernels(results: dict, labels: list, top: int) -> list:
-    """The kernels inside each trace's dominant graph by name (us per step); with several traces, the names
-    whose time differs most from the baseline's first, so that a slower graph shows which kernels made it so."""
+    """The kernels inside each trace's dominant graph by name (us per step); with several traces,
+    the names whose time differs most from the baseline's first, so that a slower graph shows
+    which kernels made it so."""
     per = {lb: _dominant(results[lb]).get("kernels_by_name", {}) for lb in labels if "/g" not in lb}
     cols = list(per)
     if not cols or not any(per.values()):
@@ -354,11 +377,13 @@ def _graph_kernels(results: dict, labels: list, top: int) -> list:
            + (", largest differences from " + cols[0] + " first" if len(cols) > 1 else ""),
            f"  {'calls':>6}" + "".join(f"{lb[:16]:>18}" for lb in cols) + "  name"]
     for name in sorted(names, key=key)[:top]:
-        calls = next(per[lb][name] for lb in cols if name in per[lb])["per_step"]  # the first trace that has it
+        # the first trace that has it
+        calls = next(per[lb][name] for lb in cols if name in per[lb])["per_step"]
         cells = []
         for i, lb in enumerate(cols):
             v = us(lb, name)
-            cells.append(f"{v:>18.1f}" if i == 0 else f"{f'{v:.1f} ({v - us(cols[0], name):+.1f})':>18}")
+            cells.append(f"{v:>18.1f}" if i == 0
+                         else f"{f'{v:.1f} ({v - us(cols[0], name):+.1f})':>18}")
         out.append(f"  {calls:>6.0f}" + "".join(cells) + f"  {_short(name, 70)}")
     return out
 
@@ -370,7 +395,8 @@ def main(argv=None) -> int:
                     "LABEL=PATH names a column")
     ap.add_argument("--json", help="write the statistics here")
     ap.add_argument("--top", type=int, default=15, help="outside-graph operations listed per trace")
-    ap.add_argument("--kernel", help="also list the graph's kernels whose name contains this, call by call")
+    ap.add_argument("--kernel",
+                    help="also list the graph's kernels whose name contains this, call by call")
     args = ap.parse_args(argv)
     results = {}
     for spec in args.traces:
@@ -382,8 +408,10 @@ def main(argv=None) -> int:
             return 2
     print(render(results, args.top))
     if args.json:
-        common.write_json(args.json, {"traces": dict(zip(results, args.traces)), "results": results},
-                          common.repro_command(sys.argv[1:] if argv is None else list(argv), SCRIPT))
+        common.write_json(args.json,
+                          {"traces": dict(zip(results, args.traces)), "results": results},
+                          common.repro_command(sys.argv[1:] if argv is None
+                                               else list(argv), SCRIPT))
     return 0
 
 

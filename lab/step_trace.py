@@ -1,8 +1,9 @@
 """Per-step statistics of SGLang's scheduler loop, from the traces of ``FASTVERIFY_STEP_TRACE``.
 
-``lab/steptrace/steptrace.py`` records every iteration of a server's scheduler (the host launching a
-step, the host processing the last step's result and how long it waited there for the GPU, garbage
-collections). This turns a server's records into per-step numbers, the distribution and not only the mean:
+``lab/steptrace/steptrace.py`` records every iteration of a server's scheduler (the host
+launching a step, the host processing the last step's result and how long it waited there for
+the GPU, garbage collections). This turns a server's records into per-step numbers, the
+distribution and not only the mean:
 
   period   one ``run_batch`` start to the next (the step time: with the overlap scheduler the host
            launches step N+1 while the GPU runs step N, so this is the GPU's step unless the host is late)
@@ -13,29 +14,30 @@ collections). This turns a server's records into per-step numbers, the distribut
   in X     mean ms per step spent in each function the recorder times (steptrace.SPANS: the forward,
            sampling, the n-gram worker, the auto glue's pieces, batch selection)
 
-over the steady decode steps (a decode step followed by another of the same batch size; gaps longer than
-0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify mode
-(``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from, ``spec``: drafts verified),
-for the steps right after each prefill (the time to first token and the next tokens), the time of every step
-(steady or not) summed by category (prefills, the three steps after each, the other decode steps by kind), so
-that two servers' difference on one load splits into where it arose, and per batch size,
-sampling and kind, each row against the baseline's steps at the same batch size and sampling (a step's GPU
-time depends on the batch size, its sampler's host and GPU time on whether the batch samples greedily, and two
-servers' loads mix them in different shares: an auto server speculates on a greedy repetitive load and runs
-plain steps on a sampled one, so its plain steps are compared with the plain server's sampled ones).
+over the steady decode steps (a decode step followed by another of the same batch size; gaps longer
+than 0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify
+mode (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from, ``spec``:
+drafts verified), for the steps right after each prefill (the time to first token and the next
+tokens), the time of every step (steady or not) summed by category (prefills, the three steps after
+each, the other decode steps by kind), so that two servers' difference on one load splits into where
+it arose, and per batch size, sampling and kind, each row against the baseline's steps at the same
+batch size and sampling (a step's GPU time depends on the batch size, its sampler's host and GPU
+time on whether the batch samples greedily, and two servers' loads mix them in different shares: an
+auto server speculates on a greedy repetitive load and runs plain steps on a sampled one, so its
+plain steps are compared with the plain server's sampled ones).
 
   python lab/step_trace.py m_plain=DIR m_auto=DIR [--json OUT.json]
 
-`--segments` lists each trace's busy stretches (one per load a client ran), `--segment [LABEL:]I` keeps one of
-them, so that two servers are compared on the same load. Decode steps longer than `--long-ms` (50) are listed
-one by one, with where their time went, the Triton kernels compiled in them, and whether each was the first
-step of its kind in the trace (those after which the scheduler went idle, waiting for requests, are only
-counted); every kernel compiled while serving is listed by name with its time.
+`--segments` lists each trace's busy stretches (one per load a client ran), `--segment [LABEL:]I`
+keeps one of them, so that two servers are compared on the same load. Decode steps longer than
+`--long-ms` (50) are listed one by one, with where their time went, the Triton kernels compiled in
+them, and whether each was the first step of its kind in the trace (those after which the
+scheduler went idle, waiting for requests, are only counted); every kernel compiled while serving
+is listed by name with its time.
 
-DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process, steps-<pid>.jsonl, optionally
-gzipped; the scheduler of the lowest process id with steps, TP rank 0 in a plain start, is read) or one of
-its files. The first server is the
-baseline the others are compared with.
+DIR is the FASTVERIFY_STEP_TRACE folder of one server (one file per process, steps-<pid>.jsonl,
+optionally gzipped; the scheduler of the lowest process id with steps, TP rank 0 in a plain start,
+is read) or one of its files. The first server is the baseline the others are compared with.
 """
 
 from __future__ import annotations
@@ -52,17 +54,23 @@ from fastverify.bench import common  # noqa: E402
 
 SCRIPT = "lab/step_trace.py"
 PAUSE_S = 0.5  # a longer period between two launches is a pause between requests, not a step
-LATE_S = 0.0002  # a step whose host waited less than this for the GPU had the host as its bottleneck
+# a step whose host waited less than this for the GPU had the host as its bottleneck
+LATE_S = 0.0002
 DECODE_MODES = ("DECODE", "TARGET_VERIFY", "IDLE")
 PREFILL_MODES = ("EXTEND", "MIXED", "SPLIT_PREFILL")
 AFTER_PREFILL = 4  # the prefill's own iteration and the next three
-SPLIT_S = 0.15  # --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
+# --segments: a longer gap between two launches starts a new busy stretch (a client's next load)
+SPLIT_S = 0.15
 LONG_MS = 50.0  # decode steps longer than this are listed one by one (stalls)
 GPU_PARTS = ("forward", "sample")  # the labels of steptrace.GPU_SPANS
-GAP_MS = 0.005  # a device gap longer than this between two steps: the forward stream waited for the host
+# a device gap longer than this between two steps: the forward stream waited for the host
+GAP_MS = 0.005
 SLOW_WINDOW = 50  # steps per window when looking for stretches of slow steps
-SLOW_OVER = 0.05  # a window whose steps average this much over their median period is part of a slow stretch
-MIN_GROUP = 100  # a (batch size, sampling, kind) group with fewer steady steps is left out of the per-batch-size table
+# a window whose steps average this much over their median period is part of a slow stretch
+SLOW_OVER = 0.05
+# a (batch size, sampling, kind) group with fewer steady steps is left out of
+# the per-batch-size table
+MIN_GROUP = 100
 AFTER_LABEL = f"{AFTER_PREFILL - 1} steps after each prefill"  # time_by_category's categories
 OTHER_LABEL = "other decode steps"
 
@@ -75,7 +83,8 @@ def trace_files(path) -> list:
         raise OSError(f"{path}: no such file or folder")
     files = sorted(p.glob("steps-*.jsonl*"), key=lambda f: int(f.name.split("-")[1].split(".")[0]))
     if not files:
-        raise ValueError(f"{path}: no steps-<pid>.jsonl files (was FASTVERIFY_STEP_TRACE set for this server?)")
+        raise ValueError(f"{path}: no steps-<pid>.jsonl files (was FASTVERIFY_STEP_TRACE set for "
+                         "this server?)")
     return files
 
 
@@ -107,7 +116,8 @@ def load_server(path) -> tuple:
 
 
 def steps(records, pause_s: float = PAUSE_S) -> list:
-    """One row per launch that has a next launch within pause_s: its period and what happened in it."""
+    """One row per launch that has a next launch within pause_s: its period
+    and what happened in it."""
     runs = sorted((r for r in records if r[0] == "R"), key=lambda r: r[1])
     procs = sorted((r for r in records if r[0] == "P"), key=lambda r: r[1])
     gcs = sorted((r for r in records if r[0] == "G"), key=lambda r: r[2])
@@ -144,22 +154,30 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
             continue
         kind, width, probe = (cur[5:8] + [None, None, None])[:3]
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
-        sampling = cur[9] if len(cur) > 9 and cur[9] in ("greedy", "sampled") else None  # None: older traces
+        # None: older traces
+        sampling = cur[9] if len(cur) > 9 and cur[9] in ("greedy", "sampled") else None
         dev = device.get(start)
-        rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1], "wait": wait,
-                     "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc, "mode": cur[3], "bs": cur[4],
-                     "next_mode": nxt[3], "next_bs": nxt[4], "kind": kind, "width": width, "probe": bool(probe),
+        rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1],
+                     "wait": wait,
+                     "busy": period - wait, "proc": proc, "gc": gc_s, "n_gc": n_gc,
+                     "mode": cur[3], "bs": cur[4],
+                     "next_mode": nxt[3], "next_bs": nxt[4], "kind": kind, "width": width,
+                     "probe": bool(probe),
                      "index": i, "sampling": sampling, "idle": idle, "compiled": compiled,
-                     # ms on the forward stream: first to last mark of this launch, last mark to the next's first
+                     # ms on the forward stream: first to last mark of this launch, last
+                     # mark to the next's first
                      "gpu_span": dev[2] if dev else None, "gpu_gap": dev[3] if dev else None,
-                     # ms between the events around the model's forward and the sampler (traces that have them)
-                     "gpu_parts": dev[4] if dev and len(dev) > 4 and isinstance(dev[4], dict) else None})
+                     # ms between the events around the model's forward and the
+                     # sampler (traces that have them)
+                     "gpu_parts": dev[4] if dev and len(dev) > 4
+                     and isinstance(dev[4], dict) else None})
     return rows
 
 
 def segments(records, split_s: float = SPLIT_S) -> list:
-    """The busy stretches of a trace: (first launch, last launch, launches), split wherever two launches are
-    more than split_s apart (a client starting its next load, a pause between requests)."""
+    """The busy stretches of a trace: (first launch, last launch, launches), split
+    wherever two launches are more than split_s apart (a client starting its next load, a
+    pause between requests)."""
     starts = sorted(r[1] for r in records if r[0] == "R")
     out = []
     for t in starts:
@@ -172,7 +190,8 @@ def segments(records, split_s: float = SPLIT_S) -> list:
 
 
 def in_window(records, first: float, last: float) -> list:
-    """The records of the launches first..last (inclusive) and what happened up to the launch after last."""
+    """The records of the launches first..last (inclusive) and what happened up to
+    the launch after last."""
     runs = sorted(r[1] for r in records if r[0] == "R")
     after = next((t for t in runs if t > last), float("inf"))
     when = {"R": 1, "P": 1, "G": 2, "I": 1, "C": 1, "E": 1}  # the field that holds each kind's time
@@ -201,16 +220,17 @@ def summarize(rows) -> dict:
     span = [r["gpu_span"] for r in rows if r.get("gpu_span") is not None]
     gap = [r["gpu_gap"] for r in rows if r.get("gpu_gap") is not None]
     device = {} if not span else {
-        # the device side (E records): the step's time on the forward stream, and the forward stream idle
-        # between it and the next step (0 while the host launches ahead of the GPU)
-        "gpu_steps": len(span), "gpu_span_median": statistics.median(span), "gpu_span_mean": statistics.fmean(span),
+        # the device side (E records): the step's time on the forward stream, and the forward stream
+        # idle between it and the next step (0 while the host launches ahead of the GPU)
+        "gpu_steps": len(span), "gpu_span_median": statistics.median(span),
+        "gpu_span_mean": statistics.fmean(span),
         "gpu_gap_median": statistics.median(gap), "gpu_gap_mean": statistics.fmean(gap),
         "gpu_gap_share": sum(1 for g in gap if g > GAP_MS) / len(gap),
     }
     parted = [r for r in rows if r.get("gpu_parts") and r.get("gpu_span") is not None]
     if parted:
-        # the span split: each part's median, and the rest of the span (the glue's and the scheduler's
-        # kernels and copies, waits on other streams) per step
+        # the span split: each part's median, and the rest of the span (the glue's and the
+        # scheduler's kernels and copies, waits on other streams) per step
         for label in GPU_PARTS:
             vals = [r["gpu_parts"][label] for r in parted if label in r["gpu_parts"]]
             if vals:
@@ -222,7 +242,8 @@ def summarize(rows) -> dict:
         **device,
         "steps": n,
         "period_median": statistics.median(period), "period_mean": statistics.fmean(period),
-        "period_p90": _pct(period, 0.9), "period_p99": _pct(period, 0.99), "period_max": max(period),
+        "period_p90": _pct(period, 0.9), "period_p99": _pct(period, 0.99),
+        "period_max": max(period),
         "busy_median": statistics.median(busy), "busy_mean": statistics.fmean(busy),
         "busy_p90": _pct(busy, 0.9), "busy_p99": _pct(busy, 0.99),
         "wait_median": statistics.median(wait), "wait_mean": statistics.fmean(wait),
@@ -245,11 +266,12 @@ def _kind_label(row) -> str:
 
 
 def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
-    """Decode steps longer than ``min_ms`` (any batch-size change included; periods over the pause threshold
-    are not steps): when, how long, what kind, where the time went (the recorded functions over 1 ms, the wait
-    for the GPU, garbage collection), and whether that kind of step (mode, batch size, auto kind and width)
-    was the first of its kind in the trace, as a step that pays for something done once would be. A step after
-    which the scheduler went idle (an ``I`` record: it waited for new requests) is counted apart, not listed."""
+    """Decode steps longer than ``min_ms`` (any batch-size change included; periods over the pause
+    threshold are not steps): when, how long, what kind, where the time went (the recorded functions
+    over 1 ms, the wait for the GPU, garbage collection), and whether that kind of step (mode, batch
+    size, auto kind and width) was the first of its kind in the trace, as a step that pays for
+    something done once would be. A step after which the scheduler went idle (an ``I`` record: it
+    waited for new requests) is counted apart, not listed."""
     if not rows:
         return {"count": 0, "idle_ended": 0, "steps": []}
     t0 = rows[0]["start"]
@@ -261,12 +283,16 @@ def long_steps(rows, min_ms: float = LONG_MS, limit: int = 20) -> dict:
         if r["mode"] in DECODE_MODES and 1000.0 * r["period"] > min_ms and r["idle"]:
             idle_ended += 1
         elif r["mode"] in DECODE_MODES and 1000.0 * r["period"] > min_ms:
-            spans = {k: round(1000.0 * v, 1) for k, v in sorted(r["spans"].items(), key=lambda kv: -kv[1])
+            spans = {k: round(1000.0 * v, 1)
+                     for k, v in sorted(r["spans"].items(), key=lambda kv: -kv[1])
                      if 1000.0 * v > 1.0}
             found.append({"at_s": round(r["start"] - t0, 3), "ms": round(1000.0 * r["period"], 1),
-                          "mode": r["mode"], "bs": r["bs"], "kind": _kind_label(r), "first_of_kind": first,
-                          "wait_ms": round(1000.0 * r["wait"], 1), "gc_ms": round(1000.0 * r["gc"], 1),
-                          "spans_ms": spans, "compiled": [[k, round(ms, 1)] for k, ms in r["compiled"]]})
+                          "mode": r["mode"], "bs": r["bs"], "kind": _kind_label(r),
+                          "first_of_kind": first,
+                          "wait_ms": round(1000.0 * r["wait"], 1),
+                          "gc_ms": round(1000.0 * r["gc"], 1),
+                          "spans_ms": spans,
+                          "compiled": [[k, round(ms, 1)] for k, ms in r["compiled"]]})
     return {"count": len(found), "first_of_kind": sum(1 for f in found if f["first_of_kind"]),
             "idle_ended": idle_ended, "steps": found[:limit]}
 
@@ -277,14 +303,16 @@ def steady_steps(rows) -> list:
             and r["bs"] == r["next_bs"]]
 
 
-def slow_stretches(steady, t0: float, window: int = SLOW_WINDOW, over: float = SLOW_OVER, limit: int = 10) -> dict:
-    """Stretches of steady decode steps that run slow together (a host or a device slowed for a while, which a
-    median hides and a list of single long steps misses): every run of ``window`` consecutive steady steps
-    whose periods average more than ``over`` above their medians (each step against the median of its batch
-    size and sampling) belongs to one; overlapping runs merge. Returns the load's total time over the
-    medians, the part of it inside such stretches, and each stretch (start, steps, ms over, the share of
-    late steps, the median host launch and, with device marks, the median device span); ``steady``: the
-    load's steady decode steps (`steady_steps`), ``t0``: the time stretch starts are counted from."""
+def slow_stretches(steady, t0: float, window: int = SLOW_WINDOW, over: float = SLOW_OVER,
+                   limit: int = 10) -> dict:
+    """Stretches of steady decode steps that run slow together (a host or a device slowed for a
+    while, which a median hides and a list of single long steps misses): every run of ``window``
+    consecutive steady steps whose periods average more than ``over`` above their medians (each step
+    against the median of its batch size and sampling) belongs to one; overlapping runs merge.
+    Returns the load's total time over the medians, the part of it inside such stretches, and each
+    stretch (start, steps, ms over, the share of late steps, the median host launch and, with device
+    marks, the median device span); ``steady``: the load's steady decode steps (`steady_steps`),
+    ``t0``: the time stretch starts are counted from."""
     groups: dict = {}
     for r in steady:
         groups.setdefault((r["bs"], r["sampling"]), []).append(r["period"])
@@ -331,7 +359,8 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         kinds.setdefault(_kind_label(r), []).append(r)
         by_bs.setdefault((r["bs"], r["sampling"] or "", _kind_label(r)), []).append(r)
     after = [[] for _ in range(AFTER_PREFILL)]
-    first = []  # the decode step right after each prefill: its host launch (ms) and its kind (auto: spec, lean)
+    # the decode step right after each prefill: its host launch (ms) and its kind (auto: spec, lean)
+    first = []
     for run in prefill_runs(rows):
         for k, nxt in enumerate(run):
             after[k].append(1000.0 * nxt["period"])
@@ -340,20 +369,23 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     return {
         "decode": summarize(steady),
         "by_kind": {k: summarize(v) for k, v in sorted(kinds.items())} if len(kinds) > 1 else {},
-        # steady decode steps per batch size, sampling and kind: a step's GPU time depends on the batch size
-        # and on whether it samples (temperature > 0: softmax and a draw over the vocabulary, several times
-        # the host work of an argmax), so two servers are compared at the same batch size and sampling (kinds
-        # of a server without auto: "plain"; sampling "" in traces that did not record it)
+        # steady decode steps per batch size, sampling and kind: a step's GPU time depends on the
+        # batch size and on whether it samples (temperature > 0: softmax and a draw over the
+        # vocabulary, several times the host work of an argmax), so two servers are compared at the
+        # same batch size and sampling (kinds of a server without auto: "plain"; sampling "" in
+        # traces that did not record it)
         "by_bs_kind": [dict(bs=bs, sampling=how, kind=kind, **summarize(v))
                        for (bs, how, kind), v in sorted(by_bs.items()) if len(v) >= MIN_GROUP],
         "after_prefill_ms": [statistics.median(a) if a else None for a in after],
         "prefills": len(after[0]),
-        # a new request's first decode step: how long the host took to launch it (a lookup for the new request,
-        # a verify pass) and, for an auto server, the share of them run as verify passes (None otherwise)
+        # a new request's first decode step: how long the host took to launch it (a lookup for
+        # the new request, a verify pass) and, for an auto server, the share of them run as
+        # verify passes (None otherwise)
         "first_decode_launch_ms": statistics.median(x for x, _ in first) if first else None,
         "first_decode_spec_share": (sum(1 for _, k in first if k == "spec") / len(first)
                                     if any(k is not None for _, k in first) else None),
-        "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g) for g in (0, 1, 2)},
+        "gc_total": {str(g): sum(1 for r in records if r[0] == "G" and r[1] == g)
+                     for g in (0, 1, 2)},
         "gc_longest_ms": max((1000.0 * r[3] for r in records if r[0] == "G"), default=0.0),
         "long_steps": long_steps(rows, long_ms),
         "slow_stretches": slow_stretches(steady, rows[0]["start"] if rows else 0.0),
@@ -363,8 +395,8 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
 
 
 def prefill_runs(rows) -> list:
-    """Per prefill step: it and the steps after it, up to AFTER_PREFILL in all, ending before the next prefill
-    or a step left out (a pause)."""
+    """Per prefill step: it and the steps after it, up to AFTER_PREFILL in all, ending before the
+    next prefill or a step left out (a pause)."""
     by_index = {r["index"]: r for r in rows}
     runs = []
     for r in rows:
@@ -380,10 +412,11 @@ def prefill_runs(rows) -> list:
 
 
 def time_by_category(rows) -> dict:
-    """Every step of the trace (steady or not, pauses left out) by where its period went: the prefills, the
-    three decode steps after each prefill (the time to first token and the first tokens, while the pipeline
-    fills again), and the other decode steps by kind. {category: {"steps": n, "ms": sum of periods}}: two
-    servers on the same load differ in total time by the sum of the categories' differences."""
+    """Every step of the trace (steady or not, pauses left out) by where its period went: the
+    prefills, the three decode steps after each prefill (the time to first token and the first
+    tokens, while the pipeline fills again), and the other decode steps by kind. {category:
+    {"steps": n, "ms": sum of periods}}: two servers on the same load differ in total time by the
+    sum of the categories' differences."""
     after = {nxt["index"] for run in prefill_runs(rows) for nxt in run[1:]}
     out: dict = {}
     for r in rows:
@@ -401,9 +434,9 @@ def time_by_category(rows) -> dict:
 
 
 def compiled_kernels(records) -> dict:
-    """Triton kernels compiled (or loaded from the on-disk cache) while the trace ran (``C`` records): per
-    kernel, how often, the milliseconds in all, the compile-time constants of each time and the argument
-    types met (older traces have none)."""
+    """Triton kernels compiled (or loaded from the on-disk cache) while the trace ran (``C``
+    records): per kernel, how often, the milliseconds in all, the compile-time constants of each
+    time and the argument types met (older traces have none)."""
     out = {}
     for r in records:
         if r[0] != "C":
@@ -418,16 +451,21 @@ def compiled_kernels(records) -> dict:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
 
 
-ROWS = [("period_median", "period median"), ("period_mean", "period mean"), ("period_p90", "period p90"),
+ROWS = [("period_median", "period median"), ("period_mean", "period mean"),
+        ("period_p90", "period p90"),
         ("period_p99", "period p99"), ("period_max", "period max"), ("busy_median", "busy median"),
         ("busy_mean", "busy mean"), ("busy_p99", "busy p99"), ("wait_median", "wait median"),
-        ("launch_median", "launch median"), ("proc_median", "process median"), ("late_share", "late (share)"),
-        ("gc_per_1000", "gc per 1000 steps"), ("gc_ms_per_step", "gc ms per step"), ("gc_max_ms", "gc longest")]
+        ("launch_median", "launch median"), ("proc_median", "process median"),
+        ("late_share", "late (share)"),
+        ("gc_per_1000", "gc per 1000 steps"), ("gc_ms_per_step", "gc ms per step"),
+        ("gc_max_ms", "gc longest")]
 # rows of traces with E records (FASTVERIFY_STEP_TRACE_GPU=1): the device side of each step
 GPU_ROWS = [("gpu_span_median", "gpu span median"), ("gpu_span_mean", "gpu span mean"),
             ("gpu_gap_median", "gpu gap median"), ("gpu_gap_mean", "gpu gap mean"),
-            ("gpu_gap_share", "gpu gap > 5 us (share)"), ("gpu_forward_median", "gpu in forward median"),
-            ("gpu_sample_median", "gpu in sample median"), ("gpu_rest_median", "gpu rest of span median"),
+            ("gpu_gap_share", "gpu gap > 5 us (share)"),
+            ("gpu_forward_median", "gpu in forward median"),
+            ("gpu_sample_median", "gpu in sample median"),
+            ("gpu_rest_median", "gpu rest of span median"),
             ("gpu_rest_mean", "gpu rest of span mean")]
 
 
@@ -452,13 +490,16 @@ def render(results: dict) -> str:
     for key, name in ROWS + (GPU_ROWS if device else []):
         b = results[base]["decode"].get(key)
         out.append(name.ljust(34) + "".join(
-            _cell(results[lab]["decode"].get(key), None if lab == base else b).rjust(width) for lab in labels))
+            _cell(results[lab]["decode"].get(key), None if lab == base else b).rjust(width)
+            for lab in labels))
     for k in range(AFTER_PREFILL):
         b = results[base]["after_prefill_ms"][k]
         name = "prefill step (median period)" if k == 0 else f"prefill + {k} (median period)"
         out.append(name.ljust(34) + "".join(
-            _cell(results[lab]["after_prefill_ms"][k], None if lab == base else b).rjust(width) for lab in labels))
-    out.append("prefills".ljust(34) + "".join(str(results[lab]["prefills"]).rjust(width) for lab in labels))
+            _cell(results[lab]["after_prefill_ms"][k], None if lab == base else b).rjust(width)
+            for lab in labels))
+    out.append("prefills".ljust(34) + "".join(str(results[lab]["prefills"]).rjust(width)
+                                              for lab in labels))
     b = results[base].get("first_decode_launch_ms")
     out.append("prefill + 1: launch (median ms)".ljust(34) + "".join(
         _cell(results[lab].get("first_decode_launch_ms"), None if lab == base else b).rjust(width)
@@ -467,7 +508,8 @@ def render(results: dict) -> str:
     if any(v is not None for v in shares):
         out.append("prefill + 1: verify passes".ljust(34) + "".join(
             ("-" if v is None else f"{100.0 * v:.0f} %").rjust(width) for v in shares))
-    span_labels = sorted({k for lab in labels for k in results[lab]["decode"].get("spans_mean_ms", {})})
+    span_labels = sorted({k for lab in labels
+                          for k in results[lab]["decode"].get("spans_mean_ms", {})})
     for label in span_labels:
         vals = [results[lab]["decode"].get("spans_mean_ms", {}).get(label) for lab in labels]
         out.append(f"in {label} (mean ms)".ljust(34) + "".join(_cell(v, None).rjust(width) for v in vals))
@@ -477,14 +519,15 @@ def render(results: dict) -> str:
             continue
         out.append("")
         out.append(f"{lab}: {stalls['count']} decode steps over the long-step threshold, "
-                   f"{stalls['first_of_kind']} of them the first of their kind (mode, batch size, kind); "
-                   f"{stalls.get('idle_ended', 0)} more ended in an idle wait for requests")
+                   f"{stalls['first_of_kind']} of them the first of their kind (mode, batch size, "
+                   f"kind); {stalls.get('idle_ended', 0)} more ended in an idle wait for requests")
         for f in stalls["steps"]:
             where = ", ".join(f"{k} {v}" for k, v in f["spans_ms"].items())
             built = ", ".join(f"{k} {ms}" for k, ms in f.get("compiled", []))
-            out.append(f"  at {f['at_s']:8.2f} s  {f['ms']:7.1f} ms  {f['mode']} bs {f['bs']} {f['kind']}"
-                       f"{'  (first)' if f['first_of_kind'] else ''}  wait {f['wait_ms']} gc {f['gc_ms']}"
-                       f"{'  in: ' + where if where else ''}{'  compiled: ' + built if built else ''}")
+            out.append(f"  at {f['at_s']:8.2f} s  {f['ms']:7.1f} ms  {f['mode']} bs {f['bs']} "
+                       f"{f['kind']}{'  (first)' if f['first_of_kind'] else ''}  wait "
+                       f"{f['wait_ms']} gc "
+                       f"{f['gc_ms']}{'  in: ' + where if where else ''}{'  compiled: ' + built if built else ''}")
     for lab in labels:
         slow = results[lab].get("slow_stretches") or {}
         if not slow.get("count"):
@@ -492,12 +535,15 @@ def render(results: dict) -> str:
         out.append("")
         out.append(f"{lab}: {slow['count']} slow stretch{'es' if slow['count'] > 1 else ''} "
                    f"({slow['window']}-step windows over their median period by more than "
-                   f"{100.0 * slow['over']:.0f} %): {slow['in_stretches_ms']} ms over the medians in them, of "
-                   f"{slow['total_over_ms']} ms over the medians in all steady decode steps")
+                   f"{100.0 * slow['over']:.0f} %): {slow['in_stretches_ms']} ms over the medians "
+                   f"in them, of {slow['total_over_ms']} ms over the medians in all steady decode "
+                   "steps")
         for f in slow["stretches"]:
-            span = f"  device span median {f['gpu_span_median']:.3f}" if f["gpu_span_median"] is not None else ""
-            out.append(f"  at {f['at_s']:8.2f} s  {f['steps']:5d} steps  {f['over_ms']:7.1f} ms over  late "
-                       f"{f['late_share']:.2f}  launch median {f['launch_median_ms']:.3f}{span}")
+            span = (f"  device span median {f['gpu_span_median']:.3f}"
+                    if f["gpu_span_median"] is not None else "")
+            out.append(f"  at {f['at_s']:8.2f} s  {f['steps']:5d} steps  {f['over_ms']:7.1f} ms "
+                       f"over  late {f['late_share']:.2f}  launch median "
+                       f"{f['launch_median_ms']:.3f}{span}")
     out.extend(_render_time_by_category(results, labels, width))
     for lab in labels:
         kernels = results[lab].get("compiled") or {}
@@ -514,7 +560,8 @@ def render(results: dict) -> str:
         for key, name in [("steps", "steps")] + ROWS[:9] + [ROWS[11], ROWS[13]]:
             vals = [kinds[k].get(key) for k in kinds]
             out.append(name.ljust(34) + "".join(
-                ("-" if v is None else (str(v) if isinstance(v, int) else f"{v:.3f}")).rjust(16) for v in vals))
+                ("-" if v is None else (str(v) if isinstance(v, int) else f"{v:.3f}")).rjust(16)
+                for v in vals))
         for label in sorted({k for v in kinds.values() for k in v.get("spans_mean_ms", {})}):
             vals = [kinds[k].get("spans_mean_ms", {}).get(label, 0.0) for k in kinds]
             out.append(f"in {label} (mean ms)".ljust(34) + "".join(f"{v:.3f}".rjust(16) for v in vals))
@@ -523,12 +570,14 @@ def render(results: dict) -> str:
 
 
 def _render_time_by_category(results: dict, labels: list, width: int) -> list:
-    """Where each server's time went (ms summed over the steps of each category; steps in brackets), against
-    the baseline: on the same load, the differences add up to the difference in total time."""
+    """Where each server's time went (ms summed over the steps of each category; steps in
+    brackets), against the baseline: on the same load, the differences add up to the
+    difference in total time."""
     tables = [results[lab].get("time_by_category") or {} for lab in labels]
     if not any(tables):
         return []
-    out = ["", "time by step category (ms [steps])".ljust(34) + "".join(lab.rjust(width) for lab in labels)]
+    out = ["",
+           "time by step category (ms [steps])".ljust(34) + "".join(lab.rjust(width) for lab in labels)]
     main = ("prefills", AFTER_LABEL, OTHER_LABEL)
     kinds = sorted({c for t in tables for c in t if c not in main})
 
@@ -536,7 +585,8 @@ def _render_time_by_category(results: dict, labels: list, width: int) -> list:
         cells = []
         for i, t in enumerate(tables):
             if cat is None:  # all steps
-                ms, n = (sum(t[c]["ms"] for c in main if c in t), sum(t[c]["steps"] for c in main if c in t))
+                ms, n = (sum(t[c]["ms"] for c in main if c in t),
+                         sum(t[c]["steps"] for c in main if c in t))
                 b = sum(tables[0][c]["ms"] for c in main if c in tables[0])
             else:
                 ms, n = (t[cat]["ms"], t[cat]["steps"]) if cat in t else (0.0, 0)
@@ -551,9 +601,9 @@ def _render_time_by_category(results: dict, labels: list, width: int) -> list:
 
 
 def _render_by_bs(results: dict, labels: list) -> list:
-    """Steady decode steps per (batch size, sampling, kind) of every server, each row against the baseline's
-    steps of the same batch size and sampling (its first kind: a server without speculation has only
-    "plain")."""
+    """Steady decode steps per (batch size, sampling, kind) of every server, each row against the
+    baseline's steps of the same batch size and sampling (its first kind: a server without
+    speculation has only "plain")."""
     base = {}
     for g in results[labels[0]].get("by_bs_kind", []):
         base.setdefault((g["bs"], g.get("sampling", "")), g)
@@ -562,13 +612,15 @@ def _render_by_bs(results: dict, labels: list) -> list:
         return []
     device = any("gpu_span_median" in g for _, g in rows)
     parts = any("gpu_rest_median" in g for _, g in rows)
-    out = ["", f"decode steps by batch size, sampling and kind (steady, {MIN_GROUP}+ steps; vs {labels[0]} at "
-           "that batch size and sampling)",
-           f"  {'server':<14}{'bs':>4}  {'sampling':<9}{'kind':<11}{'steps':>7}{'period median':>22}"
-           f"{'period mean':>22}{'busy median':>13}{'wait median':>13}{'late':>7}"
+    out = ["",
+           f"decode steps by batch size, sampling and kind (steady, {MIN_GROUP}+ steps; vs "
+           f"{labels[0]} at that batch size and sampling)",
+           f"  {'server':<14}{'bs':>4}  "
+           f"{'sampling':<9}{'kind':<11}{'steps':>7}{'period median':>22}{'period mean':>22}{'busy median':>13}{'wait median':>13}{'late':>7}"
            + (f"{'gpu span median':>24}{'gpu gap mean':>14}" if device else "")
            + (f"{'forward':>9}{'sample':>8}{'rest':>8}" if parts else "")]
-    for lab, g in sorted(rows, key=lambda x: (x[1]["bs"], x[1].get("sampling", ""), labels.index(x[0]))):
+    for lab, g in sorted(rows,
+                         key=lambda x: (x[1]["bs"], x[1].get("sampling", ""), labels.index(x[0]))):
         b = base.get((g["bs"], g.get("sampling", ""))) if lab != labels[0] else None
 
         def rel(key):
@@ -576,14 +628,15 @@ def _render_by_bs(results: dict, labels: list) -> list:
             if b is None or key not in b:
                 return f"{v:.3f}"
             return f"{v:.3f} ({100.0 * (v / b[key] - 1.0):+.1f} %)"
-        out.append(f"  {lab[:14]:<14}{g['bs']:>4}  {g.get('sampling') or '-':<9}{g['kind']:<11}{g['steps']:>7}"
-                   f"{rel('period_median'):>22}"
+        out.append(f"  {lab[:14]:<14}{g['bs']:>4}  "
+                   f"{g.get('sampling') or '-':<9}{g['kind']:<11}{g['steps']:>7}{rel('period_median'):>22}"
                    f"{rel('period_mean'):>22}{g['busy_median']:>13.3f}{g['wait_median']:>13.3f}"
                    f"{g['late_share']:>7.3f}"
-                   + ((f"{rel('gpu_span_median'):>24}{g['gpu_gap_mean']:>14.3f}" if "gpu_span_median" in g
-                       else f"{'-':>24}{'-':>14}") if device else "")
+                   + ((f"{rel('gpu_span_median'):>24}{g['gpu_gap_mean']:>14.3f}"
+                       if "gpu_span_median" in g else f"{'-':>24}{'-':>14}") if device else "")
                    + ("".join(f"{_cell(g.get(key), None):>{w}}" for key, w in
-                              (("gpu_forward_median", 9), ("gpu_sample_median", 8), ("gpu_rest_median", 8)))
+                              (("gpu_forward_median", 9), ("gpu_sample_median", 8),
+                               ("gpu_rest_median", 8)))
                       if parts else ""))
     return out
 
@@ -591,18 +644,21 @@ def _render_by_bs(results: dict, labels: list) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("servers", nargs="+", help="LABEL=DIR (a server's FASTVERIFY_STEP_TRACE folder) or "
+    ap.add_argument("servers", nargs="+",
+                    help="LABEL=DIR (a server's FASTVERIFY_STEP_TRACE folder) or "
                     "LABEL=FILE; the first is the baseline")
-    ap.add_argument("--pause-s", type=float, default=PAUSE_S, help="longer gaps between launches are pauses "
-                    "(default %(default)s)")
-    ap.add_argument("--segments", action="store_true", help="list each server's busy stretches (split at "
+    ap.add_argument("--pause-s", type=float, default=PAUSE_S,
+                    help="longer gaps between launches are pauses " "(default %(default)s)")
+    ap.add_argument("--segments", action="store_true",
+                    help="list each server's busy stretches (split at "
                     "gaps longer than --split-s: each load a client ran) instead of the statistics")
-    ap.add_argument("--split-s", type=float, default=SPLIT_S, help="gap that separates two stretches "
-                    "(default %(default)s)")
+    ap.add_argument("--split-s", type=float, default=SPLIT_S,
+                    help="gap that separates two stretches " "(default %(default)s)")
     ap.add_argument("--segment", action="append", default=[], metavar="[LABEL:]I",
-                    help="only stretch I (0-based, as --segments lists them) of LABEL's trace, or of every "
-                    "trace without a label; repeatable")
-    ap.add_argument("--long-ms", type=float, default=LONG_MS, help="list the decode steps longer than this "
+                    help="only stretch I (0-based, as --segments lists them) of LABEL's trace, or "
+                    "of every trace without a label; repeatable")
+    ap.add_argument("--long-ms", type=float, default=LONG_MS,
+                    help="list the decode steps longer than this "
                     "one by one (default %(default)s)")
     ap.add_argument("--json", help="write the statistics here")
     args = ap.parse_args(argv)
@@ -631,7 +687,8 @@ def main(argv=None) -> int:
         idx = chosen.get(label, chosen.get(""))
         if idx is not None:
             if not -len(segs) <= idx < len(segs):
-                print(f"step_trace: {label}: no stretch {idx} (it has {len(segs)})", file=sys.stderr)
+                print(f"step_trace: {label}: no stretch {idx} (it has {len(segs)})",
+                      file=sys.stderr)
                 return 2
             records = in_window(records, segs[idx][0], segs[idx][1])
             sources[label] = f"{f} stretch {idx}"
@@ -643,7 +700,8 @@ def main(argv=None) -> int:
     print(render(results))
     if args.json:
         common.write_json(args.json, {"files": sources, "results": results},
-                          common.repro_command(sys.argv[1:] if argv is None else list(argv), SCRIPT))
+                          common.repro_command(sys.argv[1:] if argv is None
+                                               else list(argv), SCRIPT))
     return 0
 
 

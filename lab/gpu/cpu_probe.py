@@ -1,22 +1,25 @@
-"""The host's CPUs as a scheduler thread sees them: topology, speed per CPU, speed right after an idle sleep,
-and which CPUs slow each other down when both are busy.
+"""The host's CPUs as a scheduler thread sees them: topology, speed per CPU, speed right after an
+idle sleep, and which CPUs slow each other down when both are busy.
 
     python3 lab/gpu/cpu_probe.py [--json FILE] [--reps 5] [--bases 0,16]
 
-An eager prefill of a 24-layer model is launched by one Python thread per TP rank, and the step lasts as long as
-the slower rank's launch; on the 2x H200 machine that launch took 20-25 ms in some server processes and 40-60 ms
-in others, for the same request. This separates the usual suspects, each with a fixed piece of Python work
-(attribute and dict traffic, like a launch path; ~5 ms on a fast core):
+An eager prefill of a 24-layer model is launched by one Python thread per TP rank, and the step
+lasts as long as the slower rank's launch; on the 2x H200 machine that launch took 20-25 ms in
+some server processes and 40-60 ms in others, for the same request. This separates the usual
+suspects, each with a fixed piece of Python work (attribute and dict traffic, like a launch
+path; ~5 ms on a fast core):
 
-- per CPU: the work's median time with the process pinned to that CPU alone (a slow CPU, or a busy one);
-- after sleeping: the work's time right after sleeping 0, 1, 5, 20 ms on one CPU (a core that clocks down when
-  its thread sleeps, as a scheduler does between requests with ``--sleep-on-idle``);
-- pairs: the work on a base CPU while a spinning process holds each other CPU in turn (CPUs that share a core
-  or its caches, also where the hypervisor does so behind CPUs the guest sees as separate cores).
+- per CPU: the work's median time with the process pinned to that CPU alone (a
+  slow CPU, or a busy one);
+- after sleeping: the work's time right after sleeping 0, 1, 5, 20 ms on one CPU (a core that clocks
+  down when its thread sleeps, as a scheduler does between requests with ``--sleep-on-idle``);
+- pairs: the work on a base CPU while a spinning process holds each other CPU in turn (CPUs
+  that share a core or its caches, also where the hypervisor does so behind CPUs the guest
+  sees as separate cores).
 
-Plus the topology the guest reports (package, core, hyperthread siblings, NUMA node per CPU) and what
-``psutil.cpu_count(logical=False)`` says (SGLang's ``SGLANG_SET_CPU_AFFINITY`` binds each TP rank to a block of
-that many cores divided by the ranks). Linux only.
+Plus the topology the guest reports (package, core, hyperthread siblings, NUMA node per CPU) and
+what ``psutil.cpu_count(logical=False)`` says (SGLang's ``SGLANG_SET_CPU_AFFINITY`` binds each TP
+rank to a block of that many cores divided by the ranks). Linux only.
 """
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ def _read(path: str) -> Optional[str]:
 
 
 def topology(root: str = "/sys/devices/system") -> Dict[int, dict]:
-    """{cpu: {package, core, siblings, node}} from sysfs; fields the guest does not expose are None."""
+    """{cpu: {package, core, siblings, node}} from sysfs; fields the guest
+    does not expose are None."""
     cpus = parse_list(_read(f"{root}/cpu/online") or "")
     nodes: Dict[int, int] = {}
     node_dir = f"{root}/node"
@@ -119,7 +123,8 @@ def after_sleep(cpu: int, reps: int) -> Dict[int, float]:
 
 
 def pairs(base: int, cpus: List[int], reps: int) -> Dict[int, float]:
-    """{other cpu: the work's median ms on base while a spinner holds other}; key base: the work alone."""
+    """{other cpu: the work's median ms on base while a spinner holds other}; key
+    base: the work alone."""
     os.sched_setaffinity(0, {base})
     ctx = mp.get_context("fork")
     work()
@@ -143,24 +148,25 @@ def sharing(alone_ms: float, with_ms: Dict[int, float], slow: float = SLOW) -> L
 
 
 def pick(passes: List[Dict[int, float]], n: int) -> List[int]:
-    """The ``n`` CPUs whose slowest pass was fastest (a CPU fast in one pass and slow in another ranks by its
-    slow pass), in order of that time."""
+    """The ``n`` CPUs whose slowest pass was fastest (a CPU fast in one pass and slow in another
+    ranks by its slow pass), in order of that time."""
     worst = {c: max(p[c] for p in passes) for c in passes[0]}
     return sorted(worst, key=lambda c: (worst[c], c))[:n]
 
 
 def render(result: dict) -> str:
-    lines = [f"# python {sys.version.split()[0]}, {result['logical']} logical CPUs, psutil physical: "
-             f"{result['physical']}"]
+    lines = [f"# python {sys.version.split()[0]}, {result['logical']} logical CPUs, psutil "
+             f"physical: {result['physical']}"]
     topo = result["topology"]
     lines.append("cpu  package core node siblings   work ms (alone)")
     for c in sorted(result["per_cpu"], key=int):
         t = topo.get(c) or topo.get(str(c)) or {}
         sib = ",".join(map(str, t.get("siblings") or [])) or "-"
-        lines.append(f"{int(c):3d}  {str(t.get('package')):>7} {str(t.get('core')):>4} {str(t.get('node')):>4} "
-                     f"{sib:<10} {result['per_cpu'][c]:.2f}")
+        lines.append(f"{int(c):3d}  {str(t.get('package')):>7} {str(t.get('core')):>4} "
+                     f"{str(t.get('node')):>4} {sib:<10} {result['per_cpu'][c]:.2f}")
     vals = list(result["per_cpu"].values())
-    lines.append(f"work alone: median {statistics.median(vals):.2f} ms, min {min(vals):.2f}, max {max(vals):.2f}")
+    lines.append(f"work alone: median {statistics.median(vals):.2f} ms, min {min(vals):.2f}, max "
+                 f"{max(vals):.2f}")
     lines.append(f"after sleeping (cpu {result['sleep_cpu']}): " + ", ".join(
         f"{ms} ms -> {t:.2f}" for ms, t in result["after_sleep"].items()))
     for base, row in result["pairs"].items():
@@ -174,12 +180,13 @@ def render(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="also write the numbers here")
     ap.add_argument("--reps", type=int, default=5, help="work repetitions per median")
     ap.add_argument("--bases", default="0", help="CPUs to run the pair test on, comma separated")
     ap.add_argument("--pick", type=int, default=0,
-                    help="also time every CPU twice more and end with a line 'CPUS a,b,...': the N fastest")
+                    help="also time every CPU twice more and end with a line 'CPUS a,b,...': the N "
+                         "fastest")
     args = ap.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
     try:

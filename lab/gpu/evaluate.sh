@@ -22,8 +22,10 @@
 #                 so that no server calibrates while another one captures graphs on the same GPU
 #   DEADLINE_S    (default 570) the whole command, with ANALYZE_S (default 35) kept for analysis
 #   HEALTH_WAIT_S (default 170) how long to wait for servers to answer /health; RETRY=1 (default)
-#                 starts a server that died during the start once more, after the others are up,
+#                 starts a server that died during the start once more (one at a time), after
+#                 the others are up,
 #                 if RETRY_MIN_LEFT_S (default 250) seconds are left
+#   LAUNCH_GAP_S  seconds between two server launches (default 0: all at once)
 #   SHARE_<profile> its weight in the sharing of the measuring time among profiles (default 1)
 #   SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; the rehearsal puts a stand-in here)
 #   OUT           results (default $HOME/eval-out): summary.json, summary.txt, eval_<profile>.png,
@@ -126,6 +128,7 @@ launch_group() {  # index profile
     echo "$key: TVM_FFI_CACHE_DIR=$HOME/jit-$key $cmd" >> "$W/commands.txt"
     CMD[$key]=$cmd; PORT[$key]=$port; ROLE[$key]=$r
     start_one "$key"
+    sleep "${LAUNCH_GAP_S:-0}"
   done < <(servers_of "$1" "$2")
   log "launched profile $2: $(servers_of "$1" "$2" | cut -d'|' -f1 | tr '\n' ' ')"
 }
@@ -160,10 +163,10 @@ wait_up() {  # until every launched server answers, died, or HEALTH_WAIT_S passe
       [ -z "$again" ] && return 0
       if [ "$(left)" -lt "${RETRY_MIN_LEFT_S:-250}" ]; then
         log "no time to start$again again"; return 0; fi
-      for n in $again; do
-        mv "$W/logs/$n.log" "$W/logs/$n.first.log"; RETRIED[$n]=1; UP[$n]=""; start_one "$n"
-      done
-      log "started again:$again"; set -- "$(el)"; continue
+      # one at a time: two servers starting together can spoil each other's start-up checks
+      n=${again# }; n=${n%% *}
+      mv "$W/logs/$n.log" "$W/logs/$n.first.log"; RETRIED[$n]=1; UP[$n]=""; start_one "$n"
+      log "started again: $n"; set -- "$(el)"; continue
     fi
     if [ $(( $(el) - $1 )) -gt "${HEALTH_WAIT_S:-170}" ]; then
       log "giving up on $pending server(s)"; return 1; fi

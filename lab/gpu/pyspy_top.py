@@ -1,10 +1,11 @@
-"""Summarise a py-spy raw profile (`py-spy record --format raw`): each function's inclusive and self share.
+"""Summarise a py-spy raw profile (`py-spy record --format raw`): each function's
+inclusive and self share.
 
     python lab/gpu/pyspy_top.py PROFILE.txt [--top 40]
 
-A raw profile has one line per distinct stack, "frame;frame;...;frame COUNT". A function's inclusive share is
-the fraction of samples whose stack contains it (counted once per stack), its self share the fraction where it
-is the innermost frame.
+A raw profile has one line per distinct stack, "frame;frame;...;frame COUNT". A function's inclusive
+share is the fraction of samples whose stack contains it (counted once per stack), its self share
+the fraction where it is the innermost frame.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def summarise(lines):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile")
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args(argv)

@@ -1,13 +1,14 @@
-"""Per-thread CPU use of running processes, sampled from /proc: which threads of a server's scheduler are busy,
-and on which CPUs, while a load runs (a host step that runs twice as long as usual for seconds at a time is
-either other work on its core or a slower core; this tells them apart).
+"""Per-thread CPU use of running processes, sampled from /proc: which threads of a
+server's scheduler are busy, and on which CPUs, while a load runs (a host step that runs
+twice as long as usual for seconds at a time is either other work on its core or a slower
+core; this tells them apart).
 
     python3 lab/gpu/thread_cpu.py PID [PID ...] --interval 1 --samples 20 > threads.txt
 
-Every interval, for each process: the threads that used more than --min-pct of one CPU in it (thread id, name,
-share of one CPU, the CPU it last ran on, and that CPU's hyperthread siblings' busy share), then each CPU of
-the process's affinity list with its busy share. At the start, each process's affinity list and thread count.
-Linux only; a process that exits is dropped.
+Every interval, for each process: the threads that used more than --min-pct of one CPU in it (thread
+id, name, share of one CPU, the CPU it last ran on, and that CPU's hyperthread siblings' busy
+share), then each CPU of the process's affinity list with its busy share. At the start, each
+process's affinity list and thread count. Linux only; a process that exits is dropped.
 """
 from __future__ import annotations
 
@@ -82,11 +83,12 @@ def affinity(pid: int) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pids", nargs="+", type=int)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--min-pct", type=float, default=5.0, help="threads under this share of one CPU are left out")
+    ap.add_argument("--min-pct", type=float, default=5.0,
+                    help="threads under this share of one CPU are left out")
     args = ap.parse_args(argv)
     hz = os.sysconf("SC_CLK_TCK")
     pids = [p for p in args.pids if os.path.isdir(f"/proc/{p}")]
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
         time.sleep(args.interval)
         now, t_now = read_cpus(), time.monotonic()
         dt = t_now - t_prev
-        busy = {c: (now[c][0] - prev_cpu[c][0]) / max(now[c][1] - prev_cpu[c][1], 1) for c in now if c in prev_cpu}
+        busy = {c: (now[c][0] - prev_cpu[c][0]) / max(now[c][1] - prev_cpu[c][1], 1) for c in now
+                if c in prev_cpu}
         print(f"== sample {n + 1} ({dt:.2f} s)")
         for pid in list(pids):
             cur = read_threads(pid)
@@ -114,13 +117,15 @@ def main(argv=None) -> int:
                 if pct >= args.min_pct:
                     sib = [s for s in siblings(cpu) if s != cpu]
                     sib_busy = " ".join(f"cpu{s} {100 * busy.get(s, 0):.0f}%" for s in sib)
-                    rows.append((pct, f"  pid {pid} tid {tid:<8} {name[:16]:<16} {pct:6.1f}% on cpu{cpu:<4}"
-                                      f" (sibling {sib_busy or '-'})"))
+                    rows.append((pct,
+                                 f"  pid {pid} tid {tid:<8} {name[:16]:<16} {pct:6.1f}% on "
+                                      f"cpu{cpu:<4} (sibling {sib_busy or '-'})"))
             for _, line in sorted(rows, reverse=True):
                 print(line)
             allowed = affinity(pid)
             if allowed:
-                print(f"  pid {pid} CPUs busy: " + " ".join(f"{c}:{100 * busy.get(c, 0):.0f}" for c in allowed))
+                print(f"  pid {pid} CPUs busy: " + " ".join(f"{c}:{100 * busy.get(c, 0):.0f}"
+                                                            for c in allowed))
             prev[pid] = cur
         prev_cpu, t_prev = now, t_now
         sys.stdout.flush()

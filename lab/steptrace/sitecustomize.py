@@ -1,5 +1,5 @@
-# Put this folder on PYTHONPATH together with FASTVERIFY_STEP_TRACE=DIR to trace every iteration of each
-# SGLang scheduler started from that environment (lab/steptrace/steptrace.py; lab/step_trace.py
+# Put this folder on PYTHONPATH together with FASTVERIFY_STEP_TRACE=DIR to trace every iteration of
+# each SGLang scheduler started from that environment (lab/steptrace/steptrace.py; lab/step_trace.py
 # reads the files). Without that variable it does nothing.
 import os
 

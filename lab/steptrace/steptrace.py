@@ -1,37 +1,41 @@
-"""A per-iteration trace of SGLang's scheduler loop, for finding where a server's decode step loses time.
+"""A per-iteration trace of SGLang's scheduler loop, for finding where a
+server's decode step loses time.
 
-A profiler answers "where does the host spend its time on average"; a step that is slow only now and then (a
-garbage collection, a step with extra host work that no longer fits under the GPU's step) disappears in an
-average. This records every iteration instead, cheaply enough to leave the step timing intact (a few clock
-reads per iteration, no device synchronisation of its own):
+A profiler answers "where does the host spend its time on average"; a step that is slow only now and
+then (a garbage collection, a step with extra host work that no longer fits under the GPU's step)
+disappears in an average. This records every iteration instead, cheaply enough to leave the step
+timing intact (a few clock reads per iteration, no device synchronisation of its own):
 
-- ``R``: one ``Scheduler.run_batch`` call (the host preparing and launching a step): start, end, forward
-  mode, batch size, for an n-gram worker in auto verify mode the kind of step the controller ran
-  (``lean``/``spec``), its width, and whether drafts were looked up only to learn from (``probe``); last, the
-  seconds spent since the previous launch record in each function of ``SPANS`` (batch selection, the
-  forward, sampling, the glue's pieces); then ``greedy`` or ``sampled`` (every request of the batch decodes
-  greedily, or not: the sampler's host and device work differ by several times, so steps of a greedy load and
-  of a sampled one are not compared with each other), or None where the batch does not say.
-- ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it waiting on
-  CUDA events (the host waiting for the step in flight).
+- ``R``: one ``Scheduler.run_batch`` call (the host preparing and launching a step): start, end,
+  forward mode, batch size, for an n-gram worker in auto verify mode the kind of step the controller
+  ran (``lean``/``spec``), its width, and whether drafts were looked up only to learn from
+  (``probe``); last, the seconds spent since the previous launch record in each function of
+  ``SPANS`` (batch selection, the forward, sampling, the glue's pieces); then ``greedy`` or
+  ``sampled`` (every request of the batch decodes greedily, or not: the sampler's host and device
+  work differ by several times, so steps of a greedy load and of a sampled one are not compared with
+  each other), or None where the batch does not say.
+- ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it
+  waiting on CUDA events (the host waiting for the step in flight).
 - ``G``: one garbage collection: generation, start, duration.
-- ``I``: the scheduler found nothing to run (its idle hook, first call after a launch): time. A step whose
-  next launch comes after one waited for new requests, not for itself.
-- ``C``: one Triton kernel compiled (or loaded from Triton's on-disk cache) while serving: start, duration,
-  the kernel's name, its compile-time constants and its argument types (what made this call a new one).
-- ``E`` (with ``FASTVERIFY_STEP_TRACE_GPU=1``): the device side of one ``R``: its start (the ``R``'s), the
-  milliseconds the forward stream took from the step's first mark to its last (``span``), and from its last
-  mark to the next step's first (``gap``). Two CUDA events per step, recorded on the scheduler's forward stream
-  (the current stream without one) when ``run_batch`` starts and when it returns, read once the next step's
-  first has passed: while the host launches each step before the GPU finishes the one before (a GPU-bound
-  step), the span is the step's device time and the gap is 0; a host that comes late shows as gap. So two
-  servers whose host periods differ can be told apart: longer device work, or a host that leaves the GPU idle.
+- ``I``: the scheduler found nothing to run (its idle hook, first call after a launch): time. A step
+  whose next launch comes after one waited for new requests, not for itself.
+- ``C``: one Triton kernel compiled (or loaded from Triton's on-disk cache) while serving:
+  start, duration, the kernel's name, its compile-time constants and its argument types (what
+  made this call a new one).
+- ``E`` (with ``FASTVERIFY_STEP_TRACE_GPU=1``): the device side of one ``R``: its start (the
+  ``R``'s), the milliseconds the forward stream took from the step's first mark to its last
+  (``span``), and from its last mark to the next step's first (``gap``). Two CUDA events per step,
+  recorded on the scheduler's forward stream (the current stream without one) when ``run_batch``
+  starts and when it returns, read once the next step's first has passed: while the host launches
+  each step before the GPU finishes the one before (a GPU-bound step), the span is the step's device
+  time and the gap is 0; a host that comes late shows as gap. So two servers whose host periods
+  differ can be told apart: longer device work, or a host that leaves the GPU idle.
 
-Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended whenever
-the scheduler goes idle (no step in flight to delay) and, while it never does, in blocks of ``FLUSH_EVERY``
-records (writing 512 records took a step ~10 ms, so blocks are rare: about one per 8000 decode steps). A
-server killed mid-load loses what it recorded since it last went idle. ``lab/step_trace.py`` turns the
-files into per-step statistics.
+Times are ``time.perf_counter()`` seconds. Records go to one JSON-lines file per process, appended
+whenever the scheduler goes idle (no step in flight to delay) and, while it never does, in blocks of
+``FLUSH_EVERY`` records (writing 512 records took a step ~10 ms, so blocks are rare: about one per
+8000 decode steps). A server killed mid-load loses what it recorded since it last went idle.
+``lab/step_trace.py`` turns the files into per-step statistics.
 
 Turned on by ``FASTVERIFY_STEP_TRACE=DIR`` in a process that imports SGLang's scheduler after
 ``install_import_hook()`` ran (``lab/steptrace/sitecustomize.py`` does it at interpreter start, when
@@ -52,15 +56,17 @@ from typing import Callable, List, Optional
 
 ENV = "FASTVERIFY_STEP_TRACE"
 GPU_ENV = "FASTVERIFY_STEP_TRACE_GPU"  # "1": also the device side of each step (E records)
-FLUSH_EVERY = 16384  # records kept in memory at most (~2 per step): a write on the scheduler thread stalls a step
+# records kept in memory at most (~2 per step): a write on the scheduler thread stalls a step
+FLUSH_EVERY = 16384
 MARK = "_fastverify_span"  # set on the functions this module wrapped
 GPU_MARK = "_fastverify_gpu_span"  # set on the functions GpuMarks wrapped
-AUTO_MODES = ("DECODE", "TARGET_VERIFY")  # forward modes of the batches whose step the auto glue decides
+# forward modes of the batches whose step the auto glue decides
+AUTO_MODES = ("DECODE", "TARGET_VERIFY")
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 COMPILE_LABEL = "triton_compile"  # the span of Triton's compile step (also written as a C record)
-# Functions timed inside each iteration (module, attribute path, label): SGLang's forward and sampling, the
-# n-gram worker's step and corpus update, the auto glue's pieces, the scheduler's batch selection. Those whose
-# module is not imported (a server without speculation) are left out.
+# Functions timed inside each iteration (module, attribute path, label): SGLang's forward and
+# sampling, the n-gram worker's step and corpus update, the auto glue's pieces, the scheduler's
+# batch selection. Those whose module is not imported (a server without speculation) are left out.
 SPANS = (
     ("sglang.srt.managers.scheduler", "Scheduler.get_next_batch_to_run", "schedule"),
     ("sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation", "target_step"),
@@ -76,11 +82,13 @@ SPANS = (
     ("fastverify.glue.auto", "_sync_requests", "sync_requests"),
     ("fastverify.glue.auto", "step_drafts", "step_drafts"),
     ("fastverify.glue.auto", "lookup_behind", "lookup_behind"),
-    ("fastverify.glue.auto", "corpus_put_host", "corpus_put"),  # a plain step's put (the same work as above)
+    # a plain step's put (the same work as above)
+    ("fastverify.glue.auto", "corpus_put_host", "corpus_put"),
     # a Triton kernel met with new arguments is compiled (or loaded from the on-disk cache) here
     ("triton.runtime.jit", "JITFunction._do_compile", "triton_compile"),
 )
-# Functions between two CUDA events when FASTVERIFY_STEP_TRACE_GPU=1 (the device side of SPANS' two largest)
+# Functions between two CUDA events when FASTVERIFY_STEP_TRACE_GPU=1 (the device
+# side of SPANS' two largest)
 GPU_SPANS = (
     ("sglang.srt.model_executor.model_runner", "ModelRunner.forward", "forward"),
     ("sglang.srt.model_executor.model_runner", "ModelRunner.sample", "sample"),
@@ -88,15 +96,17 @@ GPU_SPANS = (
 
 
 class GpuMarks:
-    """The ``E`` records: two timing events per step on the forward stream, read without waiting (an event is
-    read once the next step's first event has passed, ``query()``), and reused once read. Functions wrapped by
-    ``wrap_inner`` add a pair of events on the current stream around each call inside a step; the E record
-    then also carries the milliseconds between each pair, summed per label (``GPU_SPANS``: the model's
-    forward, graph replay included, and the sampler), so a step's device span splits into those and the rest."""
+    """The ``E`` records: two timing events per step on the forward stream, read without waiting (an
+    event is read once the next step's first event has passed, ``query()``), and reused once read.
+    Functions wrapped by ``wrap_inner`` add a pair of events on the current stream around each call
+    inside a step; the E record then also carries the milliseconds between each pair, summed per
+    label (``GPU_SPANS``: the model's forward, graph replay included, and the sampler), so a step's
+    device span splits into those and the rest."""
 
     def __init__(self, event_cls):
         self.event_cls = event_cls
-        self.pending: deque = deque()  # (start of the R record, first, last, [(label, a, b)]), oldest first
+        # (start of the R record, first, last, [(label, a, b)]), oldest first
+        self.pending: deque = deque()
         self.free: list = []
         self._first = None
         self._inner: list = []  # (label, event before, event after) of the step being launched
@@ -117,7 +127,8 @@ class GpuMarks:
         self._record(self._first, stream)
 
     def end(self, stream, start: float) -> list:
-        """The step launched: its last mark; returns the E records of earlier steps that can be read now."""
+        """The step launched: its last mark; returns the E records of earlier steps
+        that can be read now."""
         if self._first is None:
             return []
         last = self._event()
@@ -127,7 +138,8 @@ class GpuMarks:
         return self.harvest()
 
     def wrap_inner(self, fn, label: str):
-        """``fn`` between two events on the current stream when called inside a step (else untouched)."""
+        """``fn`` between two events on the current stream when called inside a
+        step (else untouched)."""
         marks = self
 
         def inner(*args, **kwargs):
@@ -150,12 +162,14 @@ class GpuMarks:
         out = []
         while len(self.pending) >= 2 and self.pending[1][1].query():
             start, first, last, inner = self.pending.popleft()
-            following = self.pending[0][1]  # still the first mark of the step now oldest: not freed yet
+            # still the first mark of the step now oldest: not freed yet
+            following = self.pending[0][1]
             rec = ["E", start, float(first.elapsed_time(last)), float(last.elapsed_time(following))]
             if inner:
                 parts: dict = {}
                 for label, a, b in inner:
-                    if a.query() and b.query():  # (on another stream than the forward's: may be running)
+                    # (on another stream than the forward's: may be running)
+                    if a.query() and b.query():
                         parts[label] = parts.get(label, 0.0) + float(a.elapsed_time(b))
                     self.free += [a, b]
                 rec.append(parts)
@@ -165,20 +179,22 @@ class GpuMarks:
 
 
 class StepTrace:
-    """Collects the records of one process and appends them to ``path`` when the scheduler goes idle, or
-    every ``flush_every`` records when it does not."""
+    """Collects the records of one process and appends them to ``path`` when the scheduler goes
+    idle, or every ``flush_every`` records when it does not."""
 
-    def __init__(self, path: str, flush_every: int = None, clock: Callable[[], float] = time.perf_counter,
-                 gpu: Optional[GpuMarks] = None):
+    def __init__(self, path: str, flush_every: int = None,
+                 clock: Callable[[], float] = time.perf_counter, gpu: Optional[GpuMarks] = None):
         flush_every = FLUSH_EVERY if flush_every is None else flush_every
         self.path = path
         self.flush_every = max(int(flush_every), 1)
         self.clock = clock
         self.records: List[list] = []
         self.waited = 0.0  # seconds waited on CUDA events since the last reset
-        self.spans: dict = {}  # label -> seconds spent in that function since the last launch record
+        # label -> seconds spent in that function since the last launch record
+        self.spans: dict = {}
         self.span_targets = SPANS
-        self.gpu_span_targets = GPU_SPANS  # with gpu: functions between two events (GpuMarks.wrap_inner)
+        # with gpu: functions between two events (GpuMarks.wrap_inner)
+        self.gpu_span_targets = GPU_SPANS
         self._spans_installed = False
         self.idle_noted = False  # an "I" record was written since the last launch
         self._gc_start: Optional[float] = None
@@ -197,7 +213,8 @@ class StepTrace:
                 fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
         self.records = []
 
-    # ---- garbage collections ------------------------------------------------------------------------------
+    # ---- garbage collections
+    # ------------------------------------------------------------------------------
     def on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._gc_start = self.clock()
@@ -205,9 +222,11 @@ class StepTrace:
             start, self._gc_start = self._gc_start, None
             self.add(["G", int(info.get("generation", -1)), start, self.clock() - start])
 
-    # ---- wrappers -----------------------------------------------------------------------------------------
+    # ---- wrappers
+    # -----------------------------------------------------------------------------------------
     def _timed(self, fn, add):
-        """``fn`` calling ``add(seconds)`` with its duration after each call (also when it raises)."""
+        """``fn`` calling ``add(seconds)`` with its duration after each call
+        (also when it raises)."""
         clock = self.clock
 
         def timed(*args, **kwargs):
@@ -224,21 +243,23 @@ class StepTrace:
         self.waited += seconds
 
     def wrap_wait(self, fn):
-        """A CUDA wait (``Event.synchronize``, ``Stream.synchronize``) that adds its duration to ``waited``."""
+        """A CUDA wait (``Event.synchronize``, ``Stream.synchronize``) that adds its
+        duration to ``waited``."""
         return self._timed(fn, self._add_wait)
 
     def wrap_span(self, fn, label: str):
         """``fn`` adding its duration to ``spans[label]`` (reported with the next launch record)."""
         def add(seconds: float) -> None:
-            self.spans[label] = self.spans.get(label, 0.0) + seconds  # (spans is replaced at each launch)
+            # (spans is replaced at each launch)
+            self.spans[label] = self.spans.get(label, 0.0) + seconds
 
         span = self._timed(fn, add)
         setattr(span, MARK, True)
         return span
 
     def wrap_compile(self, fn):
-        """Triton's ``JITFunction._do_compile``: timed as the span ``triton_compile``, and a ``C`` record naming
-        the kernel, the compile-time constants and the argument types it met."""
+        """Triton's ``JITFunction._do_compile``: timed as the span ``triton_compile``, and a ``C``
+        record naming the kernel, the compile-time constants and the argument types it met."""
         span = self.wrap_span(fn, COMPILE_LABEL)
         trace = self
 
@@ -255,15 +276,18 @@ class StepTrace:
         return compile_kernel
 
     def install_spans(self) -> list:
-        """Wrap each function of ``span_targets`` ((module, "Class.method" or "function", label)) whose
-        module is imported; returns the labels wrapped. Done at the first step, when the workers exist."""
+        """Wrap each function of ``span_targets`` ((module, "Class.method" or "function",
+        label)) whose module is imported; returns the labels wrapped. Done at the first step,
+        when the workers exist."""
         self._spans_installed = True
         done = []
         for module_name, qualname, label in self.span_targets:
             owner, attr, fn = _resolve(module_name, qualname)
-            if fn is None or getattr(fn, MARK, False):  # (SGLang's own decorators set __wrapped__ too)
+            # (SGLang's own decorators set __wrapped__ too)
+            if fn is None or getattr(fn, MARK, False):
                 continue
-            setattr(owner, attr, self.wrap_compile(fn) if label == COMPILE_LABEL else self.wrap_span(fn, label))
+            setattr(owner, attr, self.wrap_compile(fn) if label == COMPILE_LABEL
+                    else self.wrap_span(fn, label))
             done.append(label)
         for module_name, qualname, label in (self.gpu_span_targets if self.gpu is not None else ()):
             owner, attr, fn = _resolve(module_name, qualname)
@@ -279,7 +303,8 @@ class StepTrace:
         def run_batch(scheduler, batch, *args, **kwargs):
             if not trace._spans_installed:
                 trace.install_spans()
-            mode, bs = mode_name(batch), batch_size(batch)  # before the step: a verify step changes the mode
+            # before the step: a verify step changes the mode
+            mode, bs = mode_name(batch), batch_size(batch)
             how = sampling_kind(batch)
             trace.idle_noted = False
             gpu, stream = trace.gpu, getattr(scheduler, "forward_stream", None)
@@ -290,7 +315,8 @@ class StepTrace:
             marks = gpu.end(stream, t0) if gpu is not None else ()
             t1 = trace.clock()
             spans, trace.spans = trace.spans, {}
-            # (a prefill is no auto step: the worker's last step kind is still its last decode step's)
+            # (a prefill is no auto step: the worker's last step kind is
+            # still its last decode step's)
             kind = auto_step(scheduler) if mode in AUTO_MODES else [None, None, None]
             trace.add(["R", t0, t1, mode, bs, *kind, spans, how])
             for rec in marks:
@@ -315,7 +341,8 @@ class StepTrace:
         return process_batch_result
 
     def wrap_idle(self, fn):
-        """The scheduler's idle hook: a good moment to write what was collected (no step in flight)."""
+        """The scheduler's idle hook: a good moment to write what was
+        collected (no step in flight)."""
         trace = self
 
         def on_idle(scheduler, *args, **kwargs):
@@ -330,8 +357,8 @@ class StepTrace:
 
 
 def _resolve(module_name: str, qualname: str) -> tuple:
-    """(owner, attribute, function) of "Class.method" or "function" in an imported module; function None when
-    the module is not imported or lacks it."""
+    """(owner, attribute, function) of "Class.method" or "function" in an imported module; function
+    None when the module is not imported or lacks it."""
     owner = sys.modules.get(module_name)
     *path, attr = qualname.split(".")
     for part in path:
@@ -346,14 +373,15 @@ def kernel_name(jit) -> str:
 
 
 def _constexprs(args, kwargs, limit: int = 160) -> str:
-    """The compile-time constants of a ``_do_compile(key, signature, device, constexprs, ...)`` call, short."""
+    """The compile-time constants of a ``_do_compile(key, signature, device,
+    constexprs, ...)`` call, short."""
     value = kwargs.get("constexprs", args[3] if len(args) > 3 else None)
     return "" if value is None else repr(value)[:limit]
 
 
 def _signature(args, kwargs, limit: int = 240) -> str:
-    """The argument types of that call (``name:*i64`` ...), short: a kernel met again with other dtypes
-    compiles again."""
+    """The argument types of that call (``name:*i64`` ...), short: a kernel met again with other
+    dtypes compiles again."""
     value = kwargs.get("signature", args[1] if len(args) > 1 else None)
     if isinstance(value, dict):
         return ",".join(f"{k}:{v}" for k, v in value.items())[:limit]
@@ -371,8 +399,8 @@ def batch_size(batch) -> int:
 
 
 def sampling_kind(batch) -> Optional[str]:
-    """"greedy" when every request of the batch decodes greedily (SGLang's ``is_all_greedy``), "sampled"
-    when one does not, None when the batch carries no sampling info."""
+    """"greedy" when every request of the batch decodes greedily (SGLang's ``is_all_greedy``),
+    "sampled" when one does not, None when the batch carries no sampling info."""
     flag = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", None)
     if flag is None:
         return None
@@ -380,7 +408,8 @@ def sampling_kind(batch) -> Optional[str]:
 
 
 def auto_step(scheduler) -> list:
-    """[kind, width, probe] of the step an auto-mode n-gram worker just ran; [None, None, None] otherwise."""
+    """[kind, width, probe] of the step an auto-mode n-gram worker just ran; [None,
+    None, None] otherwise."""
     state = getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None)
     if state is None:
         return [None, None, None]
@@ -392,7 +421,8 @@ def auto_step(scheduler) -> list:
 
 
 def instrument(scheduler_cls, event_cls, trace: StepTrace, stream_cls=None) -> StepTrace:
-    """Wrap the scheduler's run_batch, process_batch_result and on_idle, the CUDA waits and the collector."""
+    """Wrap the scheduler's run_batch, process_batch_result and on_idle, the CUDA
+    waits and the collector."""
     scheduler_cls.run_batch = trace.wrap_run_batch(scheduler_cls.run_batch)
     scheduler_cls.process_batch_result = trace.wrap_process(scheduler_cls.process_batch_result)
     if hasattr(scheduler_cls, "on_idle"):
@@ -449,7 +479,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def install_import_hook(env=None) -> bool:
-    """With FASTVERIFY_STEP_TRACE set: instrument SGLang's scheduler when it is imported. True if installed."""
+    """With FASTVERIFY_STEP_TRACE set: instrument SGLang's scheduler when it is
+    imported. True if installed."""
     env = os.environ if env is None else env
     if not env.get(ENV):
         return False
