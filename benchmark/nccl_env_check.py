@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from fastverify.bench.common import time_gpu_us  # noqa: E402
 
 # Lines of NCCL_DEBUG=INFO output that show what NCCL took from the environment and chose.
-EVIDENCE = re.compile(r"(set by environment to|NCCL version|channels|[Pp]roto|Algo|NCCL_ALGO|NCCL_PROTO|BUFFSIZE)")
+EVIDENCE = re.compile(r"(set by environment to|NCCL "
+                      r"version|channels|[Pp]roto|Algo|NCCL_ALGO|NCCL_PROTO|BUFFSIZE)")
 
 
 def parse_args(argv=None):
@@ -45,12 +46,15 @@ def parse_args(argv=None):
     p.add_argument("--nccl-buffsize", dest="nccl_buffsize", type=int)
     p.add_argument("--nccl-env", dest="nccl_env", action="append")
     p.add_argument("--nccl-tuning-profile", dest="nccl_tuning_profile")
-    p.add_argument("--tokens", type=int, default=8, help="rows of the all-reduced tensor (verify tokens)")
+    p.add_argument("--tokens", type=int, default=8,
+                   help="rows of the all-reduced tensor (verify tokens)")
     p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--calls", type=int, default=122, help="all-reduces per timing (2 per layer x 61 layers)")
+    p.add_argument("--calls", type=int, default=122,
+                   help="all-reduces per timing (2 per layer x 61 layers)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--log-dir", default=None, help="where the per-rank NCCL debug logs go (default: a temp dir)")
+    p.add_argument("--log-dir", default=None,
+                   help="where the per-rank NCCL debug logs go (default: a temp dir)")
     p.add_argument("--json", dest="json_path")
     return p.parse_args(argv)
 
@@ -80,10 +84,11 @@ def worker(rank: int, args, port: int, log_dir: str, result_path: str) -> None:
 
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world,
-                            device_id=dev)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.world, device_id=dev)
     expect = float(sum(range(1, args.world + 1)))
-    x = torch.full((args.tokens, args.hidden), float(rank + 1), dtype=torch.bfloat16, device=dev)  # [tokens, hidden]
+    # [tokens, hidden]
+    x = torch.full((args.tokens, args.hidden), float(rank + 1), dtype=torch.bfloat16, device=dev)
 
     y = x.clone()
     dist.all_reduce(y)
@@ -119,17 +124,20 @@ def worker(rank: int, args, port: int, log_dir: str, result_path: str) -> None:
     with torch.cuda.graph(many):
         for _ in range(args.calls):
             dist.all_reduce(z)
-    graph_us = _time(lambda n: many.replay(), args.calls, args.reps) if graph_ok else None
+    # F821 is a false positive: the lambda runs inside _time, before the `del many` below
+    graph_us = _time(lambda n: many.replay(), args.calls, args.reps) if graph_ok else None  # noqa: F821
 
     dist.barrier()
-    res = {"rank": rank, "eager_ok": eager_ok, "graph_ok": graph_ok, "eager_us": eager_us, "graph_us": graph_us,
+    res = {"rank": rank, "eager_ok": eager_ok, "graph_ok": graph_ok, "eager_us": eager_us,
+           "graph_us": graph_us,
            "exports": tuning.exports(), "provenance": tuning.provenance_lines(),
            "env_seen": {k: os.environ.get(k) for k in tuning.exports()},
            "nccl_version": list(torch.cuda.nccl.version())}
     Path(f"{result_path}.{rank}").write_text(json.dumps(res))
-    # Tearing down a process group while captured graphs still hold its NCCL communicator blocked past the
-    # 90 s limit on the 2x H200 machine (2026-11-30), after both ranks had written correct results. The result
-    # is on disk, so release the graphs and leave without the collective teardown.
+    # Tearing down a process group while captured graphs still hold its NCCL communicator
+    # blocked past the 90 s limit on the 2x H200 machine (2026-11-30), after both ranks had
+    # written correct results. The result is on disk, so release the graphs and leave without
+    # the collective teardown.
     del one, many
     torch.cuda.synchronize()
     sys.stdout.flush()
@@ -152,7 +160,8 @@ def main(argv=None) -> int:
     import torch.multiprocessing as mp
 
     if torch.cuda.device_count() < args.world:
-        print(f"nccl_env_check needs {args.world} CUDA GPUs; this machine has {torch.cuda.device_count()}",
+        print(f"nccl_env_check needs {args.world} CUDA GPUs; this machine has "
+              f"{torch.cuda.device_count()}",
               file=sys.stderr)
         return 2
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="nccl-env-check-")
@@ -163,21 +172,24 @@ def main(argv=None) -> int:
     for r in ranks:
         r["nccl_debug"] = evidence(log_dir, r["rank"])
         # NCCL itself reports every variable it read from the environment
-        r["nccl_took"] = {k: any(f"{k} set by environment to {v}" in l for l in r["nccl_debug"])
+        r["nccl_took"] = {k: any(f"{k} set by environment to {v}" in line for line in r["nccl_debug"])
                           for k, v in r["exports"].items()}
 
-    env_keys = sorted(k for k in os.environ if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_")))
+    env_keys = sorted(k for k in os.environ
+                      if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_")))
     print(f"# gpu: {torch.cuda.get_device_name(0)} x{args.world}; torch {torch.__version__}; "
           f"NCCL {'.'.join(map(str, ranks[0]['nccl_version']))}")
     print("# env: " + " ".join(f"{k}={os.environ[k]}" for k in env_keys))
     print(f"# args: {' '.join(sys.argv[1:])}")
-    print(f"# all-reduce [{args.tokens}, {args.hidden}] bf16; median of {args.reps} timings of {args.calls} calls")
-    print(f"{'rank':>4} {'eager sum':>9} {'graph sum':>9} {'eager us':>9} {'graph us':>9}  NCCL took flags")
+    print(f"# all-reduce [{args.tokens}, {args.hidden}] bf16; median of {args.reps} timings of "
+          f"{args.calls} calls")
+    print(f"{'rank':>4} {'eager sum':>9} {'graph sum':>9} {'eager us':>9} {'graph us':>9}  NCCL "
+          "took flags")
     for r in ranks:
         took = ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in r["nccl_took"].items()) or "-"
         g = f"{r['graph_us']:9.1f}" if r["graph_us"] is not None else f"{'-':>9}"
-        print(f"{r['rank']:>4} {('ok' if r['eager_ok'] else 'WRONG'):>9} {('ok' if r['graph_ok'] else 'WRONG'):>9} "
-              f"{r['eager_us']:9.1f} {g}  {took}")
+        print(f"{r['rank']:>4} {('ok' if r['eager_ok'] else 'WRONG'):>9} "
+              f"{('ok' if r['graph_ok'] else 'WRONG'):>9} {r['eager_us']:9.1f} {g}  {took}")
     for r in ranks:
         print(f"# rank {r['rank']} provenance: " + "; ".join(r["provenance"]))
         for line in r["nccl_debug"][:12]:
@@ -185,10 +197,11 @@ def main(argv=None) -> int:
     ok = all(r["eager_ok"] and r["graph_ok"] and all(r["nccl_took"].values()) for r in ranks)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({
-            "ok": ok, "ranks": ranks, "tokens": args.tokens, "hidden": args.hidden, "calls": args.calls,
-            "reps": args.reps, "env": {k: os.environ[k] for k in env_keys},
+            "ok": ok, "ranks": ranks, "tokens": args.tokens, "hidden": args.hidden,
+            "calls": args.calls, "reps": args.reps, "env": {k: os.environ[k] for k in env_keys},
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "repro_command": "PYTHONPATH=python " + " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in env_keys)
+            "repro_command": "PYTHONPATH=python " + " ".join(f"{k}={shlex.quote(os.environ[k])}"
+                                                             for k in env_keys)
                              + " python3 benchmark/nccl_env_check.py " + " ".join(map(shlex.quote, sys.argv[1:]))},
             indent=2))
     print("RESULT:", "OK" if ok else "FAILED")

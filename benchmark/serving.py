@@ -41,27 +41,32 @@ import threading
 import time
 import urllib.parse
 
-# --------------------------------------------------------------------------------------------------------
-# Prompts. Several kinds, some that invite repetition (n-gram drafts can match earlier text), some that don't.
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Prompts. Several kinds, some that invite repetition (n-gram drafts can match
+# earlier text), some that don't.
+# --------------------------------------------------------------------------------------------------
 PROMPTS = {
     "code": [
-        "Write a Python class LRUCache with get and put methods, with docstrings and type hints, then write "
-        "ten unit tests for it using unittest.",
-        "Write a C function that parses a CSV line into fields, handling quoted fields, and a main() that "
-        "tests it on five example lines.",
-        "Implement binary search, merge sort and quicksort in Python, each with a docstring and a doctest.",
+        "Write a Python class LRUCache with get and put methods, with docstrings and type hints, "
+        "then write ten unit tests for it using unittest.",
+        "Write a C function that parses a CSV line into fields, handling quoted fields, and a "
+        "main() that tests it on five example lines.",
+        "Implement binary search, merge sort and quicksort in Python, each with a docstring and a "
+        "doctest.",
     ],
     "reasoning": [
-        "A train leaves at 9:40 and travels 210 km at 84 km/h. A second train leaves the same station at "
-        "10:05 at 105 km/h on the same track. When and where does the second train catch up? Think step by step.",
-        "Alice has twice as many apples as Bob. After Bob buys 7 apples and Alice gives away 5, they have the "
-        "same number. How many apples did each have? Explain your reasoning step by step.",
+        "A train leaves at 9:40 and travels 210 km at 84 km/h. A second train leaves the same "
+        "station at 10:05 at 105 km/h on the same track. When and where does the second train "
+        "catch up? Think step by step.",
+        "Alice has twice as many apples as Bob. After Bob buys 7 apples and Alice gives away 5, "
+        "they have the same number. How many apples did each have? Explain your reasoning step by "
+        "step.",
         "Is 1001 a prime number? Check every candidate divisor step by step and explain.",
     ],
     "chat": [
         "What are three good habits for staying focused when working from home?",
-        "Can you recommend a simple dinner I can cook in twenty minutes with rice, eggs and vegetables?",
+        "Can you recommend a simple dinner I can cook in twenty minutes with rice, eggs and "
+        "vegetables?",
         "Explain to a ten year old why the sky is blue.",
     ],
     "repetitive": [
@@ -69,8 +74,8 @@ PROMPTS = {
         "'n squared is m'.",
         "Write a JSON array of 20 objects describing users, each with the fields id, name, email, "
         "is_active and created_at.",
-        "Write an HTML table with 25 rows listing the months and the number of days in each, with the "
-        "same row structure for every row.",
+        "Write an HTML table with 25 rows listing the months and the number of days in each, with "
+        "the same row structure for every row.",
     ],
     "story": [
         "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -79,10 +84,10 @@ PROMPTS = {
     ],
 }
 REPETITIVE_KINDS = {"code", "repetitive"}
-LONG_PROMPT = ("Write a complete, well documented Python module implementing a small relational database: "
-               "a tokenizer and parser for a subset of SQL (CREATE TABLE, INSERT, SELECT with WHERE, ORDER BY, "
-               "JOIN), an in-memory storage engine, indexes, a query planner and an interactive shell. Include "
-               "unit tests for every part.")
+LONG_PROMPT = ("Write a complete, well documented Python module implementing a small relational "
+               "database: a tokenizer and parser for a subset of SQL (CREATE TABLE, INSERT, SELECT "
+               "with WHERE, ORDER BY, JOIN), an in-memory storage engine, indexes, a query planner "
+               "and an interactive shell. Include unit tests for every part.")
 
 
 def chatml(text):
@@ -90,8 +95,9 @@ def chatml(text):
 
 
 def text_to_ids(text, vocab_size, offset=100, bos=1):
-    """Token ids for a server without a tokenizer: one id per UTF-8 byte, so repeated text gives repeated
-    ids (what an n-gram drafter reacts to). ids stay inside [offset, min(offset+256, vocab_size))."""
+    """Token ids for a server without a tokenizer: one id per UTF-8 byte, so repeated text
+    gives repeated ids (what an n-gram drafter reacts to). ids stay inside [offset,
+    min(offset+256, vocab_size))."""
     if vocab_size < offset + 2:
         raise ValueError(f"--vocab-size must be > {offset + 1}, got {vocab_size}")
     span = min(256, vocab_size - offset)
@@ -104,19 +110,21 @@ def build_prompts(kinds, per_kind):
         if kind not in PROMPTS:
             raise ValueError(f"unknown prompt kind {kind!r}; allowed: {','.join(PROMPTS)}")
         for i, text in enumerate(PROMPTS[kind][:per_kind]):
-            out.append({"id": f"{kind}-{i}", "kind": kind, "repetitive": kind in REPETITIVE_KINDS, "text": text})
+            out.append({"id": f"{kind}-{i}", "kind": kind, "repetitive": kind in REPETITIVE_KINDS,
+                        "text": text})
     return out
 
 
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # HTTP (stdlib): JSON GET/POST and server-sent events
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class Endpoint:
     def __init__(self, base_url, timeout=600.0, api_key=None):
         u = urllib.parse.urlparse(base_url if "://" in base_url else "http://" + base_url)
         if u.scheme not in ("http", "https"):
             raise ValueError(f"--base-url must be http(s)://host:port, got {base_url!r}")
-        self.scheme, self.host, self.port = u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80)
+        self.scheme, self.host, self.port = (u.scheme, u.hostname, u.port
+                                             or (443 if u.scheme == "https" else 80))
         self.prefix = u.path.rstrip("/")
         self.timeout = timeout
         self.headers = {"Content-Type": "application/json"}
@@ -149,13 +157,15 @@ class Endpoint:
             c.close()
 
     def stream(self, path, body):
-        """Yield (t_received, parsed JSON) for each `data:` event until [DONE] or the end of the stream."""
+        """Yield (t_received, parsed JSON) for each `data:` event until [DONE] or
+        the end of the stream."""
         c = self._conn()
         try:
             c.request("POST", self.prefix + path, body=json.dumps(body), headers=self.headers)
             r = c.getresponse()
             if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status} from {path}: {r.read().decode('utf-8', 'replace')[:500]}")
+                raise RuntimeError(f"HTTP {r.status} from {path}: "
+                                   f"{r.read().decode('utf-8', 'replace')[:500]}")
             while True:
                 line = r.readline()
                 if not line:
@@ -171,26 +181,30 @@ class Endpoint:
             c.close()
 
 
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # One request
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def request_body(args, prompt, max_new_tokens):
-    sp = {"temperature": args.temperature, "max_new_tokens": max_new_tokens, "ignore_eos": args.ignore_eos}
+    sp = {"temperature": args.temperature, "max_new_tokens": max_new_tokens,
+          "ignore_eos": args.ignore_eos}
     if args.backend == "sglang":
         body = {"sampling_params": sp, "stream": True}
         if args.input_ids:
             body["input_ids"] = text_to_ids(prompt["text"], args.vocab_size)
         else:
-            body["text"] = chatml(prompt["text"]) if args.chat_format == "chatml" else prompt["text"]
+            body["text"] = (chatml(prompt["text"]) if args.chat_format == "chatml"
+                            else prompt["text"])
         return "/generate", body
-    body = {"model": args.model, "max_tokens": max_new_tokens, "temperature": args.temperature, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": args.model, "max_tokens": max_new_tokens, "temperature": args.temperature,
+            "stream": True, "stream_options": {"include_usage": True}}
     if args.ignore_eos:
-        body["ignore_eos"] = True   # SGLang and vLLM accept it; other servers ignore unknown fields or refuse
+        # SGLang and vLLM accept it; other servers ignore unknown fields or refuse
+        body["ignore_eos"] = True
     if args.openai_api == "chat":
         body["messages"] = [{"role": "user", "content": prompt["text"]}]
         return "/v1/chat/completions", body
-    body["prompt"] = text_to_ids(prompt["text"], args.vocab_size) if args.input_ids else prompt["text"]
+    body["prompt"] = (text_to_ids(prompt["text"], args.vocab_size) if args.input_ids
+                      else prompt["text"])
     return "/v1/completions", body
 
 
@@ -246,7 +260,8 @@ def run_request(ep, args, prompt, max_new_tokens):
     if args.backend == "sglang":
         mi = (last or {}).get("meta_info") or {}
         n_out = mi.get("completion_tokens", len(ids_acc))
-        rec.update(output_tokens=n_out, prompt_tokens=mi.get("prompt_tokens"), finish=str(mi.get("finish_reason")),
+        rec.update(output_tokens=n_out, prompt_tokens=mi.get("prompt_tokens"),
+                   finish=str(mi.get("finish_reason")),
                    output_ids=ids_acc if (last or {}).get("output_ids") is not None else None,
                    text="".join(text_parts) if text_parts else None)
         if rec["output_ids"] is not None and len(ids_acc) != n_out:
@@ -277,9 +292,9 @@ def accept_fields(meta_info, n_out):
     return out
 
 
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Levels: N requests with at most C in flight
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class Progress:
     def __init__(self, total, label, enabled=True, stream=sys.stderr):
         self.total, self.label, self.enabled, self.stream = total, label, enabled, stream
@@ -292,8 +307,8 @@ class Progress:
                 w = 30
                 fill = int(w * self.done / max(1, self.total))
                 el = time.perf_counter() - self.t0
-                self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (w - fill)}] {self.done}/{self.total} "
-                                  f"{el:6.1f}s")
+                self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (w - fill)}] "
+                                  f"{self.done}/{self.total} {el:6.1f}s")
                 if self.done == self.total:
                     self.stream.write("\n")
                 self.stream.flush()
@@ -318,7 +333,8 @@ def run_level(ep, args, prompts, concurrency, n_requests, max_new_tokens, label)
             bar.tick()
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, n_requests))]
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(min(concurrency, n_requests))]
     for t in threads:
         t.start()
     for t in threads:
@@ -371,9 +387,9 @@ def summarize(results, duration):
     return s
 
 
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # /metrics (Prometheus text) and server facts
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 _METRIC = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)')
 
 
@@ -401,8 +417,9 @@ def scrape(ep):
 
 
 def metric_deltas(before, after, prefix="sglang:verify_"):
-    """Histogram means over an interval: for each `<name>_sum{labels}` with a matching `_count`, the mean of
-    the samples added between the two scrapes. Also the spec counters SGLang exports, as deltas."""
+    """Histogram means over an interval: for each `<name>_sum{labels}` with a matching
+    `_count`, the mean of the samples added between the two scrapes. Also the spec counters
+    SGLang exports, as deltas."""
     out = {}
     for key, v in after.items():
         if not key.startswith(prefix) or "_sum" not in key:
@@ -422,11 +439,16 @@ def server_facts(ep):
             st, txt = ep.get(path, timeout=10)
             if st == 200:
                 info = json.loads(txt)
-                keys = ("version", "tp_size", "speculative_algorithm", "speculative_num_draft_tokens",
-                        "speculative_ngram_verify_mode", "speculative_eagle_topk", "speculative_num_steps",
-                        "attention_backend", "model_path", "load_format", "cuda_graph_max_bs", "disable_cuda_graph",
-                        "tp_allreduce", "nccl_proto", "nccl_algo", "nccl_max_channels", "nccl_min_channels",
-                        "enable_verify_timing", "flashinfer_allreduce_fusion_backend", "max_running_requests")
+                keys = ("version", "tp_size", "speculative_algorithm",
+                        "speculative_num_draft_tokens",
+                        "speculative_ngram_verify_mode", "speculative_eagle_topk",
+                        "speculative_num_steps",
+                        "attention_backend", "model_path", "load_format", "cuda_graph_max_bs",
+                        "disable_cuda_graph",
+                        "tp_allreduce", "nccl_proto", "nccl_algo", "nccl_max_channels",
+                        "nccl_min_channels",
+                        "enable_verify_timing", "flashinfer_allreduce_fusion_backend",
+                        "max_running_requests")
                 facts["server_args"] = {k: info[k] for k in keys if k in info}
                 st2 = info.get("internal_states") or []
                 if st2 and isinstance(st2, list) and isinstance(st2[0], dict):
@@ -440,14 +462,16 @@ def server_facts(ep):
 def gpu_facts():
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout
-        return [l.strip() for l in out.splitlines() if l.strip()] or None
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=10).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()] or None
     except Exception:
         return None
 
 
 def preamble(args, facts):
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM_",
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM_",
                                                                          "CUDA_VISIBLE"))}
     return {
         "tag": args.tag, "base_url": args.base_url, "backend": args.backend,
@@ -474,27 +498,30 @@ def fmt(v, spec=".1f"):
 
 
 def print_table(levels, out=sys.stdout):
-    hdr = (f"{'level':>10} {'reqs':>5} {'err':>4} {'out tok':>8} {'tok/s':>9} {'TTFT ms':>9} {'p99':>8} "
-           f"{'TPOT ms':>8} {'p99':>7} {'accept':>7} {'steps':>7}")
+    hdr = (f"{'level':>10} {'reqs':>5} {'err':>4} {'out tok':>8} {'tok/s':>9} {'TTFT ms':>9} "
+           f"{'p99':>8} {'TPOT ms':>8} {'p99':>7} {'accept':>7} {'steps':>7}")
     out.write(hdr + "\n" + "-" * len(hdr) + "\n")
     for lv in levels:
         s = lv["summary"]
         out.write(f"{lv['name']:>10} {s['requests']:>5} {s['errors']:>4} {s['output_tokens']:>8} "
-                  f"{fmt(s['output_tok_per_s']):>9} {fmt(s['ttft_ms_median']):>9} {fmt(s['ttft_ms_p99']):>8} "
-                  f"{fmt(s['tpot_ms_median'], '.2f'):>8} {fmt(s['tpot_ms_p99'], '.2f'):>7} "
-                  f"{fmt(s['accept_length_mean'], '.2f'):>7} {fmt(s['verify_steps'], '.0f'):>7}\n")
+                  f"{fmt(s['output_tok_per_s']):>9} {fmt(s['ttft_ms_median']):>9} "
+                  f"{fmt(s['ttft_ms_p99']):>8} {fmt(s['tpot_ms_median'], '.2f'):>8} "
+                  f"{fmt(s['tpot_ms_p99'], '.2f'):>7} {fmt(s['accept_length_mean'], '.2f'):>7} "
+                  f"{fmt(s['verify_steps'], '.0f'):>7}\n")
 
 
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Commands
-# --------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def parse_levels(text):
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"error: --concurrency takes comma-separated positive integers, got {text!r}")
+        raise SystemExit("error: --concurrency takes comma-separated positive integers, got "
+                         f"{text!r}")
     if not levels or any(c < 1 for c in levels):
-        raise SystemExit(f"error: --concurrency takes comma-separated positive integers, got {text!r}")
+        raise SystemExit("error: --concurrency takes comma-separated positive integers, got "
+                         f"{text!r}")
     return levels
 
 
@@ -524,13 +551,18 @@ def cmd_run(args):
     pre = preamble(args, server_facts(ep))
     print_preamble(pre)
     if args.warmup:
-        # at every measured concurrency: a server's first batch of a new size can pay one-time costs (a JIT
-        # compile of a kernel for that shape took ~0.5 s in the first speculative server to see 4 requests on a
-        # fresh machine) that do not belong to the level's numbers; the same short request, c at a time
+        # at every measured concurrency: a server's first batch of a new size can pay one-time costs
+        # (a JIT compile of a kernel for that shape took ~0.5 s in the first speculative server to
+        # see 4 requests on a fresh machine) that do not belong to the level's numbers; the same
+        # short request, c at a time
         for c in levels:
-            run_level(ep, args, prompts[:1], c, c * args.warmup, min(32, args.max_new_tokens), f"warmup c={c}")
-    result = {"repro_command": " ".join(shlex.quote(a) for a in ["python3", args._script] + args._argv),
-              "preamble": pre, "config": {k: v for k, v in vars(args).items() if k not in ("func", "api_key") and not k.startswith("_")},
+            run_level(ep, args, prompts[:1], c, c * args.warmup, min(32, args.max_new_tokens),
+                      f"warmup c={c}")
+    result = {"repro_command": " ".join(shlex.quote(a)
+                                        for a in ["python3", args._script] + args._argv),
+              "preamble": pre,
+              "config": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")
+                         and not k.startswith("_")},
               "prompts": prompts, "levels": []}
     for c in levels:
         n = max(len(prompts), c * args.requests_per_slot)
@@ -546,11 +578,13 @@ def cmd_run(args):
         m0 = scrape(ep) if args.metrics else {}
         res, dur = run_level(ep, args, [p], 1, 1, args.long_gen, "long    ")
         m1 = scrape(ep) if args.metrics else {}
-        lv = {"name": f"long{args.long_gen}", "concurrency": 1, "summary": summarize(res, dur), "requests": res}
+        lv = {"name": f"long{args.long_gen}", "concurrency": 1, "summary": summarize(res, dur),
+              "requests": res}
         if args.metrics:
             lv["metrics"] = metric_deltas(m0, m1)
         result["levels"].append(lv)
-    result["preamble"].update({k: v for k, v in server_facts(ep).items() if k == "avg_spec_accept_length"})
+    result["preamble"].update({k: v for k, v in server_facts(ep).items()
+                               if k == "avg_spec_accept_length"})
     print_table(result["levels"])
     for lv in result["levels"]:
         if lv["summary"].get("first_error"):
@@ -574,8 +608,9 @@ def load(path):
 
 
 def outputs_by_prompt(result, level_name):
-    """{prompt_id: output_ids} of every request in the named level, in request order: a prompt's first request
-    under its id, its repeats (a level sends more requests than prompts) as id#2, id#3, ..."""
+    """{prompt_id: output_ids} of every request in the named level, in request order: a
+    prompt's first request under its id, its repeats (a level sends more requests than
+    prompts) as id#2, id#3, ..."""
     out, seen = {}, {}
     for lv in result["levels"]:
         if lv["name"] != level_name:
@@ -656,7 +691,8 @@ def plot(results, out_png):
         xs = [i + j * width for i in range(len(names))]
         for ax, key in zip(axes, ("output_tok_per_s", "tpot_ms_median", "accept_length_mean")):
             ax.bar(xs, [(by.get(n) or {}).get(key) or 0 for n in names], width, label=tag)
-    for ax, title in zip(axes, ("output tokens/s (higher is better)", "median TPOT ms (lower is better)",
+    for ax, title in zip(axes,
+                         ("output tokens/s (higher is better)", "median TPOT ms (lower is better)",
                                 "mean accept length (tokens per verify step)")):
         ax.set_title(title, fontsize=10)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
@@ -676,7 +712,8 @@ def markdown_table(results, names, keys=None):
     """One markdown table: a row per (result file, level) with the headline numbers."""
     keys = keys or [("output_tok_per_s", "tok/s", ".0f"), ("tpot_ms_median", "TPOT p50 ms", ".2f"),
                     ("tpot_ms_p99", "TPOT p99 ms", ".2f"), ("ttft_ms_median", "TTFT p50 ms", ".1f"),
-                    ("accept_length_mean", "accept len", ".2f"), ("verify_steps", "verify steps", ".0f")]
+                    ("accept_length_mean", "accept len", ".2f"),
+                    ("verify_steps", "verify steps", ".0f")]
     out = ["| run | level | " + " | ".join(k[1] for k in keys) + " |",
            "|---|---|" + "---:|" * len(keys)]
     for res, name in zip(results, names):
@@ -699,34 +736,41 @@ def cmd_plot(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="benchmark one server")
     r.add_argument("--base-url", default="http://127.0.0.1:30000")
     r.add_argument("--backend", choices=("sglang", "openai"), default="sglang",
-                   help="sglang: native /generate (token ids, accept length); openai: /v1/completions or chat")
+                   help="sglang: native /generate (token ids, accept length); openai: "
+                        "/v1/completions or chat")
     r.add_argument("--openai-api", choices=("completions", "chat"), default="completions")
     r.add_argument("--model", default="default", help="model name for the OpenAI API")
     r.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
-    r.add_argument("--tag", default="run", help="label of this run in tables, plots and comparisons")
+    r.add_argument("--tag", default="run",
+                   help="label of this run in tables, plots and comparisons")
     r.add_argument("--kinds", default="code,reasoning,chat,repetitive,story",
                    help=f"comma-separated prompt kinds: {','.join(PROMPTS)}")
     r.add_argument("--per-kind", type=int, default=2, help="prompts per kind (at most 3)")
-    r.add_argument("--concurrency", default="1,8", help="comma-separated concurrency levels (1 = single stream)")
+    r.add_argument("--concurrency", default="1,8",
+                   help="comma-separated concurrency levels (1 = single stream)")
     r.add_argument("--requests-per-slot", type=int, default=2,
                    help="a level sends max(#prompts, concurrency * this) requests")
     r.add_argument("--max-new-tokens", type=int, default=256)
-    r.add_argument("--long-gen", type=int, default=0, help="also one single-stream request of this many tokens")
+    r.add_argument("--long-gen", type=int, default=0,
+                   help="also one single-stream request of this many tokens")
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="generate exactly --max-new-tokens (default on: equal work across servers)")
     r.add_argument("--chat-format", choices=("chatml", "none"), default="chatml",
                    help="wrap text prompts in a ChatML turn (native backend)")
-    r.add_argument("--input-ids", action="store_true", help="send token ids (server without a tokenizer)")
+    r.add_argument("--input-ids", action="store_true",
+                   help="send token ids (server without a tokenizer)")
     r.add_argument("--vocab-size", type=int, default=32000, help="for --input-ids")
     r.add_argument("--metrics", action="store_true", help="scrape /metrics around each level")
     r.add_argument("--warmup", type=int, default=1,
-                   help="short requests per concurrency slot before measuring, run at each level's concurrency")
+                   help="short requests per concurrency slot before measuring, run at each level's "
+                        "concurrency")
     r.add_argument("--wait-s", type=float, default=0, help="wait up to this long for /health first")
     r.add_argument("--request-timeout", type=float, default=900)
     r.add_argument("--json", help="write the full result (with repro_command) here")
@@ -734,7 +778,8 @@ def main(argv=None):
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--fail-on-error", action="store_true", help="exit 1 when any request failed")
     r.set_defaults(func=cmd_run)
-    c = sub.add_parser("compare", help="greedy identity of output ids across result files (first = reference)")
+    c = sub.add_parser("compare",
+                       help="greedy identity of output ids across result files (first = reference)")
     c.add_argument("files", nargs="+")
     c.add_argument("--level", default="c=1", help="level name to compare (c=1, long8192, ...)")
     c.add_argument("--strict", action="store_true", help="exit 1 unless every prompt is identical")

@@ -2,11 +2,11 @@
 
     python benchmark/timing_hook_cost.py [--passes 200000] [--repeats 7] [--json OUT]
 
-Times, on the host clock, `timing_hook.pass_scope` around an empty forward (flag on with an interval so large
-that nothing is sampled; flag off) and one call through a `timed_collective` wrapper, as medians of
-`--repeats` runs of `--passes` iterations. No GPU is involved: this is host Python, the same code the server
-runs before and after each forward and around each all-reduce. The baseline (flag off) runs in the same
-invocation.
+Times, on the host clock, `timing_hook.pass_scope` around an empty forward (flag on with an interval
+so large that nothing is sampled; flag off) and one call through a `timed_collective` wrapper, as
+medians of `--repeats` runs of `--passes` iterations. No GPU is involved: this is host Python, the
+same code the server runs before and after each forward and around each all-reduce. The baseline
+(flag off) runs in the same invocation.
 """
 from __future__ import annotations
 
@@ -82,8 +82,10 @@ def main(argv=None) -> int:
         "collective_wrapper_us": time_host_us(collective, args.passes, args.repeats),
         "bare_call_us": time_host_us(bare, args.passes, args.repeats),
     }
-    print(f"# host {platform.node()} {platform.processor() or platform.machine()}, python {platform.python_version()}")
-    print(f"# {args.passes} iterations x {args.repeats} repeats, medians; no pass is sampled (host cost only)")
+    print(f"# host {platform.node()} {platform.processor() or platform.machine()}, python "
+          f"{platform.python_version()}")
+    print(f"# {args.passes} iterations x {args.repeats} repeats, medians; no pass is sampled (host "
+          "cost only)")
     print(f"pass_scope, flag on:      {res['pass_scope_on_us']:.2f} us per pass")
     print(f"pass_scope, flag off:     {res['pass_scope_off_us']:.2f} us per pass (baseline)")
     print(f"timed_collective wrapper: {res['collective_wrapper_us']:.3f} us per call "

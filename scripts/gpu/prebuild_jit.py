@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Pre-build, on a CPU host, the JIT modules an H200 SGLang 0.5.16 server compiles at its first request.
+"""Pre-build, on a CPU host, the JIT modules an H200 SGLang 0.5.16 server
+compiles at its first request.
 
-Run by build_bundle.sh with FAKE_CUDA=1 (scripts/gpu/fakecuda: reports one sm90 GPU), CUDA_HOME pointing at
-nvcc 13.0.88 (the GPU machine's exact version) and TVM_FFI_CACHE_DIR at the cache that travels. SGLang keys
-each module on its name, template arguments, a hash of its sources, the arch (9.0a) and the tvm-ffi version,
-so a module built here is loaded there as-is; a shape not built here compiles there (~15-25 s each).
+Run by build_bundle.sh with FAKE_CUDA=1 (scripts/gpu/fakecuda: reports one sm90 GPU), CUDA_HOME
+pointing at nvcc 13.0.88 (the GPU machine's exact version) and TVM_FFI_CACHE_DIR at the cache that
+travels. SGLang keys each module on its name, template arguments, a hash of its sources, the arch
+(9.0a) and the tvm-ffi version, so a module built here is loaded there as-is; a shape not built here
+compiles there (~15-25 s each).
 
 Shapes (--attn HEAD_DIM:KV_HEADS_PER_RANK, repeatable) decide the rotary and KV-store modules:
   SmolLM2-135M padded for TP=2: 64:2   SmolLM2-135M at TP=1: 64:3   dummy 7168-hidden model at TP=2: 128:4, at TP=1: 128:8
---qk-norm HEAD_DIM: the per-head q/k RMSNorm of Qwen3-style models (the dummy model is a dense Qwen3).
---flashinfer-aot DIR builds FlashInfer's RMSNorm module (sgl_kernel's rmsnorm calls into it) and the TRT-LLM
-all-reduce(+RMSNorm) fusion module into DIR/<name>/<name>.so, where FlashInfer loads ahead-of-time builds.
+--qk-norm HEAD_DIM: the per-head q/k RMSNorm of Qwen3-style models (the dummy
+model is a dense Qwen3).
+--flashinfer-aot DIR builds FlashInfer's RMSNorm module (sgl_kernel's rmsnorm calls into it)
+and the TRT-LLM all-reduce(+RMSNorm) fusion module into DIR/<name>/<name>.so, where FlashInfer
+loads ahead-of-time builds.
 Exit status 1 when any module failed.
 """
 import argparse
@@ -45,16 +49,20 @@ def sglang_modules(attn_shapes, world_sizes, qk_norm_dims):
     for dt in (torch.int64, torch.int32):
         step(f"clamp_position {dt}", lambda dt=dt: clamp_position._jit_clamp_position_module(dt))
     for head_dim, kv in sorted(set(attn_shapes)):
-        step(f"fused_rope neox {head_dim} bf16", lambda h=head_dim: rope._jit_fused_rope_module(True, h, bf16))
+        step(f"fused_rope neox {head_dim} bf16",
+             lambda h=head_dim: rope._jit_fused_rope_module(True, h, bf16))
         row_bytes = kv * head_dim * 2                               # one token's K (or V) row, bf16
         step(f"kvcache row_bytes {row_bytes}", lambda rb=row_bytes: kvcache._jit_kvcache_module(rb))
-    for head_dim in sorted(set(qk_norm_dims)):                      # Qwen3-style per-head q/k RMSNorm
+    # Qwen3-style per-head q/k RMSNorm
+    for head_dim in sorted(set(qk_norm_dims)):
         step(f"qknorm {head_dim} bf16", lambda h=head_dim: norm._jit_qknorm_module(h, bf16))
     step("ngram_corpus (C++)", lambda: get_ngram_corpus_cls())
     if world_sizes:
-        step("communicator", lambda: load_jit("communicator", cuda_files=["distributed/communicator.cuh"],
+        step("communicator",
+             lambda: load_jit("communicator", cuda_files=["distributed/communicator.cuh"],
                                               cuda_wrappers=[("register_once", "register_communicator")]))
-        step("cuda_ipc", lambda: load_jit("cuda_ipc", extra_ldflags=["-lcuda"], cuda_files=["distributed/ipc.cuh"],
+        step("cuda_ipc", lambda: load_jit("cuda_ipc", extra_ldflags=["-lcuda"],
+                                          cuda_files=["distributed/ipc.cuh"],
                                           cuda_wrappers=[("register_once", "register_ipc_manager")]))
         for ws in world_sizes:
             step(f"custom_all_reduce bf16 ws{ws}", lambda ws=ws: get_all_reduce_module(bf16, ws))
@@ -83,13 +91,16 @@ def flashinfer_modules(aot_dir, with_trtllm):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attn", action="append", default=None, metavar="HEAD_DIM:KV_PER_RANK",
-                    help="attention shape to build rotary + KV-store modules for (default: 64:2 64:3 128:4 128:8)")
+                    help="attention shape to build rotary + KV-store modules for (default: 64:2 "
+                         "64:3 128:4 128:8)")
     ap.add_argument("--world-size", type=int, action="append", default=None,
                     help="TP sizes for the custom all-reduce module (default: 2)")
     ap.add_argument("--qk-norm", type=int, action="append", default=None, metavar="HEAD_DIM",
-                    help="head dims of per-head q/k RMSNorm modules (Qwen3-style models; default: 128)")
+                    help="head dims of per-head q/k RMSNorm modules (Qwen3-style models; default: "
+                         "128)")
     ap.add_argument("--flashinfer-aot", default=None, help="FlashInfer ahead-of-time module folder")
-    ap.add_argument("--no-trtllm", action="store_true", help="skip the TRT-LLM all-reduce fusion module")
+    ap.add_argument("--no-trtllm", action="store_true",
+                    help="skip the TRT-LLM all-reduce fusion module")
     a = ap.parse_args(argv)
     shapes = []
     for s in a.attn or ["64:2", "64:3", "128:4", "128:8"]:
@@ -99,7 +110,8 @@ def main(argv=None):
             ap.error(f"--attn expects HEAD_DIM:KV_HEADS_PER_RANK (e.g. 64:2), got {s!r}")
         shapes.append((h, k))
     if os.environ.get("FAKE_CUDA") != "1":
-        print("note: FAKE_CUDA is not 1; this needs a GPU (or scripts/gpu/fakecuda) to pick the target arch")
+        print("note: FAKE_CUDA is not 1; this needs a GPU (or scripts/gpu/fakecuda) to pick the "
+              "target arch")
     t0 = time.time()
     print(f"TVM_FFI_CACHE_DIR={os.environ.get('TVM_FFI_CACHE_DIR')}", flush=True)
     sglang_modules(shapes, a.world_size or [2], a.qk_norm or [128])

@@ -5,8 +5,8 @@
 
 The copy keeps the file name (so pip still sees the same distribution and version) and its
 .dist-info/RECORD loses the lines of the dropped members, so `pip install` accepts it. Used to drop
-payload an offline H200 server never loads (diffusion CLI, FA3 kernels, static libraries), which keeps
-the carried bundle inside one transfer.
+payload an offline H200 server never loads (diffusion CLI, FA3 kernels, static libraries), which
+keeps the carried bundle inside one transfer.
 """
 import os
 import sys

@@ -10,9 +10,9 @@
                                              its sha256; exits 1 naming what is missing or wrong
   status   STORE                             which parts are there
 
-Standard library only (the target has only Python). A chunk folder carries one transfer; send chunk-01 first,
-then the others while the machine is still up (see docs/gpu-staging.md). Re-running split with unchanged inputs
-rewrites nothing, so the chunks keep their checksums.
+Standard library only (the target has only Python). A chunk folder carries one transfer; send
+chunk-01 first, then the others while the machine is still up (see docs/gpu-staging.md). Re-running
+split with unchanged inputs rewrites nothing, so the chunks keep their checksums.
 """
 import argparse
 import hashlib
@@ -40,8 +40,8 @@ def sha256_file(path, start=0, length=None):
 
 
 def plan(files, max_bytes):
-    """Lay the files end to end and cut every max_bytes. Returns (file entries, parts); a part is a list of
-    (file index, offset, length) pieces."""
+    """Lay the files end to end and cut every max_bytes. Returns (file entries, parts); a part is a
+    list of (file index, offset, length) pieces."""
     entries = [{"name": os.path.basename(p), "size": os.path.getsize(p)} for p in files]
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Stand-in for `python3 -m sglang.launch_server` in the CPU rehearsal of run_e2e.sh (dryrun.sh).
 
-Takes the same command line, serves /health, /get_server_info, /metrics and a streamed /generate whose greedy
-output depends only on the prompt (so the identity check has something to compare), and exits on SIGTERM.
-It says so in every answer: its numbers are not measurements of anything.
+Takes the same command line, serves /health, /get_server_info, /metrics and a streamed /generate
+whose greedy output depends only on the prompt (so the identity check has something to compare), and
+exits on SIGTERM. It says so in every answer: its numbers are not measurements of anything.
 """
 import argparse
 import json
@@ -39,7 +39,8 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/health":
             return self._json("")
         if self.path == "/get_server_info":
-            return self._json({"version": "rehearsal", "tp_size": 2, "speculative_algorithm": a.speculative_algorithm})
+            return self._json({"version": "rehearsal", "tp_size": 2,
+                               "speculative_algorithm": a.speculative_algorithm})
         if self.path == "/metrics":
             return self._json(f"sglang:num_requests_total {served[0]}\n", ctype="text/plain")
         self._json({}, 404)
@@ -67,7 +68,8 @@ class H(BaseHTTPRequestHandler):
             mi = {"completion_tokens": k, "prompt_tokens": 3}
             if a.speculative_algorithm:
                 mi.update(spec_verify_ct=-(-k // step), spec_accept_length=k / -(-k // step))
-            self.wfile.write(b"data: " + json.dumps({"text": None, "output_ids": out_ids, "meta_info": mi}).encode() + b"\n\n")
+            self.wfile.write(b"data: " + json.dumps({"text": None, "output_ids": out_ids,
+                                                     "meta_info": mi}).encode() + b"\n\n")
             time.sleep(0.0005)
         self.wfile.write(b"data: [DONE]\n\n")
 
