@@ -16,7 +16,7 @@ DIRARG = $(if $(SGLANG_DIR),--sglang-dir $(SGLANG_DIR))
 
 .PHONY: apply-patches revert-patches check-patches status-patches test setup demo versions \
         bench-allreduce bench-kernels replay sim advise gpu-bundle gpu-repatch gpu-dryrun serving-bench \
-        which-python bench-gate
+        which-python bench-gate lint
 
 versions:          ## the supported SGLang releases (pins.txt)
 	@awk '!/^#/ && NF {print $$1}' pins.txt
@@ -41,6 +41,9 @@ demo: setup        ## fresh machine: install SGLang $(VERSION), patch it, show s
 
 test:              ## the test command (README): every pinned SGLang, patched, then pytest
 	bash scripts/run_tests.sh
+
+lint:              ## ruff check (rules, line length 100: pyproject.toml); .ci/run installs ruff==0.17.6
+	@$(PYTHON) -m ruff --version >/dev/null 2>&1 || { echo "make lint: ruff is not installed for $(PYTHON); install it: $(PYTHON) -m pip install ruff==0.17.6 (or: make lint PYTHON=a-python-with-ruff)" >&2; exit 2; }; $(PYTHON) -m ruff check .
 
 bench-allreduce:   ## GPU: all-reduce backends against the compute of a verify pass (BENCH_ARGS=..., 2+ GPUs)
 	$(FV) bench allreduce $(BENCH_ARGS)
