@@ -1,10 +1,11 @@
-"""Do the --nccl-* flags reach NCCL in every TP rank, and does the all-reduce work inside a CUDA graph?
+"""Do the --nccl-* flags reach NCCL in every TP rank, and does the all-reduce
+work inside a CUDA graph?
 
-Two processes (one per GPU) apply the NCCL tuning through the same glue function the patched SGLang calls in
-each TP worker (fastverify.glue.nccl_hook.apply_in_worker), then:
+Two processes (one per GPU) apply the NCCL tuning through the same glue function the patched SGLang
+calls in each TP worker (fastverify.glue.nccl_hook.apply_in_worker), then:
   1. all-reduce [tokens, hidden] bf16 eagerly and check the sum (rank r contributes r + 1);
-  2. warm the all-reduce up on a side stream, capture it in a CUDA graph (capture hangs without the warm-up),
-     replay, check the sum;
+  2. warm the all-reduce up on a side stream, capture it in a CUDA graph (capture hangs without the
+     warm-up), replay, check the sum;
   3. time both (median of --reps timings of --calls back-to-back all-reduces, CUDA events);
   4. read the NCCL_DEBUG=INFO log of every rank and keep the lines that show the settings NCCL took
      ("NCCL_PROTO set by environment to LL", channel counts, tuning decisions).
@@ -125,7 +126,8 @@ def worker(rank: int, args, port: int, log_dir: str, result_path: str) -> None:
         for _ in range(args.calls):
             dist.all_reduce(z)
     # F821 is a false positive: the lambda runs inside _time, before the `del many` below
-    graph_us = _time(lambda n: many.replay(), args.calls, args.reps) if graph_ok else None  # noqa: F821
+    graph_us = (_time(lambda n: many.replay(), args.calls, args.reps)  # noqa: F821
+                if graph_ok else None)
 
     dist.barrier()
     res = {"rank": rank, "eager_ok": eager_ok, "graph_ok": graph_ok, "eager_us": eager_us,
@@ -172,8 +174,9 @@ def main(argv=None) -> int:
     for r in ranks:
         r["nccl_debug"] = evidence(log_dir, r["rank"])
         # NCCL itself reports every variable it read from the environment
-        r["nccl_took"] = {k: any(f"{k} set by environment to {v}" in line for line in r["nccl_debug"])
-                          for k, v in r["exports"].items()}
+        r["nccl_took"] = {
+            k: any(f"{k} set by environment to {v}" in line for line in r["nccl_debug"])
+            for k, v in r["exports"].items()}
 
     env_keys = sorted(k for k in os.environ
                       if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_")))
@@ -200,9 +203,10 @@ def main(argv=None) -> int:
             "ok": ok, "ranks": ranks, "tokens": args.tokens, "hidden": args.hidden,
             "calls": args.calls, "reps": args.reps, "env": {k: os.environ[k] for k in env_keys},
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "repro_command": "PYTHONPATH=python " + " ".join(f"{k}={shlex.quote(os.environ[k])}"
-                                                             for k in env_keys)
-                             + " python3 benchmark/nccl_env_check.py " + " ".join(map(shlex.quote, sys.argv[1:]))},
+            "repro_command": ("PYTHONPATH=python "
+                              + " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in env_keys)
+                              + " python3 benchmark/nccl_env_check.py "
+                              + " ".join(map(shlex.quote, sys.argv[1:])))},
             indent=2))
     print("RESULT:", "OK" if ok else "FAILED")
     return 0 if ok else 1

@@ -1,28 +1,33 @@
 #!/usr/bin/env python3
-"""Serving benchmark client for an SGLang (native /generate) or OpenAI-compatible server. Standard library only.
+"""Serving benchmark client for an SGLang (native /generate) or OpenAI-compatible
+server. Standard library only.
 
-  run      one server: single stream and concurrency levels (TTFT, TPOT, output tokens/s, accept length),
-           optionally one long generation, /metrics scraped around each level, a table, --json, --plot
+  run      one server: single stream and concurrency levels (TTFT, TPOT, output tokens/s, accept
+           length), optionally one long generation, /metrics scraped around each level, a table,
+           --json, --plot
   compare  greedy identity: output token ids per prompt across result files (the lossless check)
   table    a markdown table of the headline numbers of result files
   plot     one PNG comparing result files (needs matplotlib)
 
 Examples
   python benchmark/serving.py run --base-url http://127.0.0.1:30000 --tag tree --concurrency 1,8 \\
-      --kinds code,reasoning,chat,repetitive,story --max-new-tokens 256 --long-gen 8192 --json tree.json
-  python benchmark/serving.py run --base-url ... --input-ids --vocab-size 32000 ...   # server without tokenizer
+      --kinds code,reasoning,chat,repetitive,story --max-new-tokens 256 --long-gen 8192 \\
+      --json tree.json
+  # a server without a tokenizer:
+  python benchmark/serving.py run --base-url ... --input-ids --vocab-size 32000 ...
   python benchmark/serving.py run --backend openai --base-url http://host:8000 --model NAME ...
   python benchmark/serving.py compare plain.json tree.json chain.json --level 1
   python benchmark/serving.py plot plain.json tree.json chain.json --out serving.png
 
 Definitions (per request; a level aggregates its requests)
-  TTFT     first streamed chunk that carries at least one output token, from the moment the request was sent
+  TTFT     first streamed chunk that carries at least one output token, from the moment the
+           request was sent
   TPOT     (latency - TTFT) / (output_tokens - 1)
-  output tokens   the server's completion token count (meta_info.completion_tokens; usage.completion_tokens):
-           reasoning tokens are output tokens. OpenAI streams that report no usage are counted from their
-           chunks, content and reasoning_content alike
-  accept length   meta_info.spec_accept_length, else completion_tokens / spec_verify_ct; a level's mean is
-           token-weighted: sum(output tokens) / sum(verify steps)
+  output tokens   the server's completion token count (meta_info.completion_tokens;
+           usage.completion_tokens): reasoning tokens are output tokens. OpenAI streams that report
+           no usage are counted from their chunks, content and reasoning_content alike
+  accept length   meta_info.spec_accept_length, else completion_tokens / spec_verify_ct; a level's
+           mean is token-weighted: sum(output tokens) / sum(verify steps)
   tokens/s        sum(output tokens) / wall time of the level
 """
 import argparse
@@ -719,7 +724,8 @@ def markdown_table(results, names, keys=None):
     for res, name in zip(results, names):
         for lv in res["levels"]:
             s = lv["summary"]
-            out.append(f"| {name} | {lv['name']} | " + " | ".join(fmt(s.get(k), f) for k, _, f in keys) + " |")
+            cells = " | ".join(fmt(s.get(k), f) for k, _, f in keys)
+            out.append(f"| {name} | {lv['name']} | {cells} |")
     return "\n".join(out)
 
 

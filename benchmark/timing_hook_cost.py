@@ -91,7 +91,8 @@ def main(argv=None) -> int:
     print(f"timed_collective wrapper: {res['collective_wrapper_us']:.3f} us per call "
           f"(a bare Python call: {res['bare_call_us']:.3f} us)")
     if args.json:
-        res["repro_command"] = "python benchmark/timing_hook_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        res["repro_command"] = ("python benchmark/timing_hook_cost.py "
+                                + " ".join(sys.argv[1:] if argv is None else argv))
         Path(args.json).write_text(json.dumps(res, indent=2))
     return 0
 

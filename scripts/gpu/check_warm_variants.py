@@ -8,7 +8,8 @@ slots a slice of a free list at an even and at an odd offset) for batch sizes 1-
 kernel's in-memory compile cache before and after: a call the warm-up missed adds an entry (it would
 compile, or load from disk, mid-serving).
 
-    PYTHONPATH=python:$HOME/site python3 scripts/gpu/check_warm_variants.py [--json OUT] [--aligned-only]
+    PYTHONPATH=python:$HOME/site python3 scripts/gpu/check_warm_variants.py [--json OUT] \\
+        [--aligned-only]
 
 Exit status 1 when a call met a variant the warm-up had not compiled (or the
 warm-up's output mismatched). """
@@ -47,8 +48,8 @@ def main(argv=None) -> int:
         warmup.FREE_LIST_OUT = frozenset()
     dev = torch.device("cuda")
     pool = torch.zeros(4, args.pool_len, dtype=torch.int32, device=dev)
-    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
-        req_to_token=pool)), max_batch_size=8, draft_token_num=8)
+    runner = types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(req_to_token=pool))
+    worker = types.SimpleNamespace(model_runner=runner, max_batch_size=8, draft_token_num=8)
     before = cache_entries(assign_req_to_token_pool)
     res = warmup.warm_spec_kernels(worker, widths=(1, 2, 4, 8))
     warmed = cache_entries(assign_req_to_token_pool)

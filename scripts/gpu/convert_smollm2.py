@@ -118,8 +118,8 @@ def pad_heads(hp: dict, tensors: dict, tp: int) -> dict:
             [q, np.zeros(((heads_new - heads) * head_dim, q.shape[1]), np.float32)])
         for n in ("k_proj.weight", "v_proj.weight"):                       # [kv*hd, hidden]
             w = tensors[p + n]
-            tensors[p + n] = np.concatenate([w,
-                                             np.zeros(((kv_new - kv) * head_dim, w.shape[1]), np.float32)])
+            tensors[p + n] = np.concatenate(
+                [w, np.zeros(((kv_new - kv) * head_dim, w.shape[1]), np.float32)])
         o = tensors[p + "o_proj.weight"]                                   # [hidden, heads*hd]
         tensors[p + "o_proj.weight"] = np.concatenate(
             [o, np.zeros((o.shape[0], (heads_new - heads) * head_dim), np.float32)], axis=1)

@@ -9,7 +9,8 @@ travels. SGLang keys each module on its name, template arguments, a hash of its 
 compiles there (~15-25 s each).
 
 Shapes (--attn HEAD_DIM:KV_HEADS_PER_RANK, repeatable) decide the rotary and KV-store modules:
-  SmolLM2-135M padded for TP=2: 64:2   SmolLM2-135M at TP=1: 64:3   dummy 7168-hidden model at TP=2: 128:4, at TP=1: 128:8
+  SmolLM2-135M padded for TP=2: 64:2   SmolLM2-135M at TP=1: 64:3
+  dummy 7168-hidden model at TP=2: 128:4, at TP=1: 128:8
 --qk-norm HEAD_DIM: the per-head q/k RMSNorm of Qwen3-style models (the dummy
 model is a dense Qwen3).
 --flashinfer-aot DIR builds FlashInfer's RMSNorm module (sgl_kernel's rmsnorm calls into it)
@@ -60,10 +61,11 @@ def sglang_modules(attn_shapes, world_sizes, qk_norm_dims):
     if world_sizes:
         step("communicator",
              lambda: load_jit("communicator", cuda_files=["distributed/communicator.cuh"],
-                                              cuda_wrappers=[("register_once", "register_communicator")]))
-        step("cuda_ipc", lambda: load_jit("cuda_ipc", extra_ldflags=["-lcuda"],
-                                          cuda_files=["distributed/ipc.cuh"],
-                                          cuda_wrappers=[("register_once", "register_ipc_manager")]))
+                              cuda_wrappers=[("register_once", "register_communicator")]))
+        step("cuda_ipc",
+             lambda: load_jit("cuda_ipc", extra_ldflags=["-lcuda"],
+                              cuda_files=["distributed/ipc.cuh"],
+                              cuda_wrappers=[("register_once", "register_ipc_manager")]))
         for ws in world_sizes:
             step(f"custom_all_reduce bf16 ws{ws}", lambda ws=ws: get_all_reduce_module(bf16, ws))
 

@@ -20,7 +20,8 @@ def repack(src: str, outdir: str, prefixes: tuple) -> tuple:
     dst = os.path.join(outdir, os.path.basename(src))
     tmp = dst + ".part"
     dropped = 0
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
+    with zipfile.ZipFile(src) as zin, \
+            zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
         for info in zin.infolist():
             if info.filename.startswith(prefixes):
                 dropped += info.file_size

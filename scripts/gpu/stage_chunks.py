@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Move files larger than one transfer to an offline machine in several transfers, with checksums.
 
-  split    --out STAGE --max-mib 60 FILE...   STAGE/chunk-01/, chunk-02/, ... each one part (<= max-mib) of the
-                                             files laid end to end, plus MANIFEST.json (every file's name, size,
-                                             sha256; every part's sha256) in each chunk folder
-  receive  CHUNK_DIR STORE                   on the target: copy one arrived chunk into STORE (outside the work
-                                             tree, so it survives the next transfer) and check its part's sha256
-  assemble STORE OUT_DIR                     once all parts are in STORE: rebuild every file into OUT_DIR and check
-                                             its sha256; exits 1 naming what is missing or wrong
-  status   STORE                             which parts are there
+  split    --out STAGE --max-mib 60 FILE...
+           STAGE/chunk-01/, chunk-02/, ... each one part (<= max-mib) of the files laid end to end,
+           plus MANIFEST.json (every file's name, size, sha256; every part's sha256) in each chunk
+           folder
+  receive  CHUNK_DIR STORE
+           on the target: copy one arrived chunk into STORE (outside the work tree, so it survives
+           the next transfer) and check its part's sha256
+  assemble STORE OUT_DIR
+           once all parts are in STORE: rebuild every file into OUT_DIR and check its sha256; exits
+           1 naming what is missing or wrong
+  status   STORE
+           which parts are there
 
 Standard library only (the target has only Python). A chunk folder carries one transfer; send
 chunk-01 first, then the others while the machine is still up (see docs/gpu-staging.md). Re-running
