@@ -2,8 +2,8 @@
 # CPU rehearsal of the evaluation command (lab/gpu/evaluate.sh) against the stand-in server
 # (scripts/gpu/dryrun/fake_server.py): every staged chunk received into a store, assembled and
 # unpacked by device_env.sh, the SmolLM2 weights rebuilt and checked, then evaluate.sh end to end
-# (launch, health wait, interleaved flushed rounds, analysis, packing). It proves the scripts, not the
-# server: no number from it means anything.
+# (launch, health wait, interleaved flushed rounds, analysis, packing). It proves the scripts, not
+# the server: no number from it means anything.
 #   [PROFILES="none reference-kimi-tp8"] [EVAL_ARGS=...] [FAIL_ONCE="PORT ..."] \
 #     bash lab/gpu/evaluate_dryrun.sh [WORKDIR]
 # FAIL_ONCE: the stand-ins on those ports exit at their first start (rehearses the retry).
