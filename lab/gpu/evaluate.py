@@ -635,7 +635,7 @@ def plot_group(g, path):
             ax.bar(xs, [y - 1.0 for y in ys], w, bottom=1.0, yerr=errs, capsize=2, label=n)
         for i, c in enumerate(cells):
             lo, hi = c["noise_band"][m]
-            ax.fill_between([i - 0.45, i + 0.45], lo, hi, color="grey", alpha=0.2, lw=0)
+            ax.fill_between([i - 0.45, i + 0.45], lo, hi, color="grey", alpha=0.2, lw=0, zorder=0)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_ylabel(f"{m} tok/s / plain {g['baseline']}")
         ax.grid(axis="y", alpha=0.3)
@@ -646,8 +646,8 @@ def plot_group(g, path):
     axes[1].set_xticks(range(len(cells)))
     axes[1].set_xticklabels([cell_name(c).replace(" ignore_eos=", "\neos ") for c in cells],
                             fontsize=7)
-    fig.suptitle(f"profile {g['group']} ({g.get('group_flags') or 'no extra flags'}): ratios "
-                 f"vs plain, 95 % bootstrap; grey: A-vs-P noise band", fontsize=9)
+    fig.suptitle(f"profile {g['group']} ({g.get('group_flags') or 'no extra flags'})\n"
+                 "ratios vs plain, 95 % bootstrap; grey: A-vs-P noise band", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

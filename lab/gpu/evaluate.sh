@@ -105,6 +105,10 @@ for g in $PROFILES; do
   v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v:-}" ] && REPRO="$REPRO $v=\"${!v}\""
   v="FLAGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
+for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION; do
+  [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
+done
+for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
 REPRO="$REPRO bash lab/gpu/evaluate.sh"
 mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw"; : > "$W/timeline.txt"
 log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP"
