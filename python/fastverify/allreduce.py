@@ -2,24 +2,26 @@
 passes (`--tp-allreduce`).
 
 Choices and what they map to in each pinned SGLang:
-    nccl              custom all-reduce off (disable_custom_all_reduce=True), FlashInfer fusion off and,
-                      on 0.5.23, SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0: every TP all-reduce goes to NCCL
-                      (pynccl inside CUDA graphs). Tune it with the --nccl-* flags.
-    custom            SGLang's custom all-reduce (the default when usable). SGLang itself disables it on
-                      more than two PCIe-only GPUs, so that combination is refused here.
-    pcie-ipc          0.5.23 only: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (its pcie_ipc communicator, TP 2/4/8,
-                      bf16), custom all-reduce and FlashInfer fusion off so nothing is checked before it.
-                      0.5.16 has no such path: refused with what to use instead.
-    flashinfer-fused  flashinfer_allreduce_fusion_backend=trtllm (fused all-reduce + residual + RMSNorm).
-                      Opt-in only: SM90, SM10x, or SM12x with FlashInfer >= 0.7 (FlashInfer 0.6.14, the
-                      pin of SGLang 0.5.16, builds its trtllm comm kernels for majors 9 and 10 only);
+    nccl              custom all-reduce off (disable_custom_all_reduce=True), FlashInfer fusion off
+                      and, on 0.5.23, SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0: every TP all-reduce goes
+                      to NCCL (pynccl inside CUDA graphs). Tune it with the --nccl-* flags.
+    custom            SGLang's custom all-reduce (the default when usable). SGLang itself disables
+                      it on more than two PCIe-only GPUs, so that combination is refused here.
+    pcie-ipc          0.5.23 only: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (its pcie_ipc communicator, TP
+                      2/4/8, bf16), custom all-reduce and FlashInfer fusion off so nothing is
+                      checked before it. 0.5.16 has no such path: refused with what to use instead.
+    flashinfer-fused  flashinfer_allreduce_fusion_backend=trtllm (fused all-reduce + residual +
+                      RMSNorm). Opt-in only: SM90, SM10x, or SM12x with FlashInfer >= 0.7
+                      (FlashInfer 0.6.14, the pin of SGLang 0.5.16, builds its trtllm comm kernels
+                      for majors 9 and 10 only);
                       TP >= 2 on one node.
-    auto              decided from a measured table (built-in below, or `--tp-allreduce-table FILE` written
-                      by the all-reduce microbenchmark): the fastest measured path for this SGLang, SM,
-                      fabric and TP size at the verify payload. Without at least two measured candidates
-                      for that setup, SGLang's own choice is kept: never a guess. FlashInfer fusion is never
-                      picked on PCIe without a measured row for it (upstream closed an enable-by-default
-                      change after TP4 over PCIe regressed, sglang#32330, 2026-08-12).
+    auto              decided from a measured table (built-in below, or `--tp-allreduce-table FILE`
+                      written by the all-reduce microbenchmark): the fastest measured path for this
+                      SGLang, SM, fabric and TP size at the verify payload. Without at least two
+                      measured candidates for that setup, SGLang's own choice is kept: never a
+                      guess. FlashInfer fusion is never picked on PCIe without a measured row for it
+                      (upstream closed an enable-by-default change after TP4 over PCIe regressed,
+                      sglang#32330, 2026-08-12).
 
 Measured-table format (`fastverify-allreduce-table/1`):
     {"format": "fastverify-allreduce-table/1",
@@ -285,7 +287,8 @@ def _explicit(choice: str, sglang_version, topo: Topology, tp_size: int, nnodes:
                                        "all-reduce at TP 1)")
         if nnodes > 1:
             raise AllReduceConfigError("--tp-allreduce flashinfer-fused: the trtllm backend is "
-                                       "single-node only; allowed: nccl, custom" + (", pcie-ipc" if has_pcie_ipc(sglang_version) else ""))
+                                       "single-node only; allowed: nccl, custom"
+                                       + (", pcie-ipc" if has_pcie_ipc(sglang_version) else ""))
         blocker = fusion_blocker(topo.sm, flashinfer_version)
         if blocker:
             raise AllReduceConfigError(f"--tp-allreduce flashinfer-fused: {blocker}")
@@ -315,7 +318,8 @@ def decide(choice: Optional[str], *, sglang_version, topology: Topology, tp_size
         return AllReducePlan(None, "auto: TP 1 has no all-reduce; nothing to choose")
     if topology.sm is None or topology.fabric is None:
         return AllReducePlan(None,
-                             "auto: GPU SM or fabric unknown at launch; keeping SGLang's own choice")
+                             "auto: GPU SM or fabric unknown at launch; keeping SGLang's own "
+                             "choice")
     candidates = ["nccl"]
     if tp_size <= 2 or topology.has_nvlink:
         candidates.append("custom")

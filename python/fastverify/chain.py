@@ -5,7 +5,8 @@ The pipeline, per decode step (numpy on the host, torch only for the device-side
 
     corpus.batch_get -> (tokens[bs*d], mask[bs*d*d])        SGLang's own n-gram corpus, d = k
       -> reduce_to_chain(tokens, mask, k, match_type)      one root-to-leaf path per request
-      -> chain_indices(seq_lens, k)                        positions / retrieve_* for the verify kernels
+      -> chain_indices(seq_lens, k)                        positions / retrieve_* for the verify
+                                                           kernels
       -> plan_verify(draft_lens, k, buckets)               verify width and the tokens it saves
       -> VerifyStats.record(...)                           accept length, verified tokens per step
 
@@ -18,10 +19,11 @@ request with no candidate at all is ``[root, 0, 0, ...]``.
 
 Which path is "best" (decided from csrc/ngram_corpus/trie.cpp and result.cpp,
 same code in both pins):
-    The corpus builds its tree with a score, but ``fillResult`` emits each node's children by iterating a
-    ``std::unordered_map<token, slot>``, so the sibling order in the output is hash order: neither the recency
-    order of BFS mode (children taken from each trie node's LRU list, most recent first) nor the frequency order
-    of PROB mode survives. What survives is the shape of the tree, and the two build rules shape it differently:
+    The corpus builds its tree with a score, but ``fillResult`` emits each node's children by
+    iterating a ``std::unordered_map<token, slot>``, so the sibling order in the output is hash
+    order: neither the recency order of BFS mode (children taken from each trie node's LRU list,
+    most recent first) nor the frequency order of PROB mode survives. What survives is the shape of
+    the tree, and the two build rules shape it differently:
     - BFS (recency): anchors (matched context suffixes) are expanded longest first; each anchor's
       breadth shrinks level by level, so only the most recently seen continuations are followed
       deep, and continuations that several anchors agree on merge into one deeper branch. The most
@@ -31,7 +33,8 @@ same code in both pins):
       over the top ``max_bfs_breadth`` children times the parent's probability), so more probable
       branches receive more of the node budget: descend by (subtree size, subtree height, lower
       index), i.e. follow the mass.
-    Ties fall to the lower output index, which makes the choice deterministic for a given corpus output.
+    Ties fall to the lower output index, which makes the choice deterministic for a given corpus
+    output.
 
 Padding: the trailing nodes that are token 0, children of the root and leaves are padding
 (``fillResult`` appends them after every real node). A real token-0 leaf under the root placed last
@@ -45,23 +48,29 @@ padding token is accepted only where the target itself predicts token 0. ``chain
 tokens, 0..k-1) is returned separately.
 
 No-match gating and static CUDA-graph shapes (``plan_verify``):
-    SGLang captures verify graphs for a fixed number of tokens per request. A batch keeps its shapes static by
-    verifying every request at one width ``w`` per step, chosen as the smallest captured width (``buckets``)
-    that fits the longest real draft plus the root, ``w >= 1 + max(chain_len)``; shorter drafts are padded only
-    up to ``w``, and each request keeps its own draft length (padding is never counted as drafted). When no
-    request in the batch has a real candidate, the step is a plain decode (``action == "decode"``, width 1):
-    nothing is verified beyond the one token each request needs anyway. ``VerifyStats`` accounts verified
-    tokens per step for the static width (``bs * k``, what stock SGLang and today's patch run) and for the
-    planned width, so the saving is measured before the width switch is wired to multi-width graph capture.
+    SGLang captures verify graphs for a fixed number of tokens per request. A batch keeps its shapes
+    static by verifying every request at one width ``w`` per step, chosen as the smallest captured
+    width (``buckets``) that fits the longest real draft plus the root, ``w >= 1 + max(chain_len)``;
+    shorter drafts are padded only up to ``w``, and each request keeps its own draft length (padding
+    is never counted as drafted). When no request in the batch has a real candidate, the step is a
+    plain decode (``action == "decode"``, width 1): nothing is verified beyond the one token each
+    request needs anyway. ``VerifyStats`` accounts verified tokens per step for the static width
+    (``bs * k``, what stock SGLang and today's patch run) and for the planned width, so the saving
+    is measured before the width switch is wired to multi-width graph capture.
 
 Public API (used by the server glue and by the offline replay tool):
-    ``ChainConfig``                         frozen mode/k/match-type/buckets, validated with flag names
+    ``ChainConfig``                         frozen mode/k/match-type/buckets,
+                                            validated with flag names
     ``tree_parents(mask)``                  [bs, d] parent index per node (-1 for the root)
-    ``real_draft_lengths(tokens, mask)``    [bs] number of real (non-padding) draft nodes in the tree
+    ``real_draft_lengths(tokens, mask)``    [bs] number of real (non-padding) draft nodes in the
+                                            tree
     ``extract_chains(tokens, mask, match_type)``  ([bs, d] chain tokens, [bs] chain length)
-    ``reduce_to_chain(tokens, mask, k, match_type)``  corpus format in, corpus format + chain length out
-    ``chain_indices(seq_lens, k)``          positions, retrieve_index, retrieve_next_token, retrieve_next_sibling
-    ``plan_verify(draft_lens, k, buckets)`` ``VerifyPlan``: action, width, verified tokens static vs planned
+    ``reduce_to_chain(tokens, mask, k, match_type)``  corpus format in, corpus format + chain
+                                                      length out
+    ``chain_indices(seq_lens, k)``          positions, retrieve_index, retrieve_next_token,
+                                            retrieve_next_sibling
+    ``plan_verify(draft_lens, k, buckets)`` ``VerifyPlan``: action, width, verified tokens static
+                                            vs planned
     ``VerifyStats``                         running accept-length / verified-token accounting
 """
 from __future__ import annotations

@@ -7,7 +7,8 @@ through ``set_defaults``. Modules are imported only when their subcommand runs, 
 
 To add a subcommand, add one line to ``SUBCOMMANDS`` (or call ``register`` before ``main``):
 
-    SUBCOMMANDS["flags"] = Subcommand("fastverify.flags:add_parser", "list the flags fastverify adds")
+    SUBCOMMANDS["flags"] = Subcommand("fastverify.flags:add_parser",
+                                      "list the flags fastverify adds")
 """
 from __future__ import annotations
 

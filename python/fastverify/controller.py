@@ -4,7 +4,7 @@ Each decode step the controller picks, for the whole batch, the option with the 
 tokens per second among: no speculation, a chain of k draft tokens (k = 1..K), and the corpus tree:
 
     rate(option) = E[tokens emitted by the batch] / t(pass)
-                 = (bs + sum_i E[accepted_i | option]) / t_verify(tokens in the pass)        speculating
+                 = (bs + sum_i E[accepted_i | option]) / t_verify(tokens in the pass)   speculating
     rate(none)   = bs / t_decode(bs)
 
 Two inputs, both measured, neither taken from a paper:
@@ -543,8 +543,10 @@ class Controller:
             "pass_ms": round(d.pass_ms, 4),
             "decode_ms": round(self.costs.decode_ms(len(requests)), 4),
             "speculating": sum(d.speculate) if d.option.kind != NONE else 0,
-            "mean_expected_chain_accept": round(sum(c[k - 1] for c, _ in per_req) / max(len(per_req), 1), 4),
-            "mean_expected_tree_accept": round(sum(t for _, t in per_req) / max(len(per_req), 1), 4),
+            "mean_expected_chain_accept":
+                round(sum(c[k - 1] for c, _ in per_req) / max(len(per_req), 1), 4),
+            "mean_expected_tree_accept":
+                round(sum(t for _, t in per_req) / max(len(per_req), 1), 4),
             "switches": self.counters["switches"], "decisions_since_last_log": self._suppressed + 1,
         })
         self._suppressed = 0

@@ -180,7 +180,8 @@ def load_cost_table(path, flag: str = "--speculative-ngram-auto-cost-table",
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise CostTableError(f"{flag} {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise CostTableError(f"{flag} {path}: not valid JSON ({e.msg} at line "
+                             f"{e.lineno})") from None
     return parse_cost_table(obj, f"{flag} {path}", backend, pick_backend)
 
 

@@ -256,7 +256,8 @@ class ShadowTracker:
         for p in q:
             actual = tokens[p.pos:n]
             ca, cres = chain_accept(p.chain, actual)
-            ta, tres = (None, True) if p.tree_tokens is None else tree_accept(p.tree_tokens, p.tree_parents, actual)
+            ta, tres = ((None, True) if p.tree_tokens is None
+                        else tree_accept(p.tree_tokens, p.tree_parents, actual))
             (done if cres and tres else keep).append((p, ca, ta))
         self._pending[req_id] = [p for p, _, _ in keep]
         return [(p.features, ca, ta) for p, ca, ta in done]

@@ -30,7 +30,8 @@ unknown) NCCL it is refused.
 Tuning profile (JSON, written by the all-reduce microbenchmark through `write_profile`):
     {
       "format": "fastverify-nccl-profile/1",
-      "env": {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4", ...},   # NCCL_* only, validated like flags
+      "env": {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4", ...},   # NCCL_* only, validated like
+                                                                     flags
       "source": {"gpu": "...", "nccl": "2.28.9", "command": "..."},  # free-form, informational
       "by_size": [{"bytes": 14336, "best": {"NCCL_PROTO": "LL"}, "us": 9.1}, ...]   # optional
     }
@@ -72,10 +73,12 @@ FLAG_VARS = {
 }
 
 FLAG_HELP = {
-    "nccl_algo": "NCCL_ALGO for every TP worker: " + ", ".join(ALGORITHMS) + " (case-insensitive; lists, "
-                 "'^' exclusion, per-collective 'allreduce:tree' on NCCL >= 2.24). A global Tree "
-                 "is rewritten to 'allreduce:tree' (NCCL >= 2.24) or refused.",
-    "nccl_proto": "NCCL_PROTO for every TP worker: " + ", ".join(PROTOCOLS) + " (same list syntax).",
+    "nccl_algo": "NCCL_ALGO for every TP worker: " + ", ".join(ALGORITHMS)
+                 + " (case-insensitive; lists, '^' exclusion, per-collective 'allreduce:tree' on "
+                 "NCCL >= 2.24). A global Tree is rewritten to 'allreduce:tree' (NCCL >= 2.24) or "
+                 "refused.",
+    "nccl_proto": "NCCL_PROTO for every TP worker: " + ", ".join(PROTOCOLS)
+                  + " (same list syntax).",
     "nccl_min_channels": f"NCCL_MIN_NCHANNELS (1..{MAX_CHANNELS}).",
     "nccl_max_channels": f"NCCL_MAX_NCHANNELS (1..{MAX_CHANNELS}).",
     "nccl_buffsize": f"NCCL_BUFFSIZE in bytes ({MIN_BUFFSIZE}..{MAX_BUFFSIZE}; NCCL default "
@@ -189,7 +192,8 @@ def _int_in(value, origin: str, lo: int, hi: int, what: str) -> int:
     try:
         n = int(str(value).strip(), 0)
     except ValueError:
-        raise NcclConfigError(f"{origin}: {value!r} is not an integer; allowed: {what} {lo}..{hi}") from None
+        raise NcclConfigError(f"{origin}: {value!r} is not an integer; allowed: {what} "
+                              f"{lo}..{hi}") from None
     if not lo <= n <= hi:
         raise NcclConfigError(f"{origin}: {n} is out of range; allowed: {what} {lo}..{hi}")
     return n

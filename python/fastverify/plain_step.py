@@ -311,7 +311,8 @@ def warm(device, k: int, pool_dtype=None, bs: int = 3) -> dict:
 
 
 def _turn_off_direct(reason: str) -> None:
-    logger.warning("plain step kernels: launched through Triton's JIT entry from now on (%s)", reason)
+    logger.warning("plain step kernels: launched through Triton's JIT entry from now on "
+                   "(%s)", reason)
     _inputs_launch.turn_off(reason)
     _outputs_launch.turn_off(reason)
 

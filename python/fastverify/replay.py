@@ -5,12 +5,13 @@ model load. It drives SGLang's own C++ n-gram corpus (the installed, patched one
 requests exactly as the NGRAM worker does during greedy decoding:
 
     for each decode step of each running request:
-        context  = prompt + tokens generated so far                  (the first token comes from prefill)
-        query    = last max_trie_depth tokens of the context          (ngram_worker._prepare_draft_tokens)
-        draft    = corpus.batch_get(rids, queries, total_lens)         # tokens [bs*d], mask [bs*d*d]
-        verify   = walk the draft against the recorded continuation   (greedy: the recording IS the target)
+        context  = prompt + tokens generated so far          (the first token comes from prefill)
+        query    = last max_trie_depth tokens of the context  (ngram_worker._prepare_draft_tokens)
+        draft    = corpus.batch_get(rids, queries, total_lens)  # tokens [bs*d], mask [bs*d*d]
+        verify   = walk the draft against the recorded continuation
+                                                      (greedy: the recording IS the target)
         append   = accepted draft tokens + one bonus token
-        corpus.batch_put(queries)                                      (ngram_worker._update_ngram_corpus)
+        corpus.batch_put(queries)                     (ngram_worker._update_ngram_corpus)
     requests that left the batch: corpus.erase_match_state(rids)
 
 Greedy verification of a tree (what verify_tree_greedy computes): start at the root (the last
@@ -94,7 +95,8 @@ TOKEN_ID_MAX = 2**31 - 1  # SGLang's corpus takes token ids as int32 (ngram_corp
 
 def _token_list(value, key: str, where: str) -> tuple[int, ...]:
     if not isinstance(value, list):
-        raise TraceError(f"{where}: '{key}' must be a list of token ids, got {type(value).__name__}")
+        raise TraceError(f"{where}: '{key}' must be a list of token ids, got "
+                         f"{type(value).__name__}")
     for i, tok in enumerate(value):
         if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
             raise TraceError(f"{where}: '{key}'[{i}] must be a non-negative integer token id, got "
@@ -565,7 +567,8 @@ def plot(rows: list[dict], out: str, title: str,
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError(f"--plot {out}: matplotlib is not installed (pip install matplotlib)") from None
+        raise RuntimeError(f"--plot {out}: matplotlib is not installed (pip install "
+                           "matplotlib)") from None
     has_cost = any("tokens_per_s" in r for r in rows)
     fig, axes = plt.subplots(1, 3 if has_cost else 2, figsize=(15 if has_cost else 10, 4.2))
     ax = axes[0]
@@ -623,7 +626,8 @@ def _int_list(flag: str):
         try:
             vals = [int(x) for x in text.split(",") if x.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got "
+                                             f"{text!r}") from None
         if not vals:
             raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}")
         return vals

@@ -5,16 +5,21 @@ tokens it would accept at each position of each request comes from a trace (posi
 every policy sees the same text). A step:
 
     views  = [(req, features at its position)]              what the n-gram lookup reports
-    plan   = policy.decide(views)                            the REAL Controller for "auto"; fixed otherwise
+    plan   = policy.decide(views)                            the REAL Controller for "auto";
+                                                             fixed otherwise
     accept = chain: min(A_chain[pos], k); tree: A_tree[pos]; not speculating: 0
     time  += decode_ms(bs) or verify_ms(tokens in the pass)  from the TRUE cost table
-             + lookup_ms when the step looked drafts up       (host: corpus lookup, its blocking copy, the
-                                                              speculative verify path; 0 by default)
-             + probe_ms when auto probed (drafts looked up behind the launch only to be scored: host time
-                                                              the step lacks where the host is busy; 0 by default)
+             + lookup_ms when the step looked drafts up      (host: corpus lookup, its blocking
+                                                             copy, the speculative verify path;
+                                                             0 by default)
+             + probe_ms when auto probed                     (drafts looked up behind the launch
+                                                             only to be scored: host time the
+                                                             step lacks where the host is busy;
+                                                             0 by default)
     pos   += 1 + accept
-    drafts made at earlier steps resolve once the produced tokens show their first divergence (at most K + 1
-    tokens later) and are fed to the controller, verified or not (ShadowTracker does this in the server).
+    drafts made at earlier steps resolve once the produced tokens show their first divergence (at
+    most K + 1 tokens later) and are fed to the controller, verified or not (ShadowTracker does
+    this in the server).
 
 Traces: `synthetic_requests` (known acceptance: geometric with continuation probability p, the
 regime may change with the step number) and `replay_requests` (drafts from SGLang's n-gram corpus
@@ -768,7 +773,8 @@ def run_cli(args, argv=None) -> int:
                           lookup_ms=args.lookup_ms, probe_max=args.probe_max,
                           probe_ms=args.probe_ms,
                           progress=lambda line: print(f"[sim] {line}", file=sys.stderr, flush=True))
-    rep["repro_command"] = "python -m fastverify.sim " + " ".join(argv if argv is not None else sys.argv[1:])
+    rep["repro_command"] = ("python -m fastverify.sim "
+                            + " ".join(argv if argv is not None else sys.argv[1:]))
     print("# fastverify.sim: simulated decode loop, real controller; config "
           f"{json.dumps(rep['config'])}; lookup step +{rep['lookup_ms']} ms; probe step "
           f"+{rep['probe_ms']} ms; probe gap up to {rep['probe_max']} steps")

@@ -237,8 +237,8 @@ def build_record(mode: str, pass_ms: float, spans: Iterable[Tuple[str, float]], 
     )
 
 
-def across_ranks(local: List[Tuple[str, float]],
-                 ranks: List[List[Tuple[str, float]]]) -> Optional[Tuple[List[Tuple[str, float]], float]]:
+def across_ranks(local: List[Tuple[str, float]], ranks: List[List[Tuple[str, float]]]
+                 ) -> Optional[Tuple[List[Tuple[str, float]], float]]:
     """Separate collective time from waiting for other ranks, per call.
 
     ``local``: this rank's (kind, ms) spans of one pass; ``ranks``: every rank's spans of the same

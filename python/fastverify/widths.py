@@ -6,10 +6,12 @@ request, k = --speculative-num-draft-tokens. With ``--speculative-ngram-verify-w
 server also builds one verify runtime (attention backend + verify graph runner) per extra width
 (fastverify.glue.verify_runtime), and each decode step runs at the width this module picks:
 
-    chain drafts (corpus format at k)                 tokens [bs*k], mask [bs*k*k]   (fastverify.chain)
+    chain drafts (corpus format at k)                 tokens [bs*k], mask [bs*k*k]
+                                                      (fastverify.chain)
       -> chain_draft_lengths(tokens, k)               [bs] real draft tokens per request
-      -> choose_width(lens, cfg)                      smallest captured width >= 1 + max(lens); 1 (or the
-                                                       smallest width) when no request has a draft
+      -> choose_width(lens, cfg)                      smallest captured width >= 1 + max(lens); 1
+                                                      (or the smallest width) when no request has
+                                                      a draft
       -> truncate_drafts(tokens, mask, k, width)      tokens [bs*w], mask [bs*w*w]
       -> verify at width w                            (the glue swaps the runtime for this step)
       -> pad_accept_tokens(accept [bs*w], bs, w, k)   [bs*k] for the next step's bookkeeping

@@ -1,29 +1,35 @@
 #!/usr/bin/env python3
-"""Where one verify pass spends its time: the per-layer all-reduces against the GEMMs, per all-reduce backend.
+"""Where one verify pass spends its time: the per-layer all-reduces against the
+GEMMs, per all-reduce backend.
 
-For each verify width k (tokens per request) and batch size, the pass has ``tokens = bs * k`` rows. One pass
-is built from the profile's per-layer work at TP-sharded shapes: each layer's GEMMs, the all-reduce of
-``[tokens, hidden]`` after the row-parallel ones (o_proj, down_proj), then the residual add + RMSNorm (fused
-into the all-reduce where the backend can). Reported per backend and size:
+For each verify width k (tokens per request) and batch size, the pass has ``tokens = bs * k``
+rows. One pass is built from the profile's per-layer work at TP-sharded shapes: each layer's
+GEMMs, the all-reduce of ``[tokens, hidden]`` after the row-parallel ones (o_proj,
+down_proj), then the residual add + RMSNorm (fused into the all-reduce where the backend
+can). Reported per backend and size:
 
-- compute-only pass (GEMMs + add/RMSNorm, no all-reduce), all-reduce-only (the pass's all-reduces back to
-  back, plain and with add+RMSNorm), the interleaved pass, the all-reduce share of the pass, per-call latency;
-- under CUDA graphs (how the server runs decode and verify: CUDA events around graph replays, medians) and
-  eager (launch overhead).
+- compute-only pass (GEMMs + add/RMSNorm, no all-reduce), all-reduce-only (the pass's
+  all-reduces back to back, plain and with add+RMSNorm), the interleaved pass, the all-reduce
+  share of the pass, per-call latency;
+- under CUDA graphs (how the server runs decode and verify: CUDA events around graph replays,
+  medians) and eager (launch overhead).
 
-Every backend's result is checked against an fp32 reference sum (and fp32 add+RMSNorm) before any timing,
-eager and graph-replayed; wrong results are counted and reported.
+Every backend's result is checked against an fp32 reference sum (and fp32 add+RMSNorm) before any
+timing, eager and graph-replayed; wrong results are counted and reported.
 
-Backends (each runs in its own group of processes: NCCL reads its variables once, at communicator creation):
+Backends (each runs in its own group of processes: NCCL reads its variables once,
+at communicator creation):
   nccl              torch.distributed NCCL, default settings
-  nccl-tuned        a sweep of NCCL_PROTO x channels x NCCL_BUFFSIZE; the best per size is written as a
-                    --nccl-tuning-profile JSON (--write-nccl-profile)
-  symm-oneshot/-twoshot  torch symmetric-memory all-reduce (no multicast: TORCH_SYMM_MEM_DISABLE_MULTICAST=1)
+  nccl-tuned        a sweep of NCCL_PROTO x channels x NCCL_BUFFSIZE; the best per size is written
+                    as a --nccl-tuning-profile JSON (--write-nccl-profile)
+  symm-oneshot/-twoshot  torch symmetric-memory all-reduce (no multicast:
+                         TORCH_SYMM_MEM_DISABLE_MULTICAST=1)
   flashinfer-ar / flashinfer-fused / flashinfer-fused-1shot  FlashInfer trtllm kAllReduce and
                     kARResidualRMSNorm (auto and forced one-shot)
   flashinfer-pcie   FlashInfer 0.7.x PCIe IPC all-reduce
   sglang-custom     reported "absent" unless sgl_kernel is importable (it is only listed)
-  nccl-p2p-off      EMULATION of a PCIe-like regime on an NVLink machine: NCCL_P2P_DISABLE=1 (SHM transport)
+  nccl-p2p-off      EMULATION of a PCIe-like regime on an NVLink machine:
+                    NCCL_P2P_DISABLE=1 (SHM transport)
 
 Example (2 GPUs):
   python benchmark/allreduce_vs_compute.py --profile kimi-k2.5 --shard-tp 8 --batch-sizes 1,4 \
@@ -66,7 +72,8 @@ def parse_int_list(text: str, flag: str) -> List[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"error: {flag}: expected comma-separated integers, got {text!r}") from None
+        raise SystemExit(f"error: {flag}: expected comma-separated integers, got "
+                         f"{text!r}") from None
     if not vals or any(v <= 0 for v in vals):
         raise SystemExit(f"error: {flag}: expected positive integers, got {text!r}")
     return vals
@@ -170,7 +177,8 @@ def print_plan(plan: Dict[str, Any]) -> None:
                               floatfmt="{:.3f}"))
     for j in plan["jobs"]:
         extra = f" env={j['env']}" if j["env"] else ""
-        print(f"# job {j['name']}: variants {j['variants']}{extra}" + (" [+compute]" if j.get("compute") else ""))
+        print(f"# job {j['name']}: variants {j['variants']}{extra}"
+              + (" [+compute]" if j.get("compute") else ""))
     if plan["sglang_custom"]:
         print("# sglang-custom: measured only if sgl_kernel is importable on the GPU machine")
 
@@ -207,7 +215,8 @@ class _Ctx:
         self.max_tokens = max(plan["tokens"])
         g = torch.Generator(device=self.dev)
         g.manual_seed(1234)  # same weights on both ranks is not required; same gamma is
-        self.gamma = (1.0 + 0.1 * torch.randn(self.hidden, generator=g, device=self.dev)).to(self.dtype)
+        self.gamma = (1.0 + 0.1 * torch.randn(self.hidden, generator=g, device=self.dev)
+                      ).to(self.dtype)
         self.weights = None
 
     def barrier(self):
@@ -250,7 +259,8 @@ class _Ctx:
                 ws = []
                 for gm in gemms:
                     shape = (gm.experts, gm.k, gm.n) if gm.experts > 1 else (gm.k, gm.n)
-                    w = torch.empty(shape, device=self.dev, dtype=self.dtype).normal_(0, 1.0 / math.sqrt(gm.k))
+                    w = torch.empty(shape, device=self.dev, dtype=self.dtype).normal_(
+                        0, 1.0 / math.sqrt(gm.k))
                     ws.append(w)
                 self.weights[(key, s)] = (gemms, ws)
         self.slot_count = {key: (slots if sum(1 for k in self.layer_kinds if k == key) > 1 else 1)
@@ -261,7 +271,8 @@ class _Ctx:
         topk = max(1, self.profile.num_experts_per_tok)
         for key, gemms in kinds.items():
             for gm in gemms:
-                rows = self.max_tokens * (topk if gm.experts > 1 else 1) + (gm.experts if gm.experts > 1 else 0)
+                rows = (self.max_tokens * (topk if gm.experts > 1 else 1)
+                        + (gm.experts if gm.experts > 1 else 0))
                 if gm.k not in self.act or self.act[gm.k].shape[0] < rows:
                     self.act[gm.k] = torch.randn(rows, gm.k, device=self.dev, dtype=self.dtype)
 
@@ -281,8 +292,8 @@ class _Ctx:
             if gm.experts > 1:
                 active = P.active_experts_int(gm.experts, gm.topk, tokens)
                 m = math.ceil(tokens * gm.topk / active)
-                a = self.act[gm.k][: active * m].view(active, m, gm.k) if gm.name != "experts_down" or up is None \
-                    else up[..., : gm.k]
+                a = (self.act[gm.k][: active * m].view(active, m, gm.k)
+                     if gm.name != "experts_down" or up is None else up[..., : gm.k])
                 y = torch.bmm(a, w[:active])  # [active, m, n]
                 if gm.name == "experts_gate_up":
                     up = y
@@ -569,8 +580,9 @@ def _worker(rank: int, world: int, port: int, plan: Dict[str, Any], job: Dict[st
             try:
                 _sizes_loop(ctx, job, variant, out)
             except Exception as e:  # noqa: BLE001 - a backend that cannot start is reported, not fatal
-                out.setdefault("variants", {})[variant] = {"error": f"{type(e).__name__}: {e}",
-                                                           "traceback": traceback.format_exc()[-3000:]}
+                out.setdefault("variants", {})[variant] = {
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-3000:]}
         if rank == 0:
             queue.put(out)  # before the teardown, which can be slow
         ctx.barrier()
@@ -994,7 +1006,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         results.append(res)
         if args.json:  # partial results survive a run that is stopped from outside
-            Path(args.json + ".partial").write_text(json.dumps({"plan": plan, "jobs": results}, default=str))
+            Path(args.json + ".partial").write_text(
+                json.dumps({"plan": plan, "jobs": results}, default=str))
     versions = {}
     for r in results:
         for v in (r.get("variants") or {}).values():
@@ -1005,8 +1018,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sglang_custom = None
     if plan["sglang_custom"]:
         import importlib.util
-        sglang_custom = "present (not wired into this benchmark)" if importlib.util.find_spec("sgl_kernel") \
-            else "absent: sgl_kernel is not installed on this machine"
+        sglang_custom = ("present (not wired into this benchmark)"
+                         if importlib.util.find_spec("sgl_kernel")
+                         else "absent: sgl_kernel is not installed on this machine")
     summary = summarize(plan, results)
     info = common.collect_env(versions)
     notes = [f"profile {plan['profile']['name']}: {plan['profile']['source']}",

@@ -38,7 +38,8 @@ def require_gpus(n: int, what: str) -> int:
     try:
         import torch
     except ImportError:
-        raise NoGpuError(f"{what} needs PyTorch with CUDA and {n} GPU(s); torch is not installed") from None
+        raise NoGpuError(f"{what} needs PyTorch with CUDA and {n} GPU(s); torch is not "
+                         "installed") from None
     if not torch.cuda.is_available():
         raise NoGpuError(
             f"{what} needs {n} CUDA GPU(s); this machine has none (torch {torch.__version__}, "

@@ -96,7 +96,8 @@ def _nvlink_and_p2p(tp_size: int):
             return None, None
         p2p = all(torch.cuda.can_device_access_peer(i, j)
                   for i in range(tp_size) for j in range(tp_size) if i != j)
-        from sglang.srt.distributed.device_communicators.custom_all_reduce_utils import is_full_nvlink
+        from sglang.srt.distributed.device_communicators.custom_all_reduce_utils import (
+            is_full_nvlink)
         from sglang.srt.utils.common import get_physical_device_id
 
         return bool(is_full_nvlink([get_physical_device_id(i) for i in range(tp_size)],

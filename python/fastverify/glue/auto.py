@@ -9,25 +9,29 @@ width 1 is the step without speculation). Each decode step fastverify.controller
 and the online gain model, and gates requests whose own expected gain is below one to no draft.
 
 Seams (both pinned SGLang versions; the patch holds the exact hunks):
-    server args / arg_groups            "auto" for --speculative-ngram-verify-mode; --speculative-ngram-auto-
-                                        cost-table, --speculative-ngram-auto-hysteresis
+    server args / arg_groups            "auto" for --speculative-ngram-verify-mode;
+                                        --speculative-ngram-auto-cost-table,
+                                        --speculative-ngram-auto-hysteresis
     speculative_hook._handle_ngram      validate_server_args(args): flag checks before any process
                                         starts
-    NGRAMWorker.init_cuda_graphs        setup(worker): after 0008 built the runtimes per width: the plain decode
-                                        runtime (DECODE graphs), then the cost table (file, or calibration by
-                                        replaying the captured decode and verify graphs)
+    NGRAMWorker.init_cuda_graphs        setup(worker): after 0008 built the runtimes per width:
+                                        the plain decode runtime (DECODE graphs), then the cost
+                                        table (file, or calibration by replaying the captured
+                                        decode and verify graphs)
     NGRAMWorker.forward_batch_generation
-                                        plain_step(worker, batch, on_publish[, pp_proxy_tensors]): first in the
-                                        step; measures the last step's period and, when no speculation is expected
-                                        to pay, runs this step as a plain decode step (a probe's drafts looked up
-                                        behind first) and returns its result
+                                        plain_step(worker, batch, on_publish[, pp_proxy_tensors]):
+                                        first in the step; measures the last step's period and,
+                                        when no speculation is expected to pay, runs this step as
+                                        a plain decode step (a probe's drafts looked up behind
+                                        first) and returns its result
     NGRAMWorker._prepare_for_speculative_decoding
-                                        drafts_behind(worker, batch) or the worker's own lookup: the drafts
-                                        plain_step looked up behind the token in flight; step_drafts(worker,
-                                        batch, tokens, mask, bs) after the lookup: decide, gate, truncate, select
-                                        the width's runtime (0008's finish_step puts k back); fill_roots(worker,
-                                        batch, draft_tokens) after the drafts' copy: the roots of drafts looked
-                                        up behind
+                                        drafts_behind(worker, batch) or the worker's own lookup:
+                                        the drafts plain_step looked up behind the token in
+                                        flight; step_drafts(worker, batch, tokens, mask, bs) after
+                                        the lookup: decide, gate, truncate, select the width's
+                                        runtime (0008's finish_step puts k back);
+                                        fill_roots(worker, batch, draft_tokens) after the drafts'
+                                        copy: the roots of drafts looked up behind
 
 Auto verifies chains, so 0005's seams treat it as chain mode (its overrides, the chain reduction,
 mask-free capture dummies): fastverify.glue.config gives both modes the chain shape.
@@ -635,7 +639,8 @@ def calibrate_worker(worker, repeats: int = CALIBRATION_REPEATS, batch_sizes=CAL
 
     rts = getattr(worker, "_fv_widths", None)
     if rts is None:
-        raise CostTableError(f"{MODE_FLAG} auto needs {WIDTHS_FLAG} (the verify runtimes per width)")
+        raise CostTableError(f"{MODE_FLAG} auto needs {WIDTHS_FLAG} (the verify runtimes per "
+                             "width)")
     graphs = {}  # (width, bs) -> replay callable; width 0: the plain decode graphs
     runtimes = list(rts.runtimes.items())
     if plain is not None and plain.graph_runner is not None:

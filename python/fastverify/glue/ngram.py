@@ -4,10 +4,13 @@ Seams (both pinned SGLang versions; the patch holds the exact hunks):
     speculative_hook._handle_ngram     spec_overrides(cfg): chain, auto -> topk 1, num_steps k-1
     ngram_worker.NGRAMWorker.__init__  NgramVerifyHook.from_args(spec, observability): chain-shaped
                                        (chain, auto) reduces the drafts to chains
-    ngram_worker._prepare_draft_tokens hook.after_batch_get(tokens, mask, bs): the chain, plus the step's plan
+    ngram_worker._prepare_draft_tokens hook.after_batch_get(tokens, mask, bs): the chain, plus the
+                                       step's plan
     ngram_worker (full-mask build)     skipped in chain mode; the verify input gets custom_mask=None
-    ngram_worker.on_verify_complete_cpu  hook.on_verify_complete(num_correct_drafts_per_req): accounting
-    ngram_info.NgramVerifyInput        verify_input_device(...), and no mask padding when the mask is None
+    ngram_worker.on_verify_complete_cpu  hook.on_verify_complete(num_correct_drafts_per_req):
+                                         accounting
+    ngram_info.NgramVerifyInput        verify_input_device(...), and no mask padding when the mask
+                                       is None
     spec_info.create_dummy_verify_input  dummy_custom_mask(spec, mask): None for chain-shaped verify
     decode graph runner's own dummy      the same (CUDA-graph capture)
     overlap_utils.decide_needs_cpu_seq_lens  needs_host_seq_lens(spec): tree mode only (patch 0009)
@@ -20,7 +23,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from fastverify.chain import ChainConfig, VerifyStats, plan_verify, real_draft_lengths, reduce_to_chain
+from fastverify.chain import (ChainConfig, VerifyStats, plan_verify, real_draft_lengths,
+                              reduce_to_chain)
 from fastverify.glue.config import MODE_FLAG as FLAG
 from fastverify.glue.config import verify_config
 

@@ -11,16 +11,21 @@ start-up and swaps them per step, the pattern of SGLang's adaptive speculation (
 swapped whole), here keyed by verify width.
 
 Seams (both pinned SGLang versions; the patch holds the exact hunks):
-    speculative_hook._handle_ngram        validate_server_args(spec, view): the flag, before any process starts
-    NGRAMWorker.init_cuda_graphs (added)   build_runtimes(worker): after SGLang captured the width-k graphs
+    speculative_hook._handle_ngram        validate_server_args(spec, view): the flag,
+                                          before any process starts
+    NGRAMWorker.init_cuda_graphs (added)   build_runtimes(worker): after SGLang
+                                           captured the width-k graphs
     NGRAMWorker._prepare_for_speculative_decoding
-                                           step_drafts(worker, tokens, mask, bs): chain mode picks the step's
-                                           width, truncates the drafts and selects the runtime; the worker's
-                                           buffer views are taken after this call
-    NGRAMWorker._update_ngram_corpus       carried_stride(worker): the stride of the carried accept tokens (k)
-    NGRAMWorker.forward_batch_generation   finish_step(worker, accept_tokens, bs): back to k, accept tokens
-                                           padded to stride k for the next step; returns the step's width for
-                                           the result's speculative_num_draft_tokens
+                                           step_drafts(worker, tokens, mask, bs): chain mode
+                                           picks the step's width, truncates the drafts and
+                                           selects the runtime; the worker's buffer views
+                                           are taken after this call
+    NGRAMWorker._update_ngram_corpus       carried_stride(worker): the stride of the
+                                           carried accept tokens (k)
+    NGRAMWorker.forward_batch_generation   finish_step(worker, accept_tokens, bs): back to k, accept
+                                           tokens padded to stride k for the next step; returns the
+                                           step's width for the result's
+                                           speculative_num_draft_tokens
 
 For the auto mode's controller glue: ``select_runtime(worker, width)`` makes the current step run
 at ``width`` (call it before the worker takes its buffer views, i.e. from the draft preparation),

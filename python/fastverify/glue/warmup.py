@@ -150,8 +150,8 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                 idx = torch.zeros(b, dtype=torch.int64, device=device)  # every request on row 0 ...
                 # ... request i at slots i * width .. (i + 1) * width (wrapped in a
                 # row too short for them all)
-                start = ((torch.arange(b, dtype=torch.int64, device=device) * width) % max(pool_len - width, 1)
-                         ).to(lens)
+                start = ((torch.arange(b, dtype=torch.int64, device=device) * width)
+                         % max(pool_len - width, 1)).to(lens)
                 end = start + width
                 # a free-list slice at an odd offset is not 16-byte aligned: a variant of its own
                 for offset in ((0, 1) if name in FREE_LIST_OUT else (0,)):
@@ -161,14 +161,16 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                         kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
                         got, want = out, torch.arange(n, dtype=torch.int64, device=device)
                     else:  # the packed list -> row slots
-                        out = (torch.arange(n + offset, dtype=torch.int64, device=device) + 7)[offset:]
+                        out = (torch.arange(n + offset, dtype=torch.int64, device=device)
+                               + 7)[offset:]
                         kernel[(b,)](idx, scratch, start, end, out, pool_len, b)
                         got, want = scratch[0, :n].to(torch.int64), out
                     if n <= pool_len - width and not torch.equal(got.cpu(), want.cpu()):
                         mismatches.append((name, b) + (("unaligned",) if offset else ()))
             done.append(name)
         except Exception as e:  # noqa: BLE001 - a warm-up must never stop the server
-            logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use instead", name,
+            logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use "
+                           "instead", name,
                            type(e).__name__, e)
     sizes = accept_sizes(max_bs, widths if widths else (width,))
     for name, kernel, _ in fill:
@@ -189,7 +191,8 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
                     mismatches.append((name, u))
             done.append(name)
         except Exception as e:  # noqa: BLE001
-            logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use instead", name,
+            logger.warning("kernel warm-up: %s failed (%s: %s); it compiles on first use "
+                           "instead", name,
                            type(e).__name__, e)
     moves = 0
     if kv is not None and hasattr(kv, "move_kv_cache"):
@@ -227,7 +230,8 @@ def warm_spec_kernels(worker, max_bs: int | None = None, width: int | None = Non
     if mismatches:
         logger.warning("kernel warm-up: unexpected output from %s", mismatches)
     seconds = clock() - t0
-    logger.info("kernel warm-up: %s for batch-size buckets %s and %d accepted-slot counts in %.2f s",
+    logger.info("kernel warm-up: %s for batch-size buckets %s and %d accepted-slot counts in %.2f "
+                "s",
                 ", ".join(done) or "nothing", buckets(max_bs), moves, seconds)
     return {"kernels": done, "buckets": buckets(max_bs), "moves": moves, "seconds": seconds,
             "mismatches": mismatches, "plain_variants": plain_variants}

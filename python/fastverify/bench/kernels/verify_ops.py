@@ -3,14 +3,16 @@
 Shapes: ``bs`` requests, ``k`` draft tokens each (the first is the last verified token, the root).
 
 - ``chain_positions(seq_lens, k)``: [bs * k] positions ``seq_len + i``.
-- ``chain_mask(seq_lens, k)``: flat bool mask, per request ``[k, seq_len + k]`` row-major (prefix visible,
-  causal among the drafts), requests concatenated: the layout of a custom-mask attention backend.
+- ``chain_mask(seq_lens, k)``: flat bool mask, per request ``[k, seq_len + k]`` row-major
+  (prefix visible, causal among the drafts), requests concatenated: the layout of a
+  custom-mask attention backend.
 - ``tree_mask(seq_lens, parents)``: the same layout for a draft tree given by ``parents`` [bs, k]
   (``parents[:, 0] == -1``, ``parents[b, i] < i``): a draft sees its ancestors and itself.
 - ``tree_positions(seq_lens, parents)``: [bs * k] ``seq_len + depth``.
-- ``greedy_accept_chain(draft, target)``: accepted length per request (number of drafts after the root that
-  match the target's argmax at their predecessor), [bs].
-- ``greedy_accept_tree(draft, target, parents)``: the deepest accepted path length per request, [bs].
+- ``greedy_accept_chain(draft, target)``: accepted length per request (number of drafts after the
+  root that match the target's argmax at their predecessor), [bs].
+- ``greedy_accept_tree(draft, target, parents)``: the deepest accepted path
+  length per request, [bs].
 
 Each has a plain-Python reference (``*_ref``) that the benchmarks and the CPU tests check against.
 """
@@ -73,7 +75,8 @@ def tree_positions(seq_lens, parents):
 
 
 def greedy_accept_chain(draft, target):
-    """draft, target: [bs, k] int. Accepted drafts after the root: leading run of draft[:, i] == target[:, i-1]."""
+    """draft, target: [bs, k] int. Accepted drafts after the root: leading run of
+    draft[:, i] == target[:, i-1]."""
     match = (draft[:, 1:] == target[:, :-1]).int()  # [bs, k-1]
     return match.cumprod(dim=1).sum(dim=1)  # [bs]
 
@@ -93,7 +96,7 @@ def greedy_accept_tree(draft, target, parents):
     return torch.where(ok, depth, torch.zeros_like(depth)).max(dim=1).values
 
 
-# ----------------------------------------------------------------------------- plain-Python references
+# -------------------------------------------------------------------------- plain-Python references
 
 def chain_mask_ref(seq_lens: Sequence[int], k: int) -> List[bool]:
     out: List[bool] = []
@@ -121,10 +124,12 @@ def tree_mask_ref(seq_lens: Sequence[int], parents: Sequence[Sequence[int]]) -> 
 
 
 def tree_positions_ref(seq_lens: Sequence[int], parents: Sequence[Sequence[int]]) -> List[int]:
-    return [L + len(_path(par, i)) - 1 for L, par in zip(seq_lens, parents) for i in range(len(par))]
+    return [L + len(_path(par, i)) - 1 for L, par in zip(seq_lens, parents)
+            for i in range(len(par))]
 
 
-def greedy_accept_chain_ref(draft: Sequence[Sequence[int]], target: Sequence[Sequence[int]]) -> List[int]:
+def greedy_accept_chain_ref(draft: Sequence[Sequence[int]],
+                            target: Sequence[Sequence[int]]) -> List[int]:
     out = []
     for d, t in zip(draft, target):
         n = 0
