@@ -21,8 +21,8 @@ except ImportError:  # pragma: no cover - CPU machines
 
 
 def add_rmsnorm_ref(x, residual, weight, eps: float):
-    """fp32 reference: returns ``(out, residual_out)`` in fp32.  x, residual: [T, H]; weight:
-                                                              [H]."""
+    """fp32 reference: returns ``(out, residual_out)`` in fp32. x, residual: [T, H];
+    weight: [H]."""
     r = x.float() + residual.float()  # [T, H]
     inv = (r.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt()  # [T, 1]
     return r * inv * weight.float(), r
