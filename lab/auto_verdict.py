@@ -70,7 +70,8 @@ def collect(folder: Path) -> dict:
         for lv in _levels(path):
             rate = (lv.get("summary") or {}).get("output_tok_per_s")
             if rate:
-                found.setdefault((load, int(lv["concurrency"])), {}).setdefault(server, []).append(rate)
+                key = (load, int(lv["concurrency"]))
+                found.setdefault(key, {}).setdefault(server, []).append(rate)
     return found
 
 
@@ -146,7 +147,8 @@ def verdict(found: dict, goal: float = 0.98, auto: str = AUTO) -> list:
             "variants": sorted(s for s in med if is_variant(s, auto))}
         plains = [s for s in med if PLAINS.match(s)]
         if len(plains) > 1:  # identical servers: how far apart two processes of the same flags land
-            row["plain_spread"] = round(min(med[s] for s in plains) / max(med[s] for s in plains), 3)
+            row["plain_spread"] = round(min(med[s] for s in plains)
+                                        / max(med[s] for s in plains), 3)
         if auto in med:
             row["auto_vs_best"] = round(med[auto] / med[best], 3)
             plain = max(plains, key=med.get) if plains else None

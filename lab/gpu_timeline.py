@@ -8,13 +8,15 @@ reports, per step (one graph launch to the next, pauses between requests left ou
 
   period     graph start to the next graph's start (the step time as the GPU sees it)
   graph      first kernel start to last kernel end of the launch (the forward in the graph)
-  around     GPU busy time outside graphs between the two launches (union of kernel, copy and set intervals)
+  around     GPU busy time outside graphs between the two launches (union of
+             kernel, copy and set intervals)
   idle       period - graph - around (the GPU waiting for the host)
   ops        how many kernels, copies and sets ran outside graphs in that window
   lead       graph's first kernel start minus the host's launch call (how far the host runs ahead)
   in_graph   busy time of the graph's own kernels (union of their intervals)
-  graph_gaps graph - in_graph: the GPU waiting inside the launch (a graph started before the host finished
-             submitting it runs with gaps; kernels queued well ahead run back to back)
+  graph_gaps graph - in_graph: the GPU waiting inside the launch (a graph started before the
+             host finished submitting it runs with gaps; kernels queued well ahead run back to
+             back)
 
 and the outside-graph operations by name (calls per step, mean microseconds), and the graph's
 kernels by name (microseconds per step; with several traces, the names whose time differs most from

@@ -50,7 +50,8 @@ def _calls(path: str, args, pred, k: int):
     from fastverify import plain_step
 
     if path == "torch":
-        return (lambda: plain_step.plain_inputs_ref(*args)), (lambda: plain_step.plain_outputs_ref(pred, k))
+        return ((lambda: plain_step.plain_inputs_ref(*args)),
+                (lambda: plain_step.plain_outputs_ref(pred, k)))
     return (lambda: plain_step.plain_inputs(*args)), (lambda: plain_step.plain_outputs(pred, k))
 
 
@@ -84,10 +85,12 @@ def run(bs_list, k: int, calls: int, repeats: int) -> dict:
         for path in PATHS:
             _set_path(path)
             fin, fout = _calls(path, args, pred, k)
-            before = plain_step._inputs_launch.direct_launches + plain_step._outputs_launch.direct_launches
+            before = (plain_step._inputs_launch.direct_launches
+                      + plain_step._outputs_launch.direct_launches)
             ok = all(plain_step._same(fin(), want_in) and plain_step._same(fout(), want_out)
                      for _ in range(3))
-            direct = plain_step._inputs_launch.direct_launches + plain_step._outputs_launch.direct_launches - before
+            direct = (plain_step._inputs_launch.direct_launches
+                      + plain_step._outputs_launch.direct_launches - before)
             checks[f"bs{bs}/{path}"] = {"matches_reference": ok, "direct_launches": direct}
             row[f"{path}_inputs_us"] = time_call(fin, calls, repeats)
             row[f"{path}_outputs_us"] = time_call(fout, calls, repeats)

@@ -5,9 +5,11 @@ launching a step, the host processing the last step's result and how long it wai
 the GPU, garbage collections). This turns a server's records into per-step numbers, the
 distribution and not only the mean:
 
-  period   one ``run_batch`` start to the next (the step time: with the overlap scheduler the host
-           launches step N+1 while the GPU runs step N, so this is the GPU's step unless the host is late)
-  wait     time the host waited for the step in flight (CUDA event synchronize in process_batch_result)
+  period   one ``run_batch`` start to the next (the step time: with the overlap scheduler
+           the host launches step N+1 while the GPU runs step N, so this is the GPU's step
+           unless the host is late)
+  wait     time the host waited for the step in flight (CUDA event synchronize
+           in process_batch_result)
   busy     period - wait: the host's own work per step
   late     share of steps with wait < 0.2 ms: the host was the bottleneck for those
   gc       garbage collections: per 1000 steps, mean ms per step, longest pause
@@ -341,8 +343,10 @@ def slow_stretches(steady, t0: float, window: int = SLOW_WINDOW, over: float = S
         spans = [r["gpu_span"] for r in part if r.get("gpu_span") is not None]
         found.append({"at_s": round(part[0]["start"] - t0, 3), "steps": j - i,
                       "over_ms": round(1000.0 * sum(excess[i:j]), 1),
-                      "late_share": round(sum(1 for r in part if r["wait"] < LATE_S) / len(part), 3),
-                      "launch_median_ms": round(1000.0 * statistics.median(r["launch"] for r in part), 3),
+                      "late_share":
+                          round(sum(1 for r in part if r["wait"] < LATE_S) / len(part), 3),
+                      "launch_median_ms":
+                          round(1000.0 * statistics.median(r["launch"] for r in part), 3),
                       "gpu_span_median": round(statistics.median(spans), 3) if spans else None})
         i = j
     return {"window": window, "over": over, "count": len(found),
@@ -512,7 +516,8 @@ def render(results: dict) -> str:
                           for k in results[lab]["decode"].get("spans_mean_ms", {})})
     for label in span_labels:
         vals = [results[lab]["decode"].get("spans_mean_ms", {}).get(label) for lab in labels]
-        out.append(f"in {label} (mean ms)".ljust(34) + "".join(_cell(v, None).rjust(width) for v in vals))
+        out.append(f"in {label} (mean ms)".ljust(34)
+                   + "".join(_cell(v, None).rjust(width) for v in vals))
     for lab in labels:
         stalls = results[lab].get("long_steps") or {}
         if not stalls.get("count") and not stalls.get("idle_ended"):
@@ -527,7 +532,8 @@ def render(results: dict) -> str:
             out.append(f"  at {f['at_s']:8.2f} s  {f['ms']:7.1f} ms  {f['mode']} bs {f['bs']} "
                        f"{f['kind']}{'  (first)' if f['first_of_kind'] else ''}  wait "
                        f"{f['wait_ms']} gc "
-                       f"{f['gc_ms']}{'  in: ' + where if where else ''}{'  compiled: ' + built if built else ''}")
+                       f"{f['gc_ms']}{'  in: ' + where if where else ''}"
+                       f"{'  compiled: ' + built if built else ''}")
     for lab in labels:
         slow = results[lab].get("slow_stretches") or {}
         if not slow.get("count"):
@@ -564,7 +570,8 @@ def render(results: dict) -> str:
                 for v in vals))
         for label in sorted({k for v in kinds.values() for k in v.get("spans_mean_ms", {})}):
             vals = [kinds[k].get("spans_mean_ms", {}).get(label, 0.0) for k in kinds]
-            out.append(f"in {label} (mean ms)".ljust(34) + "".join(f"{v:.3f}".rjust(16) for v in vals))
+            out.append(f"in {label} (mean ms)".ljust(34)
+                       + "".join(f"{v:.3f}".rjust(16) for v in vals))
     out.extend(_render_by_bs(results, labels))
     return "\n".join(out)
 
@@ -577,7 +584,8 @@ def _render_time_by_category(results: dict, labels: list, width: int) -> list:
     if not any(tables):
         return []
     out = ["",
-           "time by step category (ms [steps])".ljust(34) + "".join(lab.rjust(width) for lab in labels)]
+           "time by step category (ms [steps])".ljust(34)
+           + "".join(lab.rjust(width) for lab in labels)]
     main = ("prefills", AFTER_LABEL, OTHER_LABEL)
     kinds = sorted({c for t in tables for c in t if c not in main})
 
@@ -591,7 +599,8 @@ def _render_time_by_category(results: dict, labels: list, width: int) -> list:
             else:
                 ms, n = (t[cat]["ms"], t[cat]["steps"]) if cat in t else (0.0, 0)
                 b = tables[0][cat]["ms"] if cat in tables[0] else 0.0
-            cells.append((f"{ms:.1f} [{n}]" + (f" ({ms - b:+.1f})" if diff and i else "")).rjust(width))
+            cell = f"{ms:.1f} [{n}]" + (f" ({ms - b:+.1f})" if diff and i else "")
+            cells.append(cell.rjust(width))
         return name.ljust(34) + "".join(cells)
 
     out += [row(c, c, True) for c in main]
@@ -616,7 +625,8 @@ def _render_by_bs(results: dict, labels: list) -> list:
            f"decode steps by batch size, sampling and kind (steady, {MIN_GROUP}+ steps; vs "
            f"{labels[0]} at that batch size and sampling)",
            f"  {'server':<14}{'bs':>4}  "
-           f"{'sampling':<9}{'kind':<11}{'steps':>7}{'period median':>22}{'period mean':>22}{'busy median':>13}{'wait median':>13}{'late':>7}"
+           f"{'sampling':<9}{'kind':<11}{'steps':>7}{'period median':>22}{'period mean':>22}"
+           f"{'busy median':>13}{'wait median':>13}{'late':>7}"
            + (f"{'gpu span median':>24}{'gpu gap mean':>14}" if device else "")
            + (f"{'forward':>9}{'sample':>8}{'rest':>8}" if parts else "")]
     for lab, g in sorted(rows,
@@ -629,7 +639,8 @@ def _render_by_bs(results: dict, labels: list) -> list:
                 return f"{v:.3f}"
             return f"{v:.3f} ({100.0 * (v / b[key] - 1.0):+.1f} %)"
         out.append(f"  {lab[:14]:<14}{g['bs']:>4}  "
-                   f"{g.get('sampling') or '-':<9}{g['kind']:<11}{g['steps']:>7}{rel('period_median'):>22}"
+                   f"{g.get('sampling') or '-':<9}{g['kind']:<11}{g['steps']:>7}"
+                   f"{rel('period_median'):>22}"
                    f"{rel('period_mean'):>22}{g['busy_median']:>13.3f}{g['wait_median']:>13.3f}"
                    f"{g['late_share']:>7.3f}"
                    + ((f"{rel('gpu_span_median'):>24}{g['gpu_gap_mean']:>14.3f}"
