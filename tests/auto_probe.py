@@ -1,7 +1,8 @@
 """Subprocess probe of patched SGLang (series through 0007) for
 tests/test_glue_auto.py; prints one JSON line.
 
-Run with the patched sglang first on PYTHONPATH and tests/stubs after it:  python auto_probe.py MODEL_DIR
+Run with the patched sglang first on PYTHONPATH and tests/stubs after it:
+    python auto_probe.py MODEL_DIR
 Resolves server arguments with --speculative-ngram-verify-mode auto (the flag, 0005's chain
 overrides (auto is chain-shaped), the launcher-side checks).
 """
@@ -34,8 +35,7 @@ for name, extra in {
             src = rc.get_spec()
         out[name] = {k: getattr(src, k)
                      for k in ("speculative_ngram_verify_mode", "speculative_eagle_topk",
-                                                  "speculative_num_steps",
-                                                  "speculative_ngram_auto_hysteresis")}
+                               "speculative_num_steps", "speculative_ngram_auto_hysteresis")}
     except Exception as e:
         out[name] = {"error": f"{type(e).__name__}: {e}"}
 print("PROBE " + json.dumps(out))

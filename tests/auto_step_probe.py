@@ -1,7 +1,8 @@
 """Subprocess probe of patched SGLang (the whole series) for
 tests/test_glue_auto.py; prints one JSON line.
 
-Run with the patched sglang first on PYTHONPATH and tests/stubs after it:  python auto_step_probe.py MODEL_DIR
+Run with the patched sglang first on PYTHONPATH and tests/stubs after it:
+    python auto_step_probe.py MODEL_DIR
 env FV_PROBE_COSTS: a folder with dear.json (verify far dearer than decode) and
 cheap.json (verify ~ decode).
 
@@ -90,8 +91,8 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
                              "out_cache_loc": batch.out_cache_loc.tolist(),
                              "spec_info": batch.spec_info is not None,
                              "attn_backend": mr.attn_backend})
-            res = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(1, 4)),
-                                        can_run_cuda_graph=True)
+            logits = types.SimpleNamespace(next_token_logits=torch.zeros(1, 4))
+            res = types.SimpleNamespace(logits_output=logits, can_run_cuda_graph=True)
             if not is_verify:  # the plain sampler: the target's next token
                 res.next_token_ids = torch.tensor([ngram_stand_ins.target_next(x)
                                                    for x in batch.input_ids])
@@ -115,8 +116,9 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
                                      real_put(toks))[2]
     gets = []  # every lookup: (request ids, contexts, total lengths)
     real_get = corpus.batch_get
-    corpus.batch_get = lambda ids, toks, lens: (gets.append([list(ids), [list(t) for t in toks], list(lens)]),
-                                                events.append("get"), real_get(ids, toks, lens))[2]
+    corpus.batch_get = lambda ids, toks, lens: (
+        gets.append([list(ids), [list(t) for t in toks], list(lens)]),
+        events.append("get"), real_get(ids, toks, lens))[2]
 
     reqs = [types.SimpleNamespace(rid="a", origin_input_ids=[7, 1, 2],
                                   origin_input_ids_unpadded=[7, 1, 2],
@@ -124,8 +126,9 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
             types.SimpleNamespace(rid="b", origin_input_ids=[5, 3],
                                   origin_input_ids_unpadded=[5, 3],
                                   output_ids=[13], is_retracted=False)]
-    info = types.SimpleNamespace(accept_tokens=torch.tensor([10] + [0] * (D - 1) + [13] + [0] * (D - 1)),
-                                 accept_lens=torch.tensor([1, 1]))
+    info = types.SimpleNamespace(
+        accept_tokens=torch.tensor([10] + [0] * (D - 1) + [13] + [0] * (D - 1)),
+        accept_lens=torch.tensor([1, 1]))
     log = []
     in_flight = [[] for _ in reqs]  # overlap: the last step's tokens, not in output_ids yet
     # each request's first token (its prefill's) is still in flight at its first decode step
@@ -157,8 +160,9 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
                 prefill(reqs[:1])
                 prefill(reqs[1:])
                 reqs[0].output_ids, in_flight[0] = [60], []
-            info = types.SimpleNamespace(accept_tokens=torch.tensor([60] + [0] * (D - 1) + [60] + [0] * (D - 1)),
-                                         accept_lens=torch.tensor([1, 1]))
+            info = types.SimpleNamespace(
+                accept_tokens=torch.tensor([60] + [0] * (D - 1) + [60] + [0] * (D - 1)),
+                accept_lens=torch.tensor([1, 1]))
         seq = [len(r.origin_input_ids) + len(r.output_ids) + len(t)
                for r, t in zip(reqs, in_flight)]
         # KV slot of request i at position j: 1000 * i + j

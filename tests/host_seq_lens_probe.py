@@ -1,7 +1,8 @@
 """Subprocess probe of patched SGLang (the whole series) for
 tests/test_host_seq_lens.py; prints one JSON line.
 
-Run with the patched sglang first on PYTHONPATH and tests/stubs after it:  python host_seq_lens_probe.py MODEL_DIR
+Run with the patched sglang first on PYTHONPATH and tests/stubs after it:
+    python host_seq_lens_probe.py MODEL_DIR
 Resolves n-gram server arguments in each verify mode and asks the patched scheduler helper
 (overlap_utils.decide_needs_cpu_seq_lens, patch 0009) whether the overlap scheduler must keep a host
 copy of the sequence lengths, for an attention backend that needs one and for one that does not.

@@ -1,7 +1,8 @@
 """Subprocess probe of patched SGLang (patch 0005) for
 tests/test_ngram_glue.py; prints one JSON line.
 
-Run with the patched sglang first on PYTHONPATH and tests/stubs after it:  python ngram_probe.py MODEL_DIR
+Run with the patched sglang first on PYTHONPATH and tests/stubs after it:
+    python ngram_probe.py MODEL_DIR
 """
 import json
 import sys
@@ -30,8 +31,7 @@ for mode in ("tree", "chain"):
         r = resolved(base + ["--speculative-ngram-verify-mode", mode])
         out[f"args_{mode}"] = {k: r[k]
                                for k in ("speculative_ngram_verify_mode", "speculative_eagle_topk",
-                                                   "speculative_num_steps",
-                                                   "speculative_num_draft_tokens")}
+                                         "speculative_num_steps", "speculative_num_draft_tokens")}
     except Exception as e:  # tree with topk 10 + page 16 + triton is rejected by stock SGLang
         out[f"args_{mode}"] = {"error": f"{type(e).__name__}: {e}"}
 
@@ -41,7 +41,8 @@ from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: E
 
 import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
-nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
+nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(
+    kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
 nw.prepare_mamba_track_for_verify = lambda batch: None
 D = 8
 corpus = NgramCorpus(max_trie_depth=12, draft_token_num=D, min_bfs_breadth=1, max_bfs_breadth=8,

@@ -31,8 +31,8 @@ def install(nw) -> None:
         setattr(nw, name, lambda *a, **kw: None)
     nw.set_time_batch = lambda *a, **kw: None
     nw.eagle_sample = greedy_chain_sample
-    nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(kw["batch_size"] * kw["draft_token_num"],
-                                                                dtype=torch.int64)
+    nw.assign_extend_cache_locs_func = lambda **kw: torch.zeros(
+        kw["batch_size"] * kw["draft_token_num"], dtype=torch.int64)
 
 
 def bare_worker(nw, server_args, model_runner, target, corpus, k: int, overlap: bool,

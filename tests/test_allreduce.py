@@ -46,8 +46,7 @@ def test_pcie_ipc_on_0_5_23():
 def test_pcie_ipc_refused_on_0_5_16_with_alternative():
     with pytest.raises(AllReduceConfigError,
                        match=r"--tp-allreduce pcie-ipc: SGLang 0\.5\.16 has no PCIe IPC "
-                                                   r"all-reduce.*Use SGLang "
-                                                   r"0\.5\.23.*--tp-allreduce nccl"):
+                             r"all-reduce.*Use SGLang 0\.5\.23.*--tp-allreduce nccl"):
         d("pcie-ipc", "0.5.16")
 
 
@@ -102,8 +101,7 @@ def test_fused_needs_tp_and_single_node():
 def test_fused_sm120_on_flashinfer_0_6_14_stops_with_remedy():
     with pytest.raises(AllReduceConfigError,
                        match=r"FlashInfer 0\.6\.14 cannot build its trtllm comm kernels for "
-                                                   r"SM120.*use SGLang 0\.5\.23 with FlashInfer >= "
-                                                   r"0\.7"):
+                             r"SM120.*use SGLang 0\.5\.23 with FlashInfer >= 0\.7"):
         d("flashinfer-fused", "0.5.16", flashinfer_version="0.6.14")
     with pytest.raises(AllReduceConfigError, match=r"SM121"):
         fusion_sm_allowed(121, "trtllm", "0.6.14")

@@ -161,7 +161,8 @@ def test_verify_ops_match_python_references(seed):
     assert V.tree_mask(ts, tp).tolist() == V.tree_mask_ref(seq, parents)
     assert V.tree_positions(ts, tp).tolist() == V.tree_positions_ref(seq, parents)
     assert V.greedy_accept_chain(td, tt).tolist() == V.greedy_accept_chain_ref(draft, target)
-    assert V.greedy_accept_tree(td, tt, tp).tolist() == V.greedy_accept_tree_ref(draft, target, parents)
+    assert (V.greedy_accept_tree(td, tt, tp).tolist()
+            == V.greedy_accept_tree_ref(draft, target, parents))
 
 
 def test_chain_is_a_tree_of_one_branch():
@@ -169,7 +170,8 @@ def test_chain_is_a_tree_of_one_branch():
     chain = [[-1, 0, 1, 2, 3]]
     draft = [[9, 1, 2, 7, 4]]
     target = [[1, 2, 3, 4, 5]]
-    assert V.greedy_accept_tree_ref(draft, target, chain) == V.greedy_accept_chain_ref(draft, target) == [2]
+    assert (V.greedy_accept_tree_ref(draft, target, chain)
+            == V.greedy_accept_chain_ref(draft, target) == [2])
     assert V.tree_mask_ref([2], chain) == V.chain_mask_ref([2], k)
 
 

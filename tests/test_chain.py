@@ -108,7 +108,8 @@ def _brute_best(tokens, parents, match_type):
     def size(i):
         return 1 + sum(size(c) for c in kids[i])
 
-    key = (lambda c: (height(c), size(c), -c)) if match_type == "BFS" else (lambda c: (size(c), height(c), -c))
+    key = ((lambda c: (height(c), size(c), -c)) if match_type == "BFS"
+           else (lambda c: (size(c), height(c), -c)))
     path, node = [], 0
     while kids[node]:
         node = max(kids[node], key=key)

@@ -151,7 +151,8 @@ def test_auto_config_validation():
         AutoConfig(max_chain=0)
     with pytest.raises(ValueError, match="shape must be one of ragged, uniform"):
         AutoConfig(shape="square")
-    assert follow_bound_steps(AutoConfig(max_chain=7, half_life_steps=8)) == 8 + math.ceil(8 * math.log2(10))
+    assert (follow_bound_steps(AutoConfig(max_chain=7, half_life_steps=8))
+            == 8 + math.ceil(8 * math.log2(10)))
 
 
 def test_controller_cold_start_learns_and_logs_rarely():

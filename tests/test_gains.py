@@ -112,7 +112,8 @@ def test_gain_model_learns_sampled_and_greedy_requests_apart():
     before = GainModel(max_chain=4, tree_depth=0, half_life_steps=8, prior_floor=1.0)
     for step in range(1, 30):
         before.observe(f"g{step % 3}", greedy, step, 4)
-    assert g.expected("new", greedy, 60)[0][3] == pytest.approx(before.expected("new", greedy, 60)[0][3])
+    assert (g.expected("new", greedy, 60)[0][3]
+            == pytest.approx(before.expected("new", greedy, 60)[0][3]))
     assert DraftFeatures(4, 1) == DraftFeatures(4, 1, False) and not DraftFeatures(0, 0).sampled
 
 

@@ -186,7 +186,8 @@ def test_patched_server_args(probe):
     assert probe["ok"] == {"speculative_ngram_verify_mode": "auto", "speculative_eagle_topk": 1,
                            "speculative_num_steps": 7, "speculative_ngram_auto_hysteresis": 0.03}
     assert "--speculative-ngram-verify-widths with 1" in probe["no_widths"]["error"]
-    assert "--speculative-ngram-auto-hysteresis must be in [0, 0.5)" in probe["bad_hysteresis"]["error"]
+    assert ("--speculative-ngram-auto-hysteresis must be in [0, 0.5)"
+            in probe["bad_hysteresis"]["error"])
     assert "needs --speculative-ngram-verify-mode auto" in probe["table_without_auto"]["error"]
 
 
@@ -370,7 +371,8 @@ def test_patched_new_requests_after_speculation_paid_verify_the_right_chain(step
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_patched_first_lookup_that_could_only_probe_waits_out_the_steps_after_the_prefill(step_probe):
+def test_patched_first_lookup_that_could_only_probe_waits_out_the_steps_after_the_prefill(
+        step_probe):
     """Two requests join a load on which not even full matches would be verified (verify ~200x a
     decode) after the gain model has seen drafts: the decode step launched right after their
     prefill (before the scheduler processes the prefill's result, so before their first token is
@@ -394,7 +396,8 @@ def test_patched_first_lookup_that_could_only_probe_waits_out_the_steps_after_th
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_patched_requests_from_two_prefills_in_a_row_are_looked_up_from_what_the_host_has(step_probe):
+def test_patched_requests_from_two_prefills_in_a_row_are_looked_up_from_what_the_host_has(
+        step_probe):
     """c joined one prefill before d: when the decode step is launched the host has c's first
     token and lacks d's. c's draft is its own lookup (no guess), d's is guessed past its token in
     flight; both verify in full."""
@@ -455,12 +458,13 @@ def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
 
     w = SimpleNamespace(max_trie_depth=12, ngram_corpus=Corpus(), _fv=SimpleNamespace(
         config=SimpleNamespace(match_type="BFS")),
-        _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
+                        _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:])
     reqs = [SimpleNamespace(rid="a", origin_input_ids=[1, 2], origin_input_ids_unpadded=[1, 2],
                             output_ids=[3, 4]),
             SimpleNamespace(rid="b", origin_input_ids=[99], origin_input_ids_unpadded=[99],
                             output_ids=[])]
-    tokens, _mask, unsure = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4, [1, 1])
+    tokens, _mask, unsure = auto.chains_past_the_token_in_flight(
+        w, SimpleNamespace(reqs=reqs), 4, [1, 1])
     assert unsure.tolist() == [False, False]  # one next token each (or none)
     # a: host 1 2 3 4, the corpus guesses 5 in flight; asked on ... 4 5: root 5, chain 6 7 8
     # b: no match, so no guess and no draft (its root a placeholder)
@@ -470,7 +474,8 @@ def test_chains_past_the_token_in_flight_ask_the_corpus_again_on_its_guess():
     # request a with its last token on the host (it joined in an earlier prefill):
     # its own chain, one query
     Corpus.calls.clear()
-    tokens, _mask, _unsure = auto.chains_past_the_token_in_flight(w, SimpleNamespace(reqs=reqs), 4, [0, 1])
+    tokens, _mask, _unsure = auto.chains_past_the_token_in_flight(
+        w, SimpleNamespace(reqs=reqs), 4, [0, 1])
     assert tokens.tolist() == [4, 5, 6, 7, 99, 0, 0, 0] and len(Corpus.calls) == 1
 
 
@@ -637,7 +642,7 @@ def test_plain_decode_puts_the_batch_and_runner_back_when_the_forward_fails():
     worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend="verify",
                                                           decode_cuda_graph_runner="g8",
                                                           spec_algorithm=Algo.NGRAM),
-                                                          target_worker=Target())
+                             target_worker=Target())
     info = SimpleNamespace(accept_tokens=torch.tensor([5, 0, 6, 0]),
                            accept_lens=torch.tensor([1, 1]))
     seq = torch.tensor([3, 4])
@@ -647,7 +652,8 @@ def test_plain_decode_puts_the_batch_and_runner_back_when_the_forward_fails():
                             input_ids=None,
                             out_cache_loc=None, spec_algorithm=Algo.NGRAM,
                             req_pool_indices=torch.tensor([0, 1]),
-                            req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(20).view(2, 10)))
+                            req_to_token_pool=SimpleNamespace(
+                                req_to_token=torch.arange(20).view(2, 10)))
     with pytest.raises(Boom):
         auto.run_plain_decode(worker, batch, VerifyRuntime(1, "plain", "g1", {}), 2)
     mr = worker.model_runner
@@ -689,7 +695,7 @@ def test_plain_decode_roots_after_a_plain_step_match_the_gathered_ones(roots_fir
     worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend="verify",
                                                           decode_cuda_graph_runner="g8",
                                                           spec_algorithm=Algo.NGRAM),
-                                                          target_worker=Target(),
+                             target_worker=Target(),
                              _prev_decode_rids=set(), prev_token_ids=[], prev_accept_lens=[],
                              max_trie_depth=4,
                              _efficient_concat_last_n=lambda a, b, n: (a + b)[-n:],
@@ -704,7 +710,8 @@ def test_plain_decode_roots_after_a_plain_step_match_the_gathered_ones(roots_fir
                                seq_lens=torch.tensor([3, 4]), seq_lens_cpu=None, seq_lens_sum=None,
                                orig_seq_lens=None, input_ids=None, out_cache_loc=None,
                                spec_algorithm=Algo.NGRAM, req_pool_indices=torch.tensor([0, 1]),
-                               req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(20).view(2, 10)))
+                               req_to_token_pool=SimpleNamespace(
+                                   req_to_token=torch.arange(20).view(2, 10)))
 
     info_type = type("Info", (), {"__init__": lambda self, **kw: self.__dict__.update(kw)})
     b = batch_with([1, 1])

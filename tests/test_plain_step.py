@@ -43,7 +43,8 @@ def _case(gen, bs, row, seq_dtype=torch.int64, acc_dtype=torch.int32, offset=0, 
     accept tokens start one element into their buffer (a pointer not 16-byte aligned); ``two_d``:
     accept tokens as [bs, row] ("t": a transposed view, column-major); ``pool_step``: req_to_token a
     view of every pool_step-th column."""
-    buf = torch.randint(0, 1 << 20, (offset + bs * row,), generator=gen).to(acc_dtype).to(device)[offset:]
+    buf = torch.randint(0, 1 << 20, (offset + bs * row,), generator=gen)
+    buf = buf.to(acc_dtype).to(device)[offset:]
     acc = buf.view(row, bs).t() if two_d == "t" else buf.view(bs, row) if two_d else buf
     lens = torch.randint(1, row + 1, (bs,), generator=gen, dtype=torch.int32)
     pool = torch.randint(0, 1 << 24, (rows, cols * pool_step), generator=gen, dtype=torch.int32)
@@ -105,13 +106,14 @@ def test_reference_by_hand():
     pool = torch.arange(20, dtype=torch.int32).view(2, 10)
     rpi, seq, orig = (torch.tensor([1, 0]), torch.tensor([3, 4]),
                       torch.tensor([2, 3], dtype=torch.int32))
-    ids, loc, new_seq, new_orig = plain_step.plain_inputs_ref(acc, lens, 2, False, pool, rpi, seq, orig)
+    ids, loc, new_seq, new_orig = plain_step.plain_inputs_ref(acc, lens, 2, False, pool, rpi, seq,
+                                                              orig)
     assert ids.tolist() == [5, 7] and loc.tolist() == [13, 4] and new_seq.tolist() == [4, 5]
     assert new_orig.tolist() == [3, 4]
-    assert (ids.dtype, loc.dtype, new_seq.dtype,
-            new_orig.dtype) == (torch.int64, torch.int64, torch.int64,
-                                                                      torch.int32)
-    assert plain_step.plain_inputs_ref(acc, lens, 2, True, pool, rpi, seq, None)[0].tolist() == [5, 6]
+    assert ((ids.dtype, loc.dtype, new_seq.dtype, new_orig.dtype)
+            == (torch.int64, torch.int64, torch.int64, torch.int32))
+    ids_first = plain_step.plain_inputs_ref(acc, lens, 2, True, pool, rpi, seq, None)[0]
+    assert ids_first.tolist() == [5, 6]
     assert plain_step.plain_inputs_ref(acc, lens, 2, True, pool, rpi, seq, None)[3] is None
     tokens, accept_lens = plain_step.plain_outputs_ref(torch.tensor([7, 8]), 3)
     assert tokens.tolist() == [7, 0, 0, 8, 0, 0] and accept_lens.tolist() == [1, 1]
@@ -145,7 +147,8 @@ def test_cpu_tensors_take_the_reference_without_the_interpreter(monkeypatch):
     assert not plain_step.uses_kernels(torch.empty(0))
     acc, lens, pool, rpi, seq, orig = _case(torch.Generator().manual_seed(3), 3, 4)
     args = (acc, lens, 3, False, pool, rpi, seq, orig)
-    assert _as_lists(plain_step.plain_inputs(*args)) == _as_lists(plain_step.plain_inputs_ref(*args))
+    assert (_as_lists(plain_step.plain_inputs(*args))
+            == _as_lists(plain_step.plain_inputs_ref(*args)))
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -159,8 +162,9 @@ from fastverify import plain_step
 from fastverify.glue import warmup
 res = t.compare_all("cpu")
 res["warm"] = plain_step.warm("cpu", 8)
-w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
-    req_to_token=torch.zeros(4, 96, dtype=torch.int32))), max_batch_size=5, draft_token_num=8)
+pool = types.SimpleNamespace(req_to_token=torch.zeros(4, 96, dtype=torch.int32))
+w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=pool),
+                          max_batch_size=5, draft_token_num=8)
 res["warm_spec"] = warmup.warm_spec_kernels(w, kernels=(), accept=None, plain=True)
 print("PROBE " + json.dumps(res))
 """
@@ -352,7 +356,7 @@ def test_warm_up_turns_direct_launches_off_when_they_fail(monkeypatch, caplog):
 
     monkeypatch.setattr(plain_step, "_inputs_launch",
                         plain_step._Direct(RefKernel(), ("ROOTS_FIRST", "HAS_ORIG",
-                                                                                       "BLOCK")))
+                                                         "BLOCK")))
     monkeypatch.setattr(plain_step, "_outputs_launch", plain_step._Direct(RefKernel(), ("BLOCK",)))
     monkeypatch.setattr(plain_step, "uses_kernels", lambda t: True)
     res = plain_step.warm("cpu", 8)
@@ -369,20 +373,22 @@ def test_warm_up_turns_direct_launches_off_when_they_fail(monkeypatch, caplog):
 
 
 def _worker():
-    return types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
-        req_to_token=torch.zeros(2, 64, dtype=torch.int32))), max_batch_size=4, draft_token_num=8)
+    pool = types.SimpleNamespace(req_to_token=torch.zeros(2, 64, dtype=torch.int32))
+    return types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=pool),
+                                 max_batch_size=4, draft_token_num=8)
 
 
 def test_warm_up_of_the_plain_kernels_is_reported_and_never_stops_start_up(monkeypatch, caplog):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     calls = []
-    monkeypatch.setattr(plain_step, "warm", lambda device, k,
-                        dtype: (calls.append((str(device), k, dtype)) or
-                                                                      {"variants": 4, "mismatches": ["x"]}))
+    monkeypatch.setattr(plain_step, "warm",
+                        lambda device, k, dtype: (calls.append((str(device), k, dtype))
+                                                  or {"variants": 4, "mismatches": ["x"]}))
     res = warmup.warm_spec_kernels(_worker(), kernels=(), accept=None, plain=True)
     assert calls == [("cpu", 8, torch.int32)] and res["kernels"] == ["plain_step"]
     assert res["mismatches"] == [("plain_step", "x")] and res["plain_variants"] == 4
-    assert warmup.warm_spec_kernels(_worker(), kernels=(), accept=None)["skipped"] == "no kernel found"
+    assert (warmup.warm_spec_kernels(_worker(), kernels=(), accept=None)["skipped"]
+            == "no kernel found")
 
     def boom(*a):
         raise RuntimeError("no GPU")

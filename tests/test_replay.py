@@ -177,15 +177,19 @@ def hand_trace(tmp_path_factory):
 # Expected accept lengths, worked out by hand from the server's protocol (query = last
 # 18 context tokens, insert the same window after each verify, prompts never inserted)
 # and the corpus' BFS rule:
-#   g=1..5 (contexts end in 10..14): each last token is new to the corpus -> no match, accept 1 (5 steps).
-#   d=8, g=6: context ends "14 10"; only the suffix [10] matches; it continues 11 12 13 14 (window of step g=5),
-#     the draft is 10|11 12 13 14 + 3 pads; all four match (target 11 12 13 14), bonus 10 -> 5.
-#   d=8, g=11: deepest suffix [10 11 12 13 14 10] has no child; suffix [10] now continues 11 12 13 14 10, but only
-#     3 drafts fit before the recording's end (a bonus token must remain) -> 4. Total 5 + 5 + 4 = 14 tokens.
+#   g=1..5 (contexts end in 10..14): each last token is new to the corpus -> no match,
+#     accept 1 (5 steps).
+#   d=8, g=6: context ends "14 10"; only the suffix [10] matches; it continues 11 12 13 14
+#     (window of step g=5), the draft is 10|11 12 13 14 + 3 pads; all four match (target
+#     11 12 13 14), bonus 10 -> 5.
+#   d=8, g=11: deepest suffix [10 11 12 13 14 10] has no child; suffix [10] now continues
+#     11 12 13 14 10, but only 3 drafts fit before the recording's end (a bonus token must
+#     remain) -> 4. Total 5 + 5 + 4 = 14 tokens.
 #   d=4, g=6: 3 drafts 11 12 13 all match, bonus 14 -> 4.
-#   d=4, g=10: context ends "...13 14"; every matching suffix continues only with 10 (windows end there) -> the
-#     draft is 14|10 + 2 pads; 10 matches, bonus 11 -> 2.
-#   d=4, g=12: deepest suffix [10 11 12 13 14 10 11] continues 12 13 14; 2 may be accepted before the end -> 3.
+#   d=4, g=10: context ends "...13 14"; every matching suffix continues only with 10
+#     (windows end there) -> the draft is 14|10 + 2 pads; 10 matches, bonus 11 -> 2.
+#   d=4, g=12: deepest suffix [10 11 12 13 14 10 11] continues 12 13 14; 2 may be accepted
+#     before the end -> 3.
 HAND_EXPECTED = {
     ("tree", 8): [1, 1, 1, 1, 1, 5, 4],
     ("tree", 4): [1, 1, 1, 1, 1, 4, 2, 3],
@@ -307,7 +311,8 @@ def test_cost_table_from_microbenchmark_json():
     with pytest.raises(rp.CostTableError, match=r"--cost-backend \(nccl, symm-oneshot\)"):
         rp.parse_cost_table(bench, "b.json")
     with pytest.raises(rp.CostTableError,
-                       match=r"b.json: backend 'flashinfer-ar' not in the file; allowed: nccl, symm"):
+                       match=r"b.json: backend 'flashinfer-ar' not in the file; "
+                             r"allowed: nccl, symm"):
         rp.parse_cost_table(bench, "b.json", "flashinfer-ar")
     cost = rp.parse_cost_table(bench, "b.json", "symm-oneshot")
     assert cost.decode_ms(1) == 1.0 and cost.measured_pass_ms(8) == 1.2

@@ -55,9 +55,10 @@ class FakeServer:
                 if self.path == "/health":
                     return self._send(200, "")
                 if self.path == "/get_server_info":
+                    states = [{"avg_spec_accept_length": 3.0}]
                     return self._send(200, json.dumps({"version": "fake-1", "tp_size": 2,
                                                        "speculative_algorithm": "NGRAM",
-                                                       "internal_states": [{"avg_spec_accept_length": 3.0}]}))
+                                                       "internal_states": states}))
                 if self.path == "/metrics":
                     n = len(outer.bodies)
                     return self._send(200, "\n".join([
@@ -110,9 +111,10 @@ class FakeServer:
                         key = "reasoning_content" if (outer.reasoning and k < n // 2) else "content"
                         evs.append({"choices": [{"index": 0, "delta": {key: f"t{k} "}}]})
                     if outer.openai_usage:
+                        details = {"reasoning_tokens": n // 2}
                         evs.append({"choices": [],
                                     "usage": {"prompt_tokens": 5, "completion_tokens": n,
-                                                             "completion_tokens_details": {"reasoning_tokens": n // 2}}})
+                                              "completion_tokens_details": details}})
                     return self._stream(evs)
                 if self.path == "/v1/completions":
                     evs = [{"choices": [{"index": 0, "text": f"t{k} "}]} for k in range(n)]

@@ -205,10 +205,12 @@ def test_with_lookup_costs_auto_keeps_its_guarantees():
     speculation, high acceptance within 5 % of the best fixed mode."""
     costs = sim.cost_table("h200-dummy24")
     for bs in (1, 4):
-        zero = sim.summarize(sim.run_all(sim.synthetic_requests(16, 200, (0.0,), CFG.max_chain, CFG.tree_width),
-                                         costs, bs, CFG, lookup_ms=1.8))
-        high = sim.summarize(sim.run_all(sim.synthetic_requests(16, 200, (0.85,), CFG.max_chain, CFG.tree_width),
-                                         costs, bs, CFG, lookup_ms=1.8))
+        zero = sim.summarize(sim.run_all(
+            sim.synthetic_requests(16, 200, (0.0,), CFG.max_chain, CFG.tree_width),
+            costs, bs, CFG, lookup_ms=1.8))
+        high = sim.summarize(sim.run_all(
+            sim.synthetic_requests(16, 200, (0.85,), CFG.max_chain, CFG.tree_width),
+            costs, bs, CFG, lookup_ms=1.8))
         assert zero["auto_vs_none"] >= 0.98, zero
         assert high["auto_vs_best_fixed"] >= 0.95, high
 

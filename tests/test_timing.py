@@ -402,7 +402,8 @@ def test_metrics_names_labels_buckets():
     }
     for mf in reg.collect():
         for s in mf.samples:
-            assert {"model_name", "mode", "tp_size", "tp_rank"} <= set(s.labels), (mf.name, s.labels)
+            assert ({"model_name", "mode", "tp_size", "tp_rank"}
+                    <= set(s.labels)), (mf.name, s.labels)
     assert list(timing.SECONDS_BUCKETS) == sorted(timing.SECONDS_BUCKETS)
 
 

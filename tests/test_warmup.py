@@ -25,9 +25,9 @@ def test_buckets_are_the_powers_of_two_a_batch_size_rounds_up_to():
 def _worker(pool_rows=2, pool_len=64, max_bs=4, k=8):
     import torch
 
-    return types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
-        req_to_token=torch.zeros(pool_rows, pool_len, dtype=torch.int32))), max_batch_size=max_bs,
-        draft_token_num=k)
+    pool = types.SimpleNamespace(req_to_token=torch.zeros(pool_rows, pool_len, dtype=torch.int32))
+    return types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=pool),
+                                 max_batch_size=max_bs, draft_token_num=k)
 
 
 def test_nothing_to_warm_is_a_skip_not_an_error(monkeypatch):
@@ -60,8 +60,8 @@ def test_a_kernel_that_fails_or_misbehaves_is_reported_and_start_up_goes_on(monk
     monkeypatch.setattr(warmup.importlib, "import_module", lambda name: mods[name])
     res = warmup.warm_spec_kernels(_worker(max_bs=3),
                                    kernels=(("fv_k1", "assign_extend_cache_locs"),
-                                                                ("fv_k2", "assign_req_to_token_pool"),
-                                                                ("fv_k1", "missing")))
+                                            ("fv_k2", "assign_req_to_token_pool"),
+                                            ("fv_k1", "missing")))
     assert res["kernels"] == ["assign_extend_cache_locs"] and res["buckets"] == [1, 2, 4]
     assert res["mismatches"] == [("assign_extend_cache_locs", 1), ("assign_extend_cache_locs", 2),
                                  ("assign_extend_cache_locs", 4)]
@@ -73,8 +73,9 @@ PROBE = """
 import json, sys, types
 import torch
 from fastverify.glue import warmup
-w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
-    req_to_token=torch.zeros(4, 96, dtype=torch.int32))), max_batch_size=5, draft_token_num=8)
+pool = types.SimpleNamespace(req_to_token=torch.zeros(4, 96, dtype=torch.int32))
+w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=pool),
+                          max_batch_size=5, draft_token_num=8)
 print("PROBE " + json.dumps(warmup.warm_spec_kernels(w)))
 """
 
@@ -101,30 +102,32 @@ def test_sglangs_own_kernels_run_with_the_warm_up_arguments():
 KEYS_PROBE = """
 import json, os, sys, types
 import torch
-from sglang.srt.mem_cache.allocation import assign_req_to_token_pool as kernel  # compiled mode: no interpreter
+# compiled mode: no interpreter
+from sglang.srt.mem_cache.allocation import assign_req_to_token_pool as kernel
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.jit import create_function_from_signature
 from fastverify.glue import warmup
 
-# Triton's own argument binder for a Hopper target: the specialisation that keys its compile cache (argument
-# types, pointer alignment, constexprs), computed without a GPU
-bind = create_function_from_signature(kernel.signature, kernel.params, CUDABackend(GPUTarget("cuda", 90, 32)))
+# Triton's own argument binder for a Hopper target: the specialisation that keys its compile
+# cache (argument types, pointer alignment, constexprs), computed without a GPU
+bind = create_function_from_signature(kernel.signature, kernel.params,
+                                      CUDABackend(GPUTarget("cuda", 90, 32)))
 
 def key(*args):
     return str(bind(*args)[1])
 
 POOL_LEN = 32780
 pool = torch.zeros(4, POOL_LEN, dtype=torch.int32)
-# what the scheduler's spec-decode allocation passes: int32 lengths, the slots a slice of the allocator's free
-# list at whatever offset earlier allocations left
+# what the scheduler's spec-decode allocation passes: int32 lengths, the slots a slice of the
+# allocator's free list at whatever offset earlier allocations left
 free = torch.arange(4096, dtype=torch.int64)
 serving = set()
 for bs in range(1, 9):
     for taken in range(4):
         cur = torch.full((bs,), 16, dtype=torch.int32)
-        serving.add(key(torch.arange(bs) % 4, pool, cur, cur + 8, free[taken:taken + 8 * bs], POOL_LEN,
-                        warmup._next_power_of_2(bs)))
+        serving.add(key(torch.arange(bs) % 4, pool, cur, cur + 8, free[taken:taken + 8 * bs],
+                        POOL_LEN, warmup._next_power_of_2(bs)))
 
 class Recorder:
     seen = set()
@@ -135,9 +138,10 @@ mods = {"fv_k": types.SimpleNamespace(assign_req_to_token_pool=Recorder())}
 warmup.importlib = types.SimpleNamespace(import_module=lambda name: mods[name])
 if sys.argv[1] == "aligned-only":
     warmup.FREE_LIST_OUT = frozenset()
-os.environ["TRITON_INTERPRET"] = "1"  # lets the warm-up run on CPU tensors; the kernel above stays compiled
-w = types.SimpleNamespace(model_runner=types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(
-    req_to_token=pool)), max_batch_size=8, draft_token_num=8)
+# lets the warm-up run on CPU tensors; the kernel above stays compiled
+os.environ["TRITON_INTERPRET"] = "1"
+runner = types.SimpleNamespace(req_to_token_pool=types.SimpleNamespace(req_to_token=pool))
+w = types.SimpleNamespace(model_runner=runner, max_batch_size=8, draft_token_num=8)
 warmup.warm_spec_kernels(w, kernels=(("fv_k", "assign_req_to_token_pool", "int32"),), accept=None)
 print("KEYS " + json.dumps({"serving": sorted(serving), "warmed": sorted(Recorder.seen)}))
 """
@@ -146,7 +150,7 @@ print("KEYS " + json.dumps({"serving": sorted(serving), "warmed": sorted(Recorde
 def _keys(mode):
     env = dict(os.environ,
                PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests" / "stubs"),
-                                                       os.environ.get("PYTHONPATH", "")]))
+                                           os.environ.get("PYTHONPATH", "")]))
     env.pop("TRITON_INTERPRET", None)
     r = subprocess.run([sys.executable, "-c", KEYS_PROBE, mode], env=env,
                        capture_output=True, text=True, timeout=300)
@@ -176,7 +180,8 @@ def test_the_scheduler_slot_kernel_is_warmed_for_every_cache_key_serving_meets()
     assert len(missed) == len(warmup.buckets(8)) and all("'*i64', '')" in k for k in missed)
 
 
-def test_each_kernel_meets_the_argument_types_of_its_callers_and_every_accepted_slot_count_is_moved(monkeypatch):
+def test_each_kernel_meets_its_callers_argument_types_and_every_accepted_slot_count_is_moved(
+        monkeypatch):
     """The scheduler passes assign_req_to_token_pool int32 lengths, the worker passes
     assign_extend_cache_locs int64 ones (a warm-up with other types compiles a kernel the server
     never calls), and the scheduler's slots are a free-list slice, aligned or not; the accepted

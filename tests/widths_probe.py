@@ -1,7 +1,8 @@
 """Subprocess probe of patched SGLang (patches 0005 + 0008) for
 tests/test_verify_runtime.py; prints one JSON line.
 
-Run with the patched sglang first on PYTHONPATH and tests/stubs after it:  python widths_probe.py MODEL_DIR
+Run with the patched sglang first on PYTHONPATH and tests/stubs after it:
+    python widths_probe.py MODEL_DIR
 The model runner, the target forward and the sampling kernel are stand-ins (no GPU here); the
 worker's draft path, width switch, runtime build under SGLang's own spec-settings mutation point,
 and the step's bookkeeping are the patched SGLang code.
@@ -92,8 +93,8 @@ class Target:
     def forward_batch_generation(self, batch, is_verify=False, **kw):
         seen_in_forward.append({"runner_width": mr.decode_cuda_graph_runner.width,
                                 "backend": mr.attn_backend, "tokens": int(batch.input_ids.numel())})
-        return types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(1, 4)),
-                                     can_run_cuda_graph=True)
+        logits = types.SimpleNamespace(next_token_logits=torch.zeros(1, 4))
+        return types.SimpleNamespace(logits_output=logits, can_run_cuda_graph=True)
 
 
 # the target after x is (x // 10 + 1) * 10; greedy chain verify in torch

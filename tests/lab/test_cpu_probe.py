@@ -55,7 +55,7 @@ def test_sharing_names_only_the_cpus_past_the_threshold():
 def test_render_reports_each_part():
     result = {"logical": 2, "physical": 1,
               "topology": {0: {"package": 0, "core": 0, "siblings": [0, 1],
-                                                            "node": 0}},
+                               "node": 0}},
               "per_cpu": {0: 5.0, 1: 6.0}, "sleep_cpu": 0, "after_sleep": {0: 5.0, 20: 7.5},
               "pairs": {0: {0: 5.0, 1: 9.0}}}
     text = cpu_probe.render(result)

@@ -337,7 +337,8 @@ def server_records(n_steps=200, period=0.005, busy=0.003, late_every=0, late_ext
     for i in range(n_steps):
         kind = kinds(i) if kinds else [None, None, None]
         spans = {"glue": 0.001, **({"lookup": 0.002} if kind[0] == "spec" else {})}
-        recs.append(["R", t, t + 0.001, "DECODE", bs, *kind, spans] + ([sampling] if sampling else []))
+        recs.append(["R", t, t + 0.001, "DECODE", bs, *kind, spans]
+                    + ([sampling] if sampling else []))
         late = late_every and i % late_every == late_every - 1
         wait = 0.0 if late else period - busy
         recs.append(["P", t + 0.001, t + 0.0015 + wait, wait])
@@ -467,7 +468,8 @@ def test_long_steps_are_listed_with_where_their_time_went():
     assert not later["first_of_kind"] and later["spans_ms"] == {"ngram_step": 4.0}
     assert step_trace.analyze(recs, long_ms=500.0)["long_steps"]["count"] == 0
     text = step_trace.render({"a": step_trace.analyze(recs)})
-    assert "a: 2 decode steps over the long-step threshold, 1 of them the first of their kind" in text
+    assert ("a: 2 decode steps over the long-step threshold, 1 of them the first of their kind"
+            in text)
     assert "(first)" in text and "in: ngram_step 200.0" in text
     # a kernel compiled during the first one is named there, and in the per-kernel list
     built = recs + [["C", 20 * 0.005 + 0.01, 0.15, "assign_req_to_token_pool", "{(6,): 4}"]]
@@ -479,7 +481,8 @@ def test_long_steps_are_listed_with_where_their_time_went():
                                                            "signatures": []}}
     text = step_trace.render({"a": res})
     assert "compiled: assign_req_to_token_pool 150.0" in text
-    assert "a: Triton kernels compiled while serving (ms in all): assign_req_to_token_pool x1 (150.0)" in text
+    assert ("a: Triton kernels compiled while serving (ms in all): assign_req_to_token_pool x1 "
+            "(150.0)") in text
     # the scheduler went idle during the later one (it waited for requests): counted, not listed
     idle = recs + [["I", 25 * 0.005 + 0.21 + 0.1]]
     res = step_trace.analyze(idle, long_ms=50.0)["long_steps"]
@@ -509,7 +512,8 @@ def test_cli_compares_servers_and_writes_json(tmp_path, capsys):
     assert data["repro_command"].startswith("python lab/step_trace.py")
     # every fifth step is late: 3 ms of host work (plain: shorter than the 5 ms step) against 3 + 4
     # ms (auto): the auto server's mean period is 0.2 * 4 = 0.8 ms longer
-    delta = data["results"]["auto"]["decode"]["period_mean"] - data["results"]["plain"]["decode"]["period_mean"]
+    delta = (data["results"]["auto"]["decode"]["period_mean"]
+             - data["results"]["plain"]["decode"]["period_mean"])
     assert delta == pytest.approx(0.8, abs=1e-6)
 
 
@@ -568,7 +572,8 @@ def test_steps_compared_per_batch_size_and_kind(tmp_path, capsys):
     only, its spec steps rarer than the table's minimum at bs 1. Each row is against the
     baseline at its own batch size."""
     def plain():
-        return server_records(n_steps=150, period=0.005) + server_records(n_steps=150, period=0.006, bs=4, t0=5.0)
+        return (server_records(n_steps=150, period=0.005)
+                + server_records(n_steps=150, period=0.006, bs=4, t0=5.0))
 
     def lean(i):
         return ["lean", 1, False]
@@ -657,7 +662,8 @@ class FakeGpu:
 
     # device work (default: a whole step's), queued behind what was launched before
     def launch(self, ms=None):
-        self.busy_until = max(self.busy_until, 1000.0 * self.host()) + (self.step_ms if ms is None else ms)
+        self.busy_until = (max(self.busy_until, 1000.0 * self.host())
+                           + (self.step_ms if ms is None else ms))
 
 
 def test_gpu_marks_tell_device_time_from_a_late_host(tmp_path):

@@ -19,7 +19,8 @@ def pristine_source(tmp_path_factory):
         if version in found:
             return found[version]
         unpacked = ROOT / ".scratch" / "pristine" / version
-        if (unpacked / "sglang" / "__init__.py").is_file() and (unpacked / f"sglang-{version}.dist-info" / "RECORD").is_file():
+        if ((unpacked / "sglang" / "__init__.py").is_file()
+                and (unpacked / f"sglang-{version}.dist-info" / "RECORD").is_file()):
             found[version] = unpacked
             return unpacked
         wheels = sorted((ROOT / ".downloads").glob(f"sglang-{version}-*.whl"))

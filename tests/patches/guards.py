@@ -10,14 +10,15 @@ Fields of Guard (file is relative to the folder that contains sglang/, as in the
   patch           the patch file name, e.g. "0001-ngram-corpus-cstddef.patch"
   versions        the SGLang versions whose pristine source must satisfy the entry
   file            the upstream file the patch touches
-  symbol          optional, in a .py file: "func", "Class", "Class.method", "Class.field" (a class-level
-                  assignment or annotation, e.g. a ServerArgs dataclass field), "NAME" (module-level)
-  params          optional, the exact parameter names of that function/method in order, with "*args",
-                  "**kwargs" and "*" (bare star) written as such
+  symbol          optional, in a .py file: "func", "Class", "Class.method", "Class.field"
+                  (a class-level assignment or annotation, e.g. a ServerArgs dataclass
+                  field), "NAME" (module-level)
+  params          optional, the exact parameter names of that function/method in order, with
+                  "*args", "**kwargs" and "*" (bare star) written as such
   params_include  optional, names that must be among the parameters (any order)
   contains        optional, text that must occur in the file (the lines the patch anchors to)
-  lacks           optional, text that must NOT occur upstream (when it appears, upstream has the fix:
-                  retire the patch)
+  lacks           optional, text that must NOT occur upstream (when it appears, upstream has
+                  the fix: retire the patch)
 """
 from __future__ import annotations
 
@@ -55,14 +56,16 @@ GUARDS = [
           lacks=("enable_verify_timing",)),
     Guard(patch="0006-verify-timing.patch", versions=("0.5.16",), file="sglang/srt/server_args.py",
           symbol="ServerArgs.check_server_args", params=("self",),
-          contains=("assert not (self.disable_cuda_graph_padding and self.enable_torch_compile), (",)),
+          contains=("assert not (self.disable_cuda_graph_padding and "
+                    "self.enable_torch_compile), (",)),
     Guard(patch="0006-verify-timing.patch", versions=("0.5.23",),
           file="sglang/srt/arg_groups/fields/observability.py",
           symbol="Observability.decode_log_interval", lacks=("enable_verify_timing",)),
     Guard(patch="0006-verify-timing.patch", versions=("0.5.23",),
           file="sglang/srt/arg_groups/validation_hook.py",
           symbol="check_server_args", params=("server_args",),
-          contains=("assert not (cfg.disable_cuda_graph_padding and cfg.enable_torch_compile), (",)),
+          contains=("assert not (cfg.disable_cuda_graph_padding and "
+                    "cfg.enable_torch_compile), (",)),
     Guard(patch="0006-verify-timing.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner.forward",
           params_include=("self", "forward_batch"),
@@ -193,7 +196,8 @@ GUARDS = [
           symbol="ExecComm.flashinfer_allreduce_fusion_backend", lacks=("tp_allreduce",)),
     Guard(patch="0003-tp-allreduce-path.patch", versions=("0.5.23",),
           file="sglang/srt/arg_groups/model_hook.py",
-          contains=("    run_post_process_pass(server_args, _enforce_disable_allreduce_fusion)\n",)),
+          contains=("    run_post_process_pass(server_args, "
+                    "_enforce_disable_allreduce_fusion)\n",)),
     Guard(patch="0003-tp-allreduce-path.patch", versions=("0.5.23",),
           file="sglang/srt/arg_groups/fields/parallel.py",
           symbol="Parallel.tp_size", contains=('aliases=["--tensor-parallel-size"],',)),
@@ -254,7 +258,8 @@ GUARDS = [
           symbol="NGRAMWorker.forward_batch_generation",
           params_include=("self", "batch", "on_publish"),
           contains=("        # Construct the next draft input\n",
-                    "            speculative_num_draft_tokens=self.speculative_num_draft_tokens,\n")),
+                    "            speculative_num_draft_tokens="
+                    "self.speculative_num_draft_tokens,\n")),
     # 0007: auto verify. Flags after the 0005 verify-mode field (itself after the external-corpus
     # fields), calls in _handle_ngram, the worker's init_cuda_graphs (0008) and draft preparation;
     # none of them may exist upstream.
@@ -347,7 +352,8 @@ GUARDS = [
           file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner.__init__",
           params_include=("self", "gpu_id", "server_args", "is_draft_worker"),
           contains=("        self.capture_tail_hooks = []\n",
-                    "        self.forward_stream = torch.get_device_module(self.device).Stream()\n")),
+                    "        self.forward_stream = torch.get_device_module(self.device)"
+                    ".Stream()\n")),
     Guard(patch="0011-pass-cost-emulator.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/model_executor/model_runner.py", symbol="ModelRunner._forward_raw",
           params=("self", "forward_batch", "pp_proxy_tensors", "reinit_attn_backend",

@@ -91,7 +91,7 @@ for choice in ("nccl", "custom", "pcie-ipc"):
                                              "flashinfer_allreduce_fusion_backend")})
 case("tp_unset",
      lambda: {k: resolved(args())[k] for k in ("tp_allreduce", "disable_custom_all_reduce",
-                                                           "flashinfer_allreduce_fusion_backend")})
+                                               "flashinfer_allreduce_fusion_backend")})
 
 import fastverify.glue.allreduce_hook as hook  # noqa: E402
 
@@ -147,8 +147,9 @@ for mc in (True, False):
 
         hook.multicast_supported = lambda cuda_driver=None, device=None: mc
         drv = FakeDriver()
-        sizes = fc._flashinfer_trtllm_workspace_allocation_sizes(drv, type("P", (), {"requestedHandleTypes": 0})(),
-                                                                4, 2048, 7168, torch.bfloat16)
+        props = type("P", (), {"requestedHandleTypes": 0})()
+        sizes = fc._flashinfer_trtllm_workspace_allocation_sizes(drv, props, 4, 2048, 7168,
+                                                                torch.bfloat16)
         return {"sizes": sizes, "asked": drv.asked}
     case(f"preflight_multicast_{mc}", preflight)
 

@@ -65,7 +65,8 @@ def _mask_sources(srt: Path):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "NgramVerifyInput":
                 for kw in node.keywords:
                     if kw.arg == "custom_mask":
-                        yield path.relative_to(srt.parent.parent), node.lineno, ast.unparse(kw.value)
+                        yield (path.relative_to(srt.parent.parent), node.lineno,
+                               ast.unparse(kw.value))
 
 
 @pytest.mark.parametrize("ver", VERSIONS)

@@ -74,7 +74,8 @@ def check_guard(guard: Guard, root: Path) -> None:
         except LookupError as e:
             pytest.fail(f"{guard}: {e}")
         if guard.params is not None or guard.params_include:
-            assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), f"{guard}: not a function"
+            assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), \
+                f"{guard}: not a function"
             have = _params(node)
             if guard.params is not None:
                 assert have == list(guard.params), (f"{guard}: parameters are {have}, expected "

@@ -119,7 +119,8 @@ def test_bootstrap_hooks_run_before_first_communicator(patched_root):
             else "init_torch_distributed")
     calls = _calls_in_order(ast.parse((pkg / "srt/distributed/bootstrap.py").read_text()), func)
     first_groups = min(calls["_init_parallel_groups"])
-    assert min(calls["_set_all_reduce_flags"]) < min(calls["nccl_hook.apply_in_worker"]) < first_groups
+    assert (min(calls["_set_all_reduce_flags"]) < min(calls["nccl_hook.apply_in_worker"])
+            < first_groups)
     assert min(calls["allreduce_hook.apply_in_worker"]) < first_groups
 
 
@@ -134,14 +135,17 @@ def test_upstream_seams_still_exist():
             and "def _flashinfer_trtllm_workspace_allocation_sizes(" in fc)
     assert "cuMulticastGetGranularity" in fc
     if ver.startswith("0.5.23"):
-        assert "run_post_process_pass(server_args, _enforce_disable_allreduce_fusion)" in src("srt/arg_groups/model_hook.py")
+        assert "run_post_process_pass(server_args, _enforce_disable_allreduce_fusion)" in src(
+            "srt/arg_groups/model_hook.py")
         assert "class ExecComm(" in src("srt/arg_groups/fields/exec_.py")
         assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in src("srt/environ.py")
         assert "_is_sm100_supported = _is_cuda and get_platform().is_sm100" in src(
             "srt/layers/layer_boundary/residual/add_norm.py")
     else:
-        assert "run_post_process_pass(self, _enforce_disable_allreduce_fusion)" in src("srt/server_args.py")
-        assert "_is_sm100_supported = _is_cuda and is_sm100_supported()" in src("srt/layers/communicator.py")
+        assert "run_post_process_pass(self, _enforce_disable_allreduce_fusion)" in src(
+            "srt/server_args.py")
+        assert "_is_sm100_supported = _is_cuda and is_sm100_supported()" in src(
+            "srt/layers/communicator.py")
         assert not (SG / "srt/distributed/device_communicators/pcie_ipc_ar.py").exists()
 
 

@@ -5,7 +5,8 @@ node ``j`` is an ancestor of node ``i`` or ``i`` itself; nodes are in breadth-fi
     positions[b*d + i]          = verified_seq_len[b] + number of strict ancestors of i
     retrieve_index[b, i]        = b*d + i
     retrieve_next_token[b, i]   = the first (lowest-index) child of i, -1 if i is a leaf
-    retrieve_next_sibling[b, i] = the next node after i with the same parent, -1 if none (and for the root)
+    retrieve_next_sibling[b, i] = the next node after i with the same parent, -1 if none (and
+                                  for the root)
 The parent of i is its strict ancestor with the largest index. Outputs are
 written in place, like the op.
 """
