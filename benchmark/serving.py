@@ -476,8 +476,7 @@ def gpu_facts():
 
 def preamble(args, facts):
     env = {k: v for k, v in sorted(os.environ.items())
-           if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM_",
-                                                                         "CUDA_VISIBLE"))}
+           if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM_", "CUDA_VISIBLE"))}
     return {
         "tag": args.tag, "base_url": args.base_url, "backend": args.backend,
         "client_host": platform.node(), "python": platform.python_version(),
@@ -698,7 +697,7 @@ def plot(results, out_png):
             ax.bar(xs, [(by.get(n) or {}).get(key) or 0 for n in names], width, label=tag)
     for ax, title in zip(axes,
                          ("output tokens/s (higher is better)", "median TPOT ms (lower is better)",
-                                "mean accept length (tokens per verify step)")):
+                          "mean accept length (tokens per verify step)")):
         ax.set_title(title, fontsize=10)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
         ax.set_xticklabels(names, fontsize=8)

@@ -72,7 +72,7 @@ PROMPTS = [
              "tables customers(id, name) and orders(id, customer_id, amount)."),
     ("math",
      "A train travels 180 km in 2 hours and then 120 km in 1.5 hours. What is its average speed "
-             "over the whole trip? Explain step by step."),
+     "over the whole trip? Explain step by step."),
     ("math", "Solve for x: 3x + 7 = 22. Show each step."),
     ("math",
      "If a shirt costs 40 dollars and is discounted by 25 percent, and then a 10 percent tax is "

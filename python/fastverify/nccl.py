@@ -336,7 +336,7 @@ class NcclTuning:
         environ = dict(environ)
         layers.append(("environment",
                        [(k, v, f"environment variable {k}") for k, v in sorted(environ.items())
-                                       if k.startswith("NCCL_")]))
+                        if k.startswith("NCCL_")]))
         if profile:
             data = load_profile(profile)
             layers.append((f"profile {profile}", [(k, v, f"--nccl-tuning-profile {profile}: {k}")

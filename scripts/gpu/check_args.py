@@ -38,10 +38,9 @@ def main():
             continue
         picked = {k: getattr(ns, k)
                   for k in ("speculative_algorithm", "speculative_ngram_verify_mode",
-                                              "speculative_ngram_verify_widths", "tp_allreduce",
-                                              "nccl_proto",
-                                              "nccl_max_channels", "enable_verify_timing")
-                                              if getattr(ns, k, None)}
+                            "speculative_ngram_verify_widths", "tp_allreduce", "nccl_proto",
+                            "nccl_max_channels", "enable_verify_timing")
+                  if getattr(ns, k, None)}
         print(f"{name}: ok {picked}")
     return 1 if bad else 0
 

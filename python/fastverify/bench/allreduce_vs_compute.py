@@ -1050,7 +1050,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         common.write_json(args.json,
                           {"env": info, "plan": plan, "summary": summary, "jobs": results,
-                                      "sglang_custom": sglang_custom, "notes": notes},
+                           "sglang_custom": sglang_custom, "notes": notes},
                           common.repro_command(argv, SCRIPT))
     return 0 if summary["wrong_results"] == 0 else 1
 
