@@ -24,7 +24,8 @@ speculation beyond the spread of the requests themselves: "below" when the whole
 1, "above" when it is over 1, "level" otherwise. Next to it the same ratio per output token (TPOT)
 and the mean difference in time to first token. The interval holds the requests' spread, not the
 spread between two server processes: two identical servers without speculation came out "above" each
-other in 2 of 8 such comparisons on the 2x H200 (results/h200x2/auto/run28 r1, c=1 and c=4). """
+other in 2 of 8 such comparisons on the 2x H200 (results/h200x2/auto/run28 r1, c=1 and c=4).
+"""
 from __future__ import annotations
 
 import argparse

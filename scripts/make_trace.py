@@ -15,7 +15,8 @@ Environment (kept out of the repository, e.g. under .scratch/):
 
 Output: JSON Lines. Line 1 is {"meta": {...}} (model file and its sha256, package versions,
 settings, time taken); every other line is one request {"kind", "prompt_ids", "output_ids"}.
-`fastverify replay` reads it. """
+`fastverify replay` reads it.
+"""
 from __future__ import annotations
 
 import argparse

@@ -13,7 +13,8 @@ kernel are stand-ins (no GPU here); verify sampling is the torch reference of gr
 verification, a plain decode pass returns the target's next token. The host clock of the
 controller's step timing is a fake: a plain decode step takes 2 ms, one with a lookup 5 ms. Runs
 without overlap (each step's result processed before the next step) and with it (one step late, as
-SGLang's overlap scheduler does: the host lacks the tokens of the step in flight). """
+SGLang's overlap scheduler does: the host lacks the tokens of the step in flight).
+"""
 import json
 import os
 import sys

@@ -28,7 +28,8 @@ Measured-table format (`fastverify-allreduce-table/1`):
      "rows": [{"sm": 120, "fabric": "pcie"|"nvlink", "tp": 8, "bytes": 12288, "path": "pcie-ipc",
                "us": 5.3, "gpu": "...", "source": "...", "date": "YYYY-MM-DD"}, ...]}
 `us` is the median time of one all-reduce of `bytes` bytes (CUDA-graph replay where
-the source says so). """
+the source says so).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -168,7 +169,8 @@ def preflight_probes_multicast(multicast_supported: Optional[bool]) -> bool:
     """Whether the FlashInfer workspace preflight should ask for the multicast granularity.
 
     PCIe boxes have no multicast; asking fails the probe and fusion is silently skipped.
-    Unknown: ask (upstream). """
+    Unknown: ask (upstream).
+    """
     return multicast_supported is not False
 
 

@@ -259,7 +259,8 @@ def reduce_to_chain(tokens, mask, k: int, match_type: str = "BFS"):
 
     ``tokens`` flat [bs*k] (or [bs, k]) and ``mask`` flat [bs*k*k] as ``NgramCorpus.batch_get``
     returns them. Returns ``(chain_tokens [bs*k] int64, chain_mask [bs*k*k] of the input mask's
-    dtype, chain_len [bs] int64)``. """
+    dtype, chain_len [bs] int64)``.
+    """
     mask_dtype = np.asarray(mask).dtype
     chain_tokens, chain_len = extract_chains(tokens, mask, match_type, d=k)
     return (chain_tokens.reshape(-1),

@@ -107,7 +107,8 @@ def _parse_list(value: str, allowed: Sequence[str], origin: str) -> list:
 
     Grammar (NCCL src/graph/tuning.cc parseList): groups separated by ';'; only the first may
     omit the 'collective:' prefix; each group is a comma list, optionally led by '^'
-    (everything except). """
+    (everything except).
+    """
     canon = {a.lower(): a for a in allowed}
     groups = []
     text = value.strip()

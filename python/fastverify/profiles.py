@@ -261,7 +261,8 @@ def layer_gemms(profile: ModelProfile, tp: int, layer: int) -> List[GemmShape]:
     Column-parallel projections split their output dimension, row-parallel ones (o_proj, down_proj)
     their input dimension and are followed by the all-reduce of ``[tokens, hidden]``. KV heads are
     replicated when there are fewer of them than ranks. Routed experts are split by their
-    intermediate width (TP-MoE). """
+    intermediate width (TP-MoE).
+    """
     if tp < 1:
         raise ProfileError(f"TP size must be >= 1, got {tp}")
     h = profile.hidden_size
@@ -323,7 +324,8 @@ def pass_summary(profile: ModelProfile, tp: int, tokens: int,
     bytes streamed, all-reduces.
 
     ``weight_bytes`` per parameter defaults to the profile's dtype (pass 0.5 for
-    INT4-class weights). """
+    INT4-class weights).
+    """
     wb = profile.dtype_bytes if weight_bytes is None else weight_bytes
     flops = 0.0
     wbytes = 0.0

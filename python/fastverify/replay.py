@@ -111,7 +111,8 @@ def parse_trace(lines: Iterable[str], path: str = "<trace>") -> Trace:
     """Validate and parse JSON Lines: {"prompt_ids": [...], "output_ids": [...]} per line.
 
     An optional first line {"meta": {...}} describes the trace (model, versions).
-    Blank lines are skipped. """
+    Blank lines are skipped.
+    """
     requests: list[TraceRequest] = []
     meta: dict = {}
     for lineno, raw in enumerate(lines, start=1):
@@ -215,7 +216,8 @@ def tree_parents(mask_rows: Sequence[Sequence[int]]) -> list[int]:
     """Parent of each node from the corpus' ancestor mask ([d, d], row i = ancestors-or-self of i).
 
     Node 0 is the root (parent -1). The parent is the ancestor one level up (depth =
-    ancestors-or-self count). """
+    ancestors-or-self count).
+    """
     depth = [int(sum(row)) for row in mask_rows]
     parents = [-1]
     for i in range(1, len(mask_rows)):
@@ -232,7 +234,8 @@ def greedy_accept_tree(tokens: Sequence[int], parents: Sequence[int],
     (target[0] is the model's next token after the root, target[1] after that, ...).
 
     At each node, children are tried in index order, as the verify kernel walks
-    next_token/next_sibling. """
+    next_token/next_sibling.
+    """
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         if p >= 0:
@@ -426,7 +429,8 @@ def replay(trace: Trace, cfg: ReplayConfig, corpus_factory: CorpusFactory = sgla
 
     `buckets`: verify widths assumed captured for no-match gating (fastverify.chain.plan_verify);
     widths above the config's d are ignored. The static count (every step verifies d tokens per
-    request) is always reported. """
+    request) is always reported.
+    """
     import numpy as np
     from fastverify.chain import plan_verify
 

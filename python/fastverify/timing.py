@@ -498,7 +498,8 @@ class HoldController:
 
     Overhead per sampled pass ~= hold + (eager GPU time - graph GPU time); one sample in
     ``interval`` passes. Example: 30 ms extra per sample, 10 ms passes, interval 500 -> 30
-    / (500 * 10) = 0.6%. """
+    / (500 * 10) = 0.6%.
+    """
 
     def __init__(self, min_ms: float = 2.0, max_ms: float = 250.0, cycles_per_ms: float = 1.5e6):
         self.min_ms = min_ms
@@ -677,7 +678,8 @@ class PassTimer:
 
         ``applied(result)`` False discards the span (a fused call that declined and fell
         back to a plain all-reduce, which is then timed on its own). A call nested in a
-        timed call is not timed again. """
+        timed call is not timed again.
+        """
         p = self.open
         if p is None or self._in_call:
             return fn(*args, **kwargs)

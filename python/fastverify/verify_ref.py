@@ -67,7 +67,8 @@ def greedy_verify_chain(chain_tokens, target_predict, chain_len=None) -> VerifyR
     target's argmax before it.
 
     ``chain_tokens`` [bs, k] (root first), ``target_predict`` [bs, k], ``chain_len`` [bs] real
-    drafts (default k-1). """
+    drafts (default k-1).
+    """
     bs, k = chain_tokens.shape
     if chain_len is None:
         chain_len = torch.full((bs,), k - 1, dtype=torch.int64)
@@ -95,7 +96,8 @@ def sampled_verify_tree(
     0 and u < p(t_1)+...+p(t_i), so child i wins with probability p(t_i). If none wins, the bonus
     token is drawn from p with the tried tokens removed and renormalized, which gives every other
     token x probability p(x): the output follows p exactly. ``coins`` [bs, d] (coin of the level
-    below node i is ``coins[b, i]``), ``final_coins`` [bs], both uniform [0,1). """
+    below node i is ``coins[b, i]``), ``final_coins`` [bs], both uniform [0,1).
+    """
     bs, d = candidates.shape
     accept_index = torch.full((bs, d), -1, dtype=torch.int64)
     accept_len = torch.zeros(bs, dtype=torch.int64)

@@ -189,7 +189,8 @@ def pad_accept_tokens(accept_tokens, bs: int, width: int, k: int):
 
     Only the first accept_len entries of a row are ever read (SGLang leaves the rest unspecified),
     so padding changes no value that is read; it restores the stride k that batch filter/merge and
-    the next step assume. """
+    the next step assume.
+    """
     if width == k:
         return accept_tokens
     import torch

@@ -12,7 +12,8 @@ compile, or load from disk, mid-serving).
         [--aligned-only]
 
 Exit status 1 when a call met a variant the warm-up had not compiled (or the
-warm-up's output mismatched). """
+warm-up's output mismatched).
+"""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,7 @@
 """Drift guards for patch 0006-verify-timing: the seams it touches still exist, with the shapes
 the patch and fastverify.glue.timing_hook rely on, in every pinned SGLang (parsed from the
-pristine sources with ast). """
+pristine sources with ast).
+"""
 from __future__ import annotations
 
 import ast

@@ -347,7 +347,8 @@ def finish_step(worker, accept_tokens, bs: int):
     stride k, this step's width).
 
     Without the flag, or for a step that did not verify, returns the inputs unchanged and
-    the worker's own width. """
+    the worker's own width.
+    """
     rts: WidthRuntimes = getattr(worker, "_fv_widths", None)
     if rts is None:
         return accept_tokens, worker.speculative_num_draft_tokens

@@ -4,7 +4,8 @@ SGLang imports ``torchvision.io.decode_jpeg`` at the top of ``sglang/srt/utils/c
 transformers probes several torchvision submodules when it sees one installed. PyPI has no CPU
 torchvision that imports beside the local CPU torch wheel, so the test environment installs this
 package instead. Every attribute of every ``torchvision.*`` module is a placeholder that raises when
-used; nothing in the tests uses vision code. """
+used; nothing in the tests uses vision code.
+"""
 import importlib.abc
 import importlib.machinery
 import sys
