@@ -139,8 +139,8 @@ def test_flag_on_without_cuda_is_off(caplog):
 def test_sampled_pass_runs_eager_and_times_collectives():
     runner, timer, clock = runner_with_fake_timer(interval=2)
     ar = timing_hook.timed_collective("all_reduce")(lambda x: x)
-    fused = timing_hook.timed_collective("allreduce_norm")(lambda ran: ("norm", "res") if ran
-                                                           else (None, None))
+    fused = timing_hook.timed_collective("allreduce_norm")(
+        lambda ran: ("norm", "res") if ran else (None, None))
     seen = []
 
     def body():

@@ -198,8 +198,8 @@ def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int],
         raise ValueError(f"calibration repeats must be >= 1, got {repeats}")
     t0 = clock()
     tables = {"decode": [], "verify": []}
-    plan = [("decode", n) for n in sorted(set(decode_bs))] + [("verify", n)
-                                                              for n in sorted(set(verify_tokens))]
+    plan = ([("decode", n) for n in sorted(set(decode_bs))]
+            + [("verify", n) for n in sorted(set(verify_tokens))])
     # interleave kinds so that a budget cut keeps both ends of the table
     plan.sort(key=lambda kn: (kn[1], kn[0]))
     skipped = []

@@ -205,8 +205,8 @@ def plain_inputs(accept_tokens, accept_lens, bs: int, roots_first: bool, req_to_
     tokens' stride, whatever width the last step ran at."""
     import torch
 
-    one_d = (accept_lens, req_pool_indices, seq_lens) + ((orig_seq_lens,)
-                                                         if orig_seq_lens is not None else ())
+    one_d = ((accept_lens, req_pool_indices, seq_lens)
+             + ((orig_seq_lens,) if orig_seq_lens is not None else ()))
     dev = seq_lens.device
     if (bs < 1 or not uses_kernels(seq_lens) or req_to_token.dim() != 2
             or req_to_token.device != dev
