@@ -31,6 +31,19 @@ all, so the controller keeps learning while it does not speculate and never has 
 explore: with acceptance 0 it stays at no speculation after the first steps. Greedy output does not
 depend on the option chosen (verification is exact).
 
+Calibration: the gain model's estimates are checked against what the drafts it had verified
+really accepted. Each verified draft adds its expected accepted tokens (under the option chosen)
+and, once it resolves, what it accepted (capped at the tokens verified) to two sums that forget
+with `AutoConfig.calibration_half_life` steps; every estimate is scaled by
+min(1, (accepted + prior) / (expected + prior) / band) (`Controller.calibration`, prior
+`AutoConfig.calibration_prior` tokens on both sides, band `AutoConfig.calibration_band`: drafts
+verified because their estimate was high accept a little less than estimated even where the model
+is right, and that alone must not cut speculation). Where the estimates hold, the factor stays
+1; where the verified drafts accept less than they were expected to (the chain server's
+matched drafts on one H200 under the reference box's pass costs accepted 0.54 tokens each where
+auto expected 2.3-3.2 of its own), speculation stops after a few verifies, and comes back on trial
+once the sums are forgotten. The factor never raises an estimate.
+
 Follow bound (stated and tested in tests/test_sim.py): after acceptance changes, the
 estimate's weight on the old regime after n steps is at most 2**(-n / half_life); a draft
 resolves at most K + 1 steps after it is made. `follow_bound_steps` returns K + 1 +
@@ -140,6 +153,11 @@ class AutoConfig:
     probe_max: int = 32
     # with TP > 1, rank 0's measured step costs reach every rank this often (steps; glue/auto.py)
     cost_sync_steps: int = 64
+    # calibration of the estimates by the verified drafts' outcomes (module docstring): the
+    # forgetting of its sums (steps) and the pseudo-tokens added to both
+    calibration_half_life: float = 128.0
+    calibration_prior: float = 2.0
+    calibration_band: float = 0.75
 
     def __post_init__(self):
         if not isinstance(self.max_chain, int) or self.max_chain < 1:
@@ -152,6 +170,11 @@ class AutoConfig:
                              f"{self.hysteresis!r}")
         if not self.half_life_steps > 0:
             raise ValueError(f"half_life_steps must be > 0, got {self.half_life_steps!r}")
+        if not self.calibration_half_life > 0 or not self.calibration_prior > 0:
+            raise ValueError("calibration_half_life and calibration_prior must be > 0, got "
+                             f"{self.calibration_half_life!r}, {self.calibration_prior!r}")
+        if not 0.0 < self.calibration_band <= 1.0:
+            raise ValueError(f"calibration_band must be in (0, 1], got {self.calibration_band!r}")
         if self.shape not in SHAPES:
             raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
         if not (isinstance(self.probe_budget, (int, float)) and 0.0 < self.probe_budget <= 1.0):
@@ -182,6 +205,9 @@ class Decision:
     rates: dict  # option label -> expected tokens per ms
     pass_ms: float
     step: int
+    # per request in the order given: its expected accepted draft tokens under `option`
+    # (calibrated; 0 where it does not take part)
+    gains: tuple = ()
 
     @property
     def speedup(self) -> float:
@@ -223,6 +249,8 @@ class Controller:
         self.last: Optional[Decision] = None
         # requests that sample (note_sampling); the others decode greedily
         self._sampled: set = set()
+        # verified drafts: forgetting sums of expected and accepted draft tokens, as of a step
+        self._verified = [0.0, 0.0, 0]  # [expected, accepted, step]
 
     @property
     def costs(self):
@@ -246,7 +274,7 @@ class Controller:
         The last answer is kept: a step that speculated asks the same question twice
         (`plan_lookup` with each request's last features, then `decide` with the new drafts', the
         same on a steady load)."""
-        key = (step, self.gain.version, self._costs_key(),
+        key = (step, self.gain.version, self._costs_key(), self._calibration_key(),
                tuple((r.req_id, r.features) for r in requests))
         if key == self._evaluated[0]:
             return self._evaluated[1]
@@ -256,6 +284,9 @@ class Controller:
 
     def _evaluate_now(self, requests: Sequence[RequestView], step: int) -> tuple:
         per_req = [self.gain.expected(r.req_id, r.features, step) for r in requests]
+        f = self._calibration_key()
+        if f < 1.0:
+            per_req = [([x * f for x in c], t * f) for c, t in per_req]
         evals = []
         for o in self.options:
             if o.kind == NONE:
@@ -281,8 +312,11 @@ class Controller:
         if self.current is not None and chosen.option != self.current:
             self.counters["switches"] += 1
         self.current = chosen.option
-        d = Decision(chosen.option, chosen.speculate, {e.option.label: e.rate for e in evals},
-                     chosen.pass_ms, self.step)
+        o = chosen.option
+        gains = tuple((c[o.k - 1] if o.kind == CHAIN else t) if s and o.kind != NONE else 0.0
+                      for (c, t), s in zip(per_req, chosen.speculate))
+        d = Decision(o, chosen.speculate, {e.option.label: e.rate for e in evals},
+                     chosen.pass_ms, self.step, gains)
         self._back_off(chosen.option.kind != NONE)
         self.last = d
         self.counters["steps"] += 1
@@ -393,7 +427,7 @@ class Controller:
         answer is kept until the gain model observes something, the costs or the current option
         change, or WANTED_REFRESH_STEPS steps pass (the model's forgetting moves its estimates
         a little every step)."""
-        epoch = (self.gain.version, self._costs_key(), self.current,
+        epoch = (self.gain.version, self._costs_key(), self._calibration_key(), self.current,
                  (self.step + 1) // WANTED_REFRESH_STEPS)
         if epoch != self._wanted_epoch:
             self._wanted_epoch, self._wanted_cache = epoch, {}
@@ -505,6 +539,32 @@ class Controller:
                 tree_accept: Optional[int] = None) -> None:
         self.gain.observe(req_id, features, self.step, chain_accept, tree_accept)
 
+    def _age_verified(self) -> list:
+        v = self._verified
+        if self.step > v[2]:
+            f = 0.5 ** ((self.step - v[2]) / self.cfg.calibration_half_life)
+            v[0], v[1], v[2] = v[0] * f, v[1] * f, self.step
+        return v
+
+    def note_verified(self, expected: float, accepted: float) -> None:
+        """A verified draft resolved: it was expected to have `expected` draft tokens accepted
+        (`Decision.gains`) and had `accepted` (at most the tokens verified)."""
+        v = self._age_verified()
+        v[0] += max(float(expected), 0.0)
+        v[1] += max(float(accepted), 0.0)
+
+    def _calibration_key(self) -> float:
+        """`calibration` to 3 decimals: what the estimates are scaled by (its forgetting moves it a
+        little every step; the kept answers change only when that shows)."""
+        return round(self.calibration(), 3)
+
+    def calibration(self) -> float:
+        """The factor on every estimate: min(1, (accepted + prior) / (expected + prior) / band) over
+        the verified drafts' forgetting sums (module docstring)."""
+        v = self._age_verified()
+        prior = self.cfg.calibration_prior
+        return min(1.0, (v[1] + prior) / (v[0] + prior) / self.cfg.calibration_band)
+
     def finish(self, req_id) -> None:
         self.gain.drop(req_id)
         self._sampled.discard(req_id)
@@ -548,6 +608,7 @@ class Controller:
             "mean_expected_tree_accept":
                 round(sum(t for _, t in per_req) / max(len(per_req), 1), 4),
             "switches": self.counters["switches"], "decisions_since_last_log": self._suppressed + 1,
+            "calibration": round(self.calibration(), 4),
         })
         self._suppressed = 0
 
@@ -563,6 +624,7 @@ class Controller:
             "auto_probe_lookups_total": float(self.counters["probe_lookups"]),
             "auto_behind_lookups_total": float(self.counters["behind_lookups"]),
             "auto_probes_held_total": float(self.counters["probes_held"]),
+            "auto_calibration": self.calibration(),
         }
         for lbl, n in self.steps_by_mode.items():
             out[f"auto_steps_{lbl}_total"] = float(n)

@@ -196,6 +196,8 @@ class _Pending:
     chain: tuple
     tree_tokens: Optional[tuple]
     tree_parents: Optional[tuple]
+    lead: int = 0  # leading chain tokens a verify would get anyway (`ShadowTracker.record`)
+    tag: object = None  # what the caller attached (`ShadowTracker.tag_last`)
 
 
 def chain_accept(chain: Sequence[int], actual: Sequence[int]) -> tuple:
@@ -232,7 +234,13 @@ class ShadowTracker:
     tokens pos, pos+1..). `advance(req, tokens)`: the request's tokens so far (any sequence
     indexable from 0 that covers pos..); returns resolved (features, chain_accept, tree_accept)
     tuples. A draft resolves at its first divergence or when fully matched, so at most K + 1
-    tokens after it was made."""
+    tokens after it was made.
+
+    ``lead`` (record): the chain's first tokens predict tokens a verify made at that time gets
+    anyway (a lookup one step behind, overlap mode: its first token guesses the token in flight,
+    which is the root of the step's verify): the draft is scored as the verify would have scored
+    the rest, 0 unless those lead tokens were right. ``tag_last`` attaches a value to a request's
+    last recorded draft, returned by `advance_tagged` (the glue tags the drafts it verified)."""
 
     def __init__(self, max_pending: int = 64):
         self._pending: dict = {}
@@ -240,14 +248,22 @@ class ShadowTracker:
 
     def record(self, req_id, pos: int, features: DraftFeatures, chain: Sequence[int],
                tree_tokens: Optional[Sequence[int]] = None,
-               tree_parents: Optional[Sequence[int]] = None) -> None:
+               tree_parents: Optional[Sequence[int]] = None, lead: int = 0) -> None:
         q = self._pending.setdefault(req_id, [])
         q.append(_Pending(pos, features, tuple(chain), None if tree_tokens is None
                           else tuple(tree_tokens),
-                          None if tree_parents is None else tuple(tree_parents)))
+                          None if tree_parents is None else tuple(tree_parents), int(lead)))
         del q[:-self.max_pending]
 
-    def advance(self, req_id, tokens: Sequence[int], length: Optional[int] = None) -> list:
+    def tag_last(self, req_id, tag) -> None:
+        """Attach ``tag`` to the last draft recorded for ``req_id`` (none: a no-op)."""
+        q = self._pending.get(req_id)
+        if q:
+            q[-1].tag = tag
+
+    def advance_tagged(self, req_id, tokens: Sequence[int], length: Optional[int] = None) -> list:
+        """`advance`, each resolved draft with its tag: (features, chain_accept, tree_accept,
+        tag)."""
         q = self._pending.get(req_id)
         if not q:
             return []
@@ -260,7 +276,13 @@ class ShadowTracker:
                         else tree_accept(p.tree_tokens, p.tree_parents, actual))
             (done if cres and tres else keep).append((p, ca, ta))
         self._pending[req_id] = [p for p, _, _ in keep]
-        return [(p.features, ca, ta) for p, ca, ta in done]
+        # with lead tokens: what the verify made past them would have accepted (0 if one was wrong)
+        return [(p.features, max(ca - p.lead, 0), ta, p.tag) for p, ca, ta in done]
+
+    def advance(self, req_id, tokens: Sequence[int], length: Optional[int] = None) -> list:
+        """The drafts that resolve with the request's tokens so far: (features, chain_accept,
+        tree_accept) each."""
+        return [r[:3] for r in self.advance_tagged(req_id, tokens, length)]
 
     def drop(self, req_id) -> None:
         self._pending.pop(req_id, None)

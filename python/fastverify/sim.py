@@ -131,6 +131,9 @@ class SimRequest:
     # the request samples (temperature > 0): told to the policy when it joins (its
     # drafts' features say so too)
     sampled: bool = False
+    # draft tokens the gain model's scoring adds to a matched draft's acceptance (capped at K): a
+    # biased scorer, the verify itself accepting what the chain list says (0: scored as verified)
+    scored_extra: int = 0
 
     @property
     def length(self) -> int:
@@ -283,6 +286,7 @@ class AutoPolicy:
         self.paid_lookup = True  # this step waited for and ran a lookup (a lookup behind does not)
         self.probed = False  # this step was a probe (drafts only scored; `simulate`'s probe_ms)
         self.plain_before = True  # the last step gave every request one token
+        self._gains: dict = {}  # rid -> expected accepted tokens of the draft it verifies now
 
     def record(self, bs: int, width: int, ms: float) -> None:
         """The step just simulated took `ms` (width: its verify width, 1 without speculation)."""
@@ -335,6 +339,7 @@ class AutoPolicy:
         else:
             d = self.c.decide(views)
         self.plain_before = d.option.kind == NONE or not any(d.speculate)
+        self._gains = dict(zip((v.req_id for v in views), d.gains))
         return d.option, d.speculate
 
     def _lean(self, bs: int):
@@ -343,11 +348,17 @@ class AutoPolicy:
         self.paid_lookup = False
         self.probed = False
         self.plain_before = True
+        self._gains = {}
         d = self.c.note_lean(bs)
         return d.option, d.speculate
 
     def observe(self, rid, features, chain, tree):
         self.c.observe(rid, features, chain, tree)
+
+    def verified(self, rid, accepted: int) -> None:
+        """A draft this policy verified accepted `accepted` tokens (the controller's
+        calibration)."""
+        self.c.note_verified(self._gains.get(rid, 0.0), accepted)
 
     def join(self, rid, sampled: bool) -> None:
         """A request joins the batch: whether it samples (the glue's `_sync_requests`)."""
@@ -443,6 +454,8 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int,
             acc = 0
             if n_spec and s:
                 acc = min(ch[pos], option.k) if option.kind == CHAIN else tr[pos]
+                if hasattr(policy, "verified"):
+                    policy.verified(rid, acc)
             adv = min(1 + acc, req.length - pos)
             res.tokens += adv
             st[1] = pos + adv
@@ -451,6 +464,8 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int,
                 f, a_c, a_t = req.regimes[rg][0][p0], req.regimes[rg][1][p0], req.regimes[rg][2][p0]
                 need = max(min(a_c + 1, max_chain), min(a_t + 1, cap_tree))
                 if st[1] - p0 >= need:
+                    if req.scored_extra and f.match_len > 0:
+                        a_c = min(a_c + req.scored_extra, max_chain)
                     policy.observe(rid, f, a_c, a_t)
                 else:
                     keep.append((p0, rg))

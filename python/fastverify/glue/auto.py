@@ -234,8 +234,10 @@ def _sync_requests(state: AutoState, batch) -> None:
     for req in batch.reqs:
         if req.rid not in prev:
             state.controller.note_sampling(req.rid, samples(req))
-        for f, ca, _ in state.shadow.advance(req.rid, req.output_ids):
+        for f, ca, _, verified in state.shadow.advance_tagged(req.rid, req.output_ids):
             state.controller.observe(req.rid, f, ca)
+            if verified is not None:  # (expected, verified draft tokens): calibration
+                state.controller.note_verified(verified[0], min(ca, verified[1]))
 
 
 def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
@@ -370,7 +372,12 @@ def probe_behind(worker, state: AutoState, batch) -> list:
     with the new features."""
     lags = [0] * len(batch.reqs)  # drafts from the host's tokens as they are
     tokens, _mask, _unsure = chains_past_the_token_in_flight(worker, batch, state.k, lags)
-    return _record_drafts(state, batch, tokens, lags)[1]
+    # where the host lacks a request's last token (overlap mode), the chain's first token guesses
+    # it: a verify made now would have that token as its root and gain nothing from the guess, so
+    # the draft is scored past it (`ShadowTracker.record`'s lead), as lookup_behind's drafts are
+    leads = ([int(req.rid in state.in_flight_rids) for req in batch.reqs]
+             if _host_behind(worker, batch) else lags)
+    return _record_drafts(state, batch, tokens, lags, leads)[1]
 
 
 def chains_past_the_token_in_flight(worker, batch, k: int, lags):
@@ -469,11 +476,12 @@ def fill_roots(worker, batch, draft_tokens) -> None:
     draft_tokens.view(bs, -1)[:, 0] = batch.spec_info.accept_tokens.view(bs, -1)[:, 0]
 
 
-def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
+def _record_drafts(state: AutoState, batch, tokens, carried, leads=None) -> tuple:
     """Chain-format drafts [bs*k] of a lookup -> each request's features (kept as its last known
     ones) and its chain recorded for the shadow tracker at output position len(output_ids) +
-    carried[i] (tokens of the step in flight, not in output_ids yet). Returns (real chain lengths
-    [bs], views with the new features)."""
+    carried[i] (tokens of the step in flight, not in output_ids yet). ``leads[i]``: the chain's
+    first tokens that only guess tokens in flight (scored past them; the features count the rest).
+    Returns (real chain lengths [bs], views with the new features)."""
     import numpy as np
 
     from fastverify.widths import chain_draft_lengths
@@ -485,9 +493,11 @@ def _record_drafts(state: AutoState, batch, tokens, carried) -> tuple:
     samples_of = state.controller.samples
     for i, req in enumerate(batch.reqs):
         n = int(lens[i])
-        f = DraftFeatures(n, 1 if n else 0, samples_of(req.rid))
+        lead = min(int(leads[i]), n) if leads is not None else 0
+        f = DraftFeatures(n - lead, 1 if n > lead else 0, samples_of(req.rid))
         state.features[req.rid] = f
-        state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, rows[i][1:1 + n])
+        state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, rows[i][1:1 + n],
+                            lead=lead)
         views.append(RequestView(req.rid, f))
     return lens, views
 
@@ -606,15 +616,55 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
                                      [int(p) if use_prev else 0 for p in prev_lens])
         d = state.controller.decide(views)
     width = 1 if d.option.kind == "none" else d.option.width
+    keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
     if width < k or not all(d.speculate):
         # (at width k with every request taking part the drafts are verified as
         # looked up: nothing to cut)
-        keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
         tokens, mask = truncate_drafts(tokens, mask, k, width, keep)
+    # the drafts verified carry what they were expected to accept, for the calibration
+    for i, req in enumerate(batch.reqs):
+        if keep[i] > 0 and i < len(d.gains):
+            state.shadow.tag_last(req.rid, (d.gains[i], keep[i]))
+    tokens = checked_drafts(worker, batch, tokens, width, state.behind is not None
+                            and state.behind.in_flight)
     select_runtime(worker, width)
     state.last_step = (SPEC, bs, width)
     _export(state, d)
     return tokens, mask
+
+
+def _vocab_size(worker):
+    mc = getattr(getattr(worker, "model_runner", None), "model_config", None)
+    v = getattr(mc, "vocab_size", None)
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def checked_drafts(worker, batch, tokens, width: int, roots_filled: bool):
+    """The step's drafts [bs*width] before they are copied to the device: every token id must be a
+    vocabulary id (the target's embedding lookup asserts on the device otherwise, and the server
+    dies at the next synchronisation with no word of where the id came from). A draft token out of
+    range becomes padding (0: rejected unless the target predicts 0 itself, so output is unchanged)
+    and is logged with the requests' ids; a root out of range, which would change output, raises
+    unless ``roots_filled`` (`fill_roots` writes every root on the device)."""
+    import numpy as np
+
+    vocab = _vocab_size(worker)
+    if vocab is None:
+        return tokens
+    t = np.asarray(tokens)
+    bad = (t < 0) | (t >= vocab)
+    if not bad.any():
+        return tokens
+    rows = bad.reshape(-1, width)
+    rids = [req.rid for req, r in zip(batch.reqs, rows) if r.any()]
+    if rows[:, 0].any() and not roots_filled:
+        raise RuntimeError(f"auto verify: draft roots outside the vocabulary ({vocab}) for "
+                           f"requests {rids}: {t.reshape(-1, width)[rows[:, 0], 0].tolist()}")
+    logger.error("auto verify: draft tokens outside the vocabulary (%d) for requests %s (%s); "
+                 "verified as padding", vocab, rids, t[bad].tolist()[:8])
+    out = t.copy()
+    out[bad] = 0
+    return out
 
 
 def _export(state: AutoState, d) -> None:
