@@ -206,3 +206,31 @@ def test_glue_draft_ids_outside_the_vocabulary_never_reach_the_device(caplog):
     assert auto.checked_drafts(w, batch, root, 4, True).tolist()[4] == 0
     # no vocabulary known (stand-in runners): unchecked
     assert auto.checked_drafts(_glue_worker(), batch, bad, 4, False) is bad
+
+
+def test_glue_a_prefill_between_two_decode_steps_is_not_recorded_as_a_step_cost(tmp_path):
+    from fastverify.costs import LEAN
+    from fastverify.glue import auto
+    from fastverify.glue.verify_runtime import VerifyRuntime
+
+    w = _glue_worker()
+    state = auto.setup(w, _spec(tmp_path), plain=VerifyRuntime(1, "attn-plain", None, {}))
+    now = [0.0]
+    state.clock = lambda: now[0]
+    for ms in (2, 2, 2, 2):  # plain steps of 2 ms each
+        auto._tick(state)
+        state.last_step = (LEAN, 1, 1)
+        now[0] += ms / 1000.0
+    assert state.costs.samples(LEAN, 1, 1) == 3  # the first tick had no step before it
+    # a prefill of 50 ms (the worker's step sees it too), then the next decode step
+    prefill = SimpleNamespace(reqs=[], forward_mode=SimpleNamespace(is_decode=lambda: False))
+    assert auto.plain_step(w, prefill) is None
+    now[0] += 0.050
+    auto._tick(state)
+    assert state.costs.samples(LEAN, 1, 1) == 3
+    assert state.costs.mean_ms(LEAN, 1, 1) == pytest.approx(2.0)
+    assert state.lean_before  # the step before the prefill still tells the roots apart
+    state.last_step = (LEAN, 1, 1)
+    now[0] += 0.002
+    auto._tick(state)  # decode steps after it are measured again
+    assert state.costs.samples(LEAN, 1, 1) == 4

@@ -212,6 +212,14 @@ def _tick(state: AutoState) -> None:
         state.controller.costs = copy.deepcopy(shared)
 
 
+def not_a_decode_step(state: AutoState) -> None:
+    """A forward that is no decode step (a prefill): the period from the last decode step's start
+    to the next one's holds this forward too, so it is not recorded as that step's cost (it made
+    steps without speculation look dearer than they are, every time requests joined)."""
+    state.since_prefill = 0
+    state.last_start = None
+
+
 def samples(req) -> bool:
     """Whether a request samples rather than decoding greedily, as SGLang's batch sampling info
     tells them apart: its parameters turn temperature 0 into top_k 1, and top_k <= 1 decodes
@@ -254,7 +262,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
                                                    frozenset(r.rid for r in batch.reqs))
     if not batch.forward_mode.is_decode():
-        state.since_prefill = 0
+        not_a_decode_step(state)
         return None
     state.since_prefill += 1
     _tick(state)
