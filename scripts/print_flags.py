@@ -1,5 +1,5 @@
-"""Print the flags sglang-fastverify adds to `python -m sglang.launch_server`, each with its whole help,
-read off the patched SGLang's own parser (the list of our flags: fastverify.flags.OUR_FLAGS).
+"""Print the flags sglang-fastverify adds to `python -m sglang.launch_server`, each with its whole
+help, read off the patched SGLang's own parser (the list of our flags: fastverify.flags.OUR_FLAGS).
 
     python scripts/print_flags.py          (scripts/demo.sh runs it; exit 1 if a flag is missing)
 """

@@ -39,7 +39,8 @@ B2 = list(B0)
 B2[2] = "def b_2_renamed():\n"
 B2[24] = "    return 'hunk two'\n"
 NEW = ["def added():\n", "    return 'new module'\n"]
-UNTOUCHED = {"sglang/__init__.py": "", "sglang/c.txt": "leave me alone\n", "sglang/sub/__init__.py": ""}
+UNTOUCHED = {"sglang/__init__.py": "", "sglang/c.txt": "leave me alone\n",
+             "sglang/sub/__init__.py": ""}
 
 
 def _diff(old, new, path, created=False):
@@ -48,8 +49,8 @@ def _diff(old, new, path, created=False):
 
 
 def _patch_text(subject, *diffs):
-    return (f"From: sglang-fastverify\nSubject: [PATCH] {subject}\n\nWhy: test.\nTargets: SGLang {VERSION}\n"
-            f"Switched on by: always\n---\n" + "".join(diffs))
+    return (f"From: sglang-fastverify\nSubject: [PATCH] {subject}\n\nWhy: test.\nTargets: SGLang "
+            f"{VERSION}\nSwitched on by: always\n---\n" + "".join(diffs))
 
 
 def _hash(data: bytes) -> str:
@@ -68,7 +69,8 @@ def make_tree(root: Path, version=VERSION) -> Path:
         rows.append(f"{rel},{_hash(text.encode())},{len(text.encode())}")
     dist = root / f"sglang-{version}.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.4\nName: sglang\nVersion: {version}\n\nlong text\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.4\nName: sglang\nVersion: "
+                                   f"{version}\n\nlong text\n")
     rows.append(f"sglang-{version}.dist-info/METADATA,,")
     rows.append(f"sglang-{version}.dist-info/RECORD,,")
     (dist / "RECORD").write_text("\n".join(rows) + "\n")
@@ -83,7 +85,8 @@ def make_series(patches_dir: Path, version=VERSION, extra_series_line=None) -> P
         "second", _diff(A1, A2, "sglang/a.py"), _diff(B0, B2, "sglang/sub/b.py")))
     (d / "0003-new-module.patch").write_text(_patch_text(
         "new module", _diff([], NEW, "sglang/newpkg/new_mod.py", created=True)))
-    lines = ["# test series", "0001-first.patch", "0002-second.patch", "", "0003-new-module.patch  # creates"]
+    lines = ["# test series", "0001-first.patch", "0002-second.patch", "",
+             "0003-new-module.patch  # creates"]
     if extra_series_line:
         lines.append(extra_series_line)
     (d / "series").write_text("\n".join(lines) + "\n")
@@ -111,11 +114,11 @@ def snapshot(root: Path) -> dict:
 
 
 def cli_args(kw, action, *extra):
-    return ["patches", action, "--sglang-dir", kw["sglang_dir"], "--patches-dir", str(kw["patches_dir"]),
-            "--pins", str(kw["pins_file"]), *extra]
+    return ["patches", action, "--sglang-dir", kw["sglang_dir"], "--patches-dir",
+            str(kw["patches_dir"]), "--pins", str(kw["pins_file"]), *extra]
 
 
-# ---------------------------------------------------------------------------------------------------- pins
+# --------------------------------------------------------------------------------------------- pins
 
 def test_pins_parse_and_unsupported(tmp_path):
     parsed = pins.parse_pins("# c\n0.5.16 torch_pin=2.11.0 x=y  # tail\n\n0.5.23\n")
@@ -127,7 +130,8 @@ def test_pins_parse_and_unsupported(tmp_path):
         pins.parse_pins("0.1\n0.1\n")
     f = tmp_path / "p.txt"
     f.write_text("1.0\n2.0\n")
-    with pytest.raises(pins.PinsError, match=r"SGLang 3\.0 is not supported; supported versions: 1\.0, 2\.0"):
+    with pytest.raises(pins.PinsError,
+                       match=r"SGLang 3\.0 is not supported; supported versions: 1\.0, 2\.0"):
         pins.pin_for("3.0", f)
 
 
@@ -137,7 +141,7 @@ def test_repo_pins_have_a_series_each():
         patchtool.load_series(version)  # every named patch exists and parses
 
 
-# ---------------------------------------------------------------------------------------------------- apply
+# -------------------------------------------------------------------------------------------- apply
 
 def test_apply_then_reapply_is_a_noop(env):
     tree, _, _, out, kw = env
@@ -172,7 +176,8 @@ def test_revert_restores_upstream_byte_for_byte(env):
     assert patchtool.cmd_revert(**kw) == 0
     assert snapshot(tree) == pristine  # also: new_mod.py and its new folder are gone
     assert (tree / "sglang/a.py").stat().st_mode == mode
-    assert "3/3 touched file(s) match RECORD" not in out.getvalue()  # only 2 touched files are in RECORD
+    # only 2 touched files are in RECORD
+    assert "3/3 touched file(s) match RECORD" not in out.getvalue()
     assert "2/2 touched file(s) match RECORD byte for byte" in out.getvalue()
     record = patchtool.read_record(next(tree.glob("*.dist-info")) / "RECORD")
     for rel, want in record.items():
@@ -192,7 +197,7 @@ def test_pycache_of_touched_modules_is_removed(env):
     assert (cache / "c.cpython-311.pyc").exists()
 
 
-# ---------------------------------------------------------------------------------------------------- drift
+# -------------------------------------------------------------------------------------------- drift
 
 def test_drift_names_patch_file_and_hunk_and_changes_nothing(env):
     tree, _, _, _, kw = env
@@ -215,7 +220,8 @@ def test_drift_after_apply_blocks_revert(env):
     tree, _, _, out, kw = env
     patchtool.cmd_apply(**kw)
     p = tree / "sglang/a.py"
-    p.write_text(p.read_text().replace("a_29 = 29\n", "a_29 = 'edited'\n"))  # context of 0002's a.py hunk
+    # context of 0002's a.py hunk
+    p.write_text(p.read_text().replace("a_29 = 29\n", "a_29 = 'edited'\n"))
     before = snapshot(tree)
     with pytest.raises(DriftError, match=r"(?s)0002-second.patch.*sglang/a.py: hunk #1"):
         patchtool.cmd_revert(**kw)
@@ -229,7 +235,8 @@ def test_half_applied_patch_is_reported_per_hunk(env):
     tree, _, _, _, kw = env
     patchtool.cmd_apply(**kw)
     p = tree / "sglang/sub/b.py"
-    p.write_text(p.read_text().replace("    return 'hunk two'\n", "def b_13():\n"))  # undo hunk #2 only
+    # undo hunk #2 only
+    p.write_text(p.read_text().replace("    return 'hunk two'\n", "def b_13():\n"))
     with pytest.raises(DriftError) as e:
         patchtool.cmd_apply(**kw)
     msg = str(e.value)
@@ -255,13 +262,15 @@ def test_failure_half_way_restores_every_file(env, monkeypatch):
         r = real(root, patch, reverse=reverse, dry_run=dry_run)
         if Path(root) == tree and not dry_run:
             calls.append(patch.name)
-            if patch.name.startswith("0003"):  # it did write new_mod.py (and its folder), then "fails"
+            # it did write new_mod.py (and its folder), then "fails"
+            if patch.name.startswith("0003"):
                 assert (tree / "sglang/newpkg/new_mod.py").exists()
                 return patchtool.PatchRun(ok=False, output="simulated failure")
         return r
 
     monkeypatch.setattr(patchtool, "run_patch", flaky)
-    with pytest.raises(DriftError, match=r"(?s)0003-new-module.patch failed.*Restored every touched file"):
+    with pytest.raises(DriftError,
+                       match=r"(?s)0003-new-module.patch failed.*Restored every touched file"):
         patchtool.cmd_apply(**kw)
     assert calls == ["0001-first.patch", "0002-second.patch", "0003-new-module.patch"]
     assert snapshot(tree) == before
@@ -328,7 +337,7 @@ def test_signal_to_a_running_apply_process(env, tmp_path, name):
     assert snapshot(tree) == before
 
 
-# ---------------------------------------------------------------------------------------------------- status
+# ------------------------------------------------------------------------------------------- status
 
 def test_status_classification(env):
     tree, _, _, out, kw = env
@@ -342,7 +351,8 @@ def test_status_classification(env):
     assert [s.state for s in rep.plan.states] == ["applied"] * 3
     (tree / "sglang/c.txt").write_text("someone else\n")  # untouched by any patch
     a = tree / "sglang/a.py"
-    a.write_text(a.read_text() + "# appended far from every hunk\n")  # touched, but outside our hunks
+    # touched, but outside our hunks
+    a.write_text(a.read_text() + "# appended far from every hunk\n")
     (tree / "sglang/sub/__init__.py").unlink()
     rep = patchtool.status_report(patchtool.find_target(tree), series)
     assert rep.verdict == "modified by someone else"
@@ -357,7 +367,8 @@ def test_status_classification(env):
     assert "missing: sglang/sub/__init__.py" in text
     # revert refuses (a.py would not match RECORD) unless told to keep the foreign change
     before = snapshot(tree)
-    with pytest.raises(PatchToolError, match=r"(?s)someone else modified them:\n  sglang/a.py.*--keep-foreign"):
+    with pytest.raises(PatchToolError,
+                       match=r"(?s)someone else modified them:\n  sglang/a.py.*--keep-foreign"):
         patchtool.cmd_revert(**kw)
     assert snapshot(tree) == before
     assert patchtool.cmd_revert(keep_foreign=True, **kw) == 0
@@ -372,12 +383,14 @@ def test_status_of_not_applied_patches(env):
     assert "status: pristine (0/3 patch(es) applied)" in out.getvalue()
 
 
-# ---------------------------------------------------------------------------------------------------- errors
+# ------------------------------------------------------------------------------------------- errors
 
 def test_unsupported_version(tmp_path, env):
     _, patches_dir, pins_file, _, kw = env
     tree = make_tree(tmp_path / "other", version="1.2.3")
-    with pytest.raises(PatchToolError, match=r"SGLang 1\.2\.3 is not supported; supported versions: 9\.9\.1, 9\.9\.2"):
+    with pytest.raises(PatchToolError,
+                       match=r"SGLang 1\.2\.3 is not supported; supported versions: 9\.9\.1, "
+                             r"9\.9\.2"):
         patchtool.cmd_apply(**dict(kw, sglang_dir=str(tree)))
 
 
@@ -394,7 +407,8 @@ def test_series_naming_a_missing_patch(tmp_path):
     pins_file = tmp_path / "pins.txt"
     pins_file.write_text(f"{VERSION}\n")
     before = snapshot(tree)
-    with pytest.raises(PatchToolError, match=r"series:6: names 0004-gone.patch, which does not exist"):
+    with pytest.raises(PatchToolError,
+                       match=r"series:6: names 0004-gone.patch, which does not exist"):
         patchtool.cmd_apply(sglang_dir=str(tree), patches_dir=patches_dir, pins_file=pins_file,
                             say=patchtool.Reporter(out=io.StringIO()))
     assert snapshot(tree) == before
@@ -420,7 +434,9 @@ def test_missing_patch_program(env, monkeypatch, capsys):
     empty = tree.parent / "emptybin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    with pytest.raises(PatchToolError, match=r"'patch' program \(GNU patch\) is not installed.*apt-get install patch"):
+    with pytest.raises(PatchToolError,
+                       match=r"'patch' program \(GNU patch\) is not installed.*apt-get install "
+                             r"patch"):
         patchtool.cmd_apply(**kw)
     assert cli.main(cli_args(kw, "apply")) == 2
     assert "apt-get install patch" in capsys.readouterr().err
@@ -436,14 +452,17 @@ def test_read_only_target(tmp_path):
         (base / "pins.txt").write_text(f"{VERSION}\n")
         for p in [base, *base.rglob("*")]:
             p.chmod(0o755 if p.is_dir() else 0o644)
-        cmd = [*cli_args(dict(sglang_dir=str(tree), patches_dir=patches_dir, pins_file=base / "pins.txt"),
+        cmd = [*cli_args(dict(sglang_dir=str(tree), patches_dir=patches_dir,
+                              pins_file=base / "pins.txt"),
                          "apply")]
-        if os.geteuid() == 0:  # root may write anywhere: run as nobody, for whom the 0755 tree is read-only
+        # root may write anywhere: run as nobody, for whom the 0755 tree is read-only
+        if os.geteuid() == 0:
             setpriv = shutil.which("setpriv")
             if setpriv is None or not os.access("/usr/bin/python3", os.X_OK):
-                pytest.skip("running as root without setpriv and /usr/bin/python3 to drop privileges")
-            argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-m",
-                    "fastverify", *cmd]
+                pytest.skip("running as root without setpriv and /usr/bin/python3 to drop "
+                            "privileges")
+            argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                    "/usr/bin/python3", "-m", "fastverify", *cmd]
         else:
             for p in [base, *base.rglob("*")]:
                 p.chmod(0o555 if p.is_dir() else 0o444)
@@ -461,7 +480,7 @@ def test_read_only_target(tmp_path):
         shutil.rmtree(base)
 
 
-# ---------------------------------------------------------------------------------------------------- layouts
+# ------------------------------------------------------------------------------------------ layouts
 
 def test_checkout_layout(tmp_path, env):
     if shutil.which("git") is None:
@@ -492,7 +511,8 @@ def test_checkout_layout(tmp_path, env):
 
 
 def test_installed_layout_found_without_importing(tmp_path, env):
-    """With no --sglang-dir the tool finds the importable sglang (here: on PYTHONPATH) without importing it."""
+    """With no --sglang-dir the tool finds the importable sglang (here: on PYTHONPATH)
+    without importing it."""
     tree, _, _, _, kw = env
     (tree / "sglang/__init__.py").write_text("raise RuntimeError('imported!')\n")
     rec = next(tree.glob("*.dist-info")) / "RECORD"
@@ -511,15 +531,17 @@ def test_no_sglang_installed(tmp_path):
     py = "/usr/bin/python3"
     if not os.access(py, os.X_OK):
         pytest.skip("needs a system python3 without sglang")
-    r = subprocess.run([py, "-s", "-m", "fastverify", "patches", "status"], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "python")}, cwd=tmp_path)
+    r = subprocess.run([py, "-s", "-m", "fastverify", "patches", "status"],
+                       capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "python")},
+                       cwd=tmp_path)
     if "SGLang" in r.stdout and "at site-packages" in r.stdout:
         pytest.skip("the system python3 has SGLang installed")
     assert r.returncode == 2
     assert "no SGLang found" in r.stderr and "--sglang-dir" in r.stderr
 
 
-# ---------------------------------------------------------------------------------------------------- CLI, make
+# ---------------------------------------------------------------------------------------- CLI, make
 
 def test_cli_help_lists_subcommands_and_exit_codes(env, capsys):
     _, _, _, _, kw = env
@@ -534,7 +556,8 @@ def test_cli_help_lists_subcommands_and_exit_codes(env, capsys):
 
 
 def test_cli_registry_imports_lazily(monkeypatch):
-    monkeypatch.setitem(cli.SUBCOMMANDS, "broken", cli.Subcommand("fastverify_no_such_module:add_parser", "x"))
+    monkeypatch.setitem(cli.SUBCOMMANDS, "broken",
+                        cli.Subcommand("fastverify_no_such_module:add_parser", "x"))
     parser = cli.build_parser(["patches", "status"])  # the broken entry is listed, never imported
     assert "broken" in parser.format_help()
     with pytest.raises(ModuleNotFoundError):
@@ -543,14 +566,16 @@ def test_cli_registry_imports_lazily(monkeypatch):
 
 def test_cli_patches_needs_only_the_standard_library():
     code = ("import sys, fastverify.cli as c; c.build_parser(['patches']); "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'sglang')]; print(bad)")
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'sglang')]; "
+            "print(bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 def _upstream_0516(rel: str) -> bytes | None:
-    """One file of pristine SGLang 0.5.16 (the unpacked wheel in .scratch, else the wheel in .downloads)."""
+    """One file of pristine SGLang 0.5.16 (the unpacked wheel in .scratch, else the
+    wheel in .downloads)."""
     pristine = ROOT / ".scratch/pristine/0.5.16" / rel
     if pristine.is_file():
         return pristine.read_bytes()
@@ -561,8 +586,8 @@ def _upstream_0516(rel: str) -> bytes | None:
 
 
 def test_make_targets_with_system_python_and_no_venv(tmp_path):
-    """`make apply-patches SGLANG_DIR=...` with a plain python3 (no venv, no torch) on a 0.5.16 tree that holds
-    just the upstream files the real series touches."""
+    """`make apply-patches SGLANG_DIR=...` with a plain python3 (no venv, no torch) on a 0.5.16 tree
+    that holds just the upstream files the real series touches."""
     if shutil.which("make") is None or not os.access("/usr/bin/python3", os.X_OK):
         pytest.skip("needs make and /usr/bin/python3")
     rel_h = "sglang/jit_kernel/csrc/ngram_corpus/result.h"
@@ -587,7 +612,8 @@ def test_make_targets_with_system_python_and_no_venv(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
 
     def make(target):
-        return subprocess.run(["make", "-s", "-C", str(ROOT), target, f"SGLANG_DIR={tree}", "PYTHON=/usr/bin/python3"],
+        return subprocess.run(["make", "-s", "-C", str(ROOT), target, f"SGLANG_DIR={tree}",
+                               "PYTHON=/usr/bin/python3"],
                               capture_output=True, text=True, env=env)
 
     r = make("apply-patches")

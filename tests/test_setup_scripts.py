@@ -27,8 +27,8 @@ def _fake(path: Path, body: str) -> Path:
 
 @pytest.fixture
 def make_tree(tmp_path):
-    """The Makefile and pins.txt in a folder of their own, with a `python3` on PATH that has no SGLang
-    (it answers the Makefile's SGLang probe with 1 and otherwise says who it is)."""
+    """The Makefile and pins.txt in a folder of their own, with a `python3` on PATH that has no
+    SGLang (it answers the Makefile's SGLang probe with 1 and otherwise says who it is)."""
     if shutil.which("make") is None:
         pytest.skip("needs make")
     tree = tmp_path / "repo"
@@ -36,7 +36,8 @@ def make_tree(tmp_path):
     for name in ("Makefile", "pins.txt"):
         shutil.copy(ROOT / name, tree / name)
     bin_dir = tmp_path / "bin"
-    _fake(bin_dir / "python3", 'case "$*" in *find_spec*) exit 1;; esac\necho "system python3 $*"\n')
+    _fake(bin_dir / "python3",
+          'case "$*" in *find_spec*) exit 1;; esac\necho "system python3 $*"\n')
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
 
     def make(*args):
@@ -108,7 +109,8 @@ def test_heartbeat_speaks_while_a_quiet_step_runs():
     r = _bash('heartbeat "unpacking"; sleep 2.6; heartbeat_end; say done', HEARTBEAT_S="1",
               PROGRESS_TAG="setup 9.9")
     lines = r.stdout.splitlines()
-    beats = [ln for ln in lines if re.fullmatch(r"\[setup 9\.9\] \d+s: unpacking \(still running\)", ln)]
+    beats = [ln for ln in lines
+             if re.fullmatch(r"\[setup 9\.9\] \d+s: unpacking \(still running\)", ln)]
     assert len(beats) == 2, lines
     assert re.fullmatch(r"\[setup 9\.9\] \d+s: done", lines[-1]), lines
     assert time.monotonic() - t0 < 30
@@ -116,8 +118,8 @@ def test_heartbeat_speaks_while_a_quiet_step_runs():
 
 
 def test_setup_script_speaks_before_and_during_long_steps():
-    """The long pip install runs under a heartbeat and through pip_progress (not `pip -q`), with a line
-    saying what it does and how long it takes before it."""
+    """The long pip install runs under a heartbeat and through pip_progress (not `pip -q`), with a
+    line saying what it does and how long it takes before it."""
     text = (ROOT / "scripts" / "setup_test_env.sh").read_text()
     install = text[text.index('heartbeat "installing dependencies"'):text.index("heartbeat_end\n")]
     assert "| pip_progress" in install and " -q " not in install

@@ -86,7 +86,8 @@ def our_actions(parser) -> list:
 
 
 def format_help(parser, title: str = "the flags sglang-fastverify adds") -> str:
-    """Our flags with their whole help, as ``parser --help`` would print them (argparse's formatter)."""
+    """Our flags with their whole help, as ``parser --help`` would print them
+    (argparse's formatter)."""
     formatter = parser._get_formatter()
     formatter.start_section(title)
     formatter.add_arguments(our_actions(parser))

@@ -1,7 +1,7 @@
 """Apply, revert, check and inspect the patch series of the installed SGLang.
 
-Standard library only (plus the GNU ``patch`` program; ``git`` only for git checkouts), so it runs with a
-plain system ``python3`` before any project environment exists:
+Standard library only (plus the GNU ``patch`` program; ``git`` only for git checkouts), so it runs
+with a plain system ``python3`` before any project environment exists:
 
     python -m fastverify patches apply  [--sglang-dir DIR] [--verbose]
     python -m fastverify patches revert [--sglang-dir DIR]
@@ -9,21 +9,21 @@ plain system ``python3`` before any project environment exists:
     python -m fastverify patches status [--sglang-dir DIR]
 
 The target is the SGLang importable by the running interpreter (found without importing it), or DIR:
-a folder that contains the ``sglang`` package (site-packages, an unpacked wheel) or a git checkout of
-SGLang (package under DIR/python/). Its version picks ``patches/sglang-<version>/series``.
+a folder that contains the ``sglang`` package (site-packages, an unpacked wheel) or a git checkout
+of SGLang (package under DIR/python/). Its version picks ``patches/sglang-<version>/series``.
 
 How a run decides, per patch, without touching the target:
   1. copy every file the series touches into a scratch folder;
   2. walk the series backwards: a patch whose reverse applies (``patch -R --fuzz=0 --dry-run``) is
      applied; reverse it in the scratch copy -> the copy now holds upstream (the *base*);
-  3. walk the series forwards applying each patch to the copy (offsets are fine, fuzz is not): the copy
-     now holds the fully patched result. A patch that applies in neither direction has *drifted*: the
-     run names the patch, the file and the hunk, and changes nothing.
+  3. walk the series forwards applying each patch to the copy (offsets are fine, fuzz is not): the
+     copy now holds the fully patched result. A patch that applies in neither direction has
+     *drifted*: the run names the patch, the file and the hunk, and changes nothing.
 Only then are the real files patched; a failure half-way restores every touched file byte for byte.
 
-Exit codes: 0 success; 1 drift (or, for ``status``, files modified by someone else); 2 a problem with the
-environment or the input (no SGLang, unsupported version, no ``patch`` program, read-only target, a
-series naming a missing file).
+Exit codes: 0 success; 1 drift (or, for ``status``, files modified by someone else); 2 a problem
+with the environment or the input (no SGLang, unsupported version, no ``patch`` program, read-only
+target, a series naming a missing file).
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def _signals(handler):
             signal.signal(s, h)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The target: where SGLang lives and which version it is
 
 
@@ -149,7 +149,8 @@ def _installed_root() -> Path:
 
 def _dist_info(root: Path) -> Path | None:
     """The sglang-<ver>.dist-info next to the package, if exactly one is there."""
-    found = sorted(p for p in root.glob("*.dist-info") if re.fullmatch(r"sglang-[^-]+\.dist-info", p.name))
+    found = sorted(p for p in root.glob("*.dist-info")
+                   if re.fullmatch(r"sglang-[^-]+\.dist-info", p.name))
     if len(found) > 1:
         raise PatchToolError(
             f"more than one SGLang dist-info in {root}: {', '.join(p.name for p in found)}; "
@@ -170,11 +171,13 @@ def _metadata_version(dist_info: Path) -> str | None:
     return None
 
 
-_VERSION_ASSIGN = re.compile(r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M)
+_VERSION_ASSIGN = re.compile(
+    r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M)
 
 
 def _checkout_version(pkg_parent: Path, checkout: Path | None) -> str | None:
-    """The version of a source tree: _version.py, a literal in version.py, pyproject, or a git tag."""
+    """The version of a source tree: _version.py, a literal in version.py,
+    pyproject, or a git tag."""
     for name in ("_version.py", "version.py"):
         f = pkg_parent / "sglang" / name
         if f.is_file():
@@ -237,16 +240,17 @@ def find_target(sglang_dir: str | Path | None = None) -> Target:
         except importlib.metadata.PackageNotFoundError:
             version = None
     if version is None:
-        hint = " and git is not installed (apt-get install git)" if checkout and not shutil.which("git") else ""
+        hint = (" and git is not installed (apt-get install git)"
+                if checkout and not shutil.which("git") else "")
         raise PatchToolError(
-            f"cannot tell the SGLang version at {root}: no sglang-*.dist-info/METADATA, no version in "
-            f"sglang/_version.py, sglang/version.py or pyproject.toml, no exact git tag{hint}"
+            f"cannot tell the SGLang version at {root}: no sglang-*.dist-info/METADATA, no version "
+            f"in sglang/_version.py, sglang/version.py or pyproject.toml, no exact git tag{hint}"
         )
     record = dist / "RECORD" if dist and (dist / "RECORD").is_file() else None
     return Target(root=root, version=version, layout=layout, record=record, checkout=checkout)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Patches and the series
 
 
@@ -302,8 +306,9 @@ def parse_patch(path: Path) -> Patch:
                 raise PatchToolError(f"{path.name}: line {i + 1}: both sides are /dev/null")
             if not name.startswith("sglang/"):
                 raise PatchToolError(
-                    f"{path.name}: line {i + 1}: path {name!r} is not under sglang/ (paths are relative to "
-                    "the folder that contains the sglang package, with a/ and b/ prefixes)"
+                    f"{path.name}: line {i + 1}: path {name!r} is not under sglang/ (paths are "
+                    "relative to the folder that contains the sglang package, with a/ and b/ "
+                    "prefixes)"
                 )
             hunks = []
             j = i + 2
@@ -318,7 +323,8 @@ def parse_patch(path: Path) -> Patch:
             continue
         i += 1
     if not files:
-        raise PatchToolError(f"{path}: no file diffs found (expected unified diff '--- a/sglang/...' lines)")
+        raise PatchToolError(f"{path}: no file diffs found (expected unified diff '--- "
+                             "a/sglang/...' lines)")
     return Patch(name=path.name, path=path, subject=subject, files=tuple(files))
 
 
@@ -326,7 +332,8 @@ def series_dir(version: str, patches_dir: Path = DEFAULT_PATCHES_DIR) -> Path:
     return Path(patches_dir) / f"sglang-{version}"
 
 
-def load_series(version: str, patches_dir: Path = DEFAULT_PATCHES_DIR, pins_file: Path | None = None) -> list[Patch]:
+def load_series(version: str, patches_dir: Path = DEFAULT_PATCHES_DIR,
+                pins_file: Path | None = None) -> list[Patch]:
     """The patches for one SGLang version, in series order. An unsupported version is an error."""
     try:
         pins_mod.pin_for(version, pins_file)
@@ -343,12 +350,13 @@ def load_series(version: str, patches_dir: Path = DEFAULT_PATCHES_DIR, pins_file
             continue
         f = folder / name
         if not f.is_file():
-            raise PatchToolError(f"{series}:{lineno}: names {name}, which does not exist in {folder}")
+            raise PatchToolError(f"{series}:{lineno}: names {name}, which does not exist in "
+                                 f"{folder}")
         patches.append(parse_patch(f))
     return patches
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Running patch(1)
 
 
@@ -357,7 +365,8 @@ def patch_program() -> str:
     if exe is None:
         raise PatchToolError(
             "the 'patch' program (GNU patch) is not installed or not on PATH; install it with "
-            "'apt-get install patch' (Debian/Ubuntu), 'dnf install patch' or 'brew install gpatch'. Nothing changed."
+            "'apt-get install patch' (Debian/Ubuntu), 'dnf install patch' or 'brew install "
+            "gpatch'. Nothing changed."
         )
     return exe
 
@@ -389,7 +398,8 @@ _MISSING_CONTEXT = re.compile(r"^\|(?:---|\+\+\+) (.+)$")
 
 
 def parse_patch_output(output: str, patch: Patch) -> list:
-    """Failures in patch(1)'s output: (file, hunk number, line) for 'Hunk #N FAILED at L', missing files."""
+    """Failures in patch(1)'s output: (file, hunk number, line) for 'Hunk #N FAILED
+    at L', missing files."""
     failures, current, missing = [], None, False
     for line in output.splitlines():
         m = _CHECKING.match(line)
@@ -415,8 +425,8 @@ def parse_patch_output(output: str, patch: Patch) -> list:
 
 def run_patch(root: Path, patch: Patch, *, reverse=False, dry_run=False) -> PatchRun:
     """patch -p1 --fuzz=0 in root; --force so it never guesses a direction or asks a question."""
-    cmd = [patch_program(), "-p1", "--fuzz=0", "--force", "--no-backup-if-mismatch", "--reject-file=-",
-           "--quoting-style=literal", "-d", str(root), "-i", str(patch.path)]
+    cmd = [patch_program(), "-p1", "--fuzz=0", "--force", "--no-backup-if-mismatch",
+           "--reject-file=-", "--quoting-style=literal", "-d", str(root), "-i", str(patch.path)]
     if reverse:
         cmd.append("--reverse")
     if dry_run:
@@ -428,10 +438,11 @@ def run_patch(root: Path, patch: Patch, *, reverse=False, dry_run=False) -> Patc
     env.pop("VERSION_CONTROL", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     output = proc.stdout + proc.stderr
-    return PatchRun(ok=proc.returncode == 0, output=output, failures=parse_patch_output(output, patch))
+    return PatchRun(ok=proc.returncode == 0, output=output,
+                    failures=parse_patch_output(output, patch))
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The plan: the state of every patch, worked out in a scratch copy
 
 
@@ -458,16 +469,19 @@ def _snapshot(root: Path, files) -> dict:
 class PatchState:
     patch: Patch
     state: str
-    failures: list = field(default_factory=list)  # hunks that apply in neither direction, missing files
+    # hunks that apply in neither direction, missing files
+    failures: list = field(default_factory=list)
     in_place: list = field(default_factory=list)  # partly applied: hunks already there ...
     not_in_place: list = field(default_factory=list)  # ... and hunks that are not
     output: str = ""
 
     def drift_message(self) -> str:
-        lines = [f"patch {self.patch.name} no longer applies ({self.patch.subject or 'no subject'}):"]
+        lines = [f"patch {self.patch.name} no longer applies "
+                 f"({self.patch.subject or 'no subject'}):"]
         lines += [f"  drifted: {f.describe()}" for f in self.failures]
         lines += [f"  partly applied, this hunk is in place: {f.describe()}" for f in self.in_place]
-        lines += [f"  partly applied, this hunk is missing: {f.describe()}" for f in self.not_in_place]
+        lines += [f"  partly applied, this hunk is missing: {f.describe()}"
+                  for f in self.not_in_place]
         if len(lines) == 1:
             lines.append("  patch reported: " + " | ".join(self.output.strip().splitlines()[-3:]))
         return "\n".join(lines)
@@ -497,7 +511,8 @@ def _remove_if_empty(path: Path) -> None:
 
 
 def make_plan(target: Target, patches, *, log=None) -> Plan:
-    """Work out which patches are applied, which would apply, and which drifted. Reads the target only."""
+    """Work out which patches are applied, which would apply, and which drifted.
+    Reads the target only."""
     files = touched_files(patches)
     current = _snapshot(target.root, files)
     states: dict[str, PatchState] = {}
@@ -523,7 +538,8 @@ def make_plan(target: Target, patches, *, log=None) -> Plan:
             r = run_patch(ws, p, dry_run=True)
             if r.ok:
                 run_patch(ws, p)
-                states[p.name] = PatchState(p, APPLIED if p.name in applied else NOT_APPLIED, output=r.output)
+                states[p.name] = PatchState(p, APPLIED if p.name in applied else NOT_APPLIED,
+                                            output=r.output)
                 continue
             # forward failures: hunks not applicable; reverse failures: hunks not in place
             fwd = {(f.file, f.hunk): f for f in r.failures}
@@ -542,7 +558,7 @@ def make_plan(target: Target, patches, *, log=None) -> Plan:
     return Plan(target, list(patches), ordered, files, current, base, final)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # RECORD (pip's list of installed files with sha256) and git
 
 
@@ -578,13 +594,15 @@ def _git_head_bytes(target: Target, rel: str) -> bytes | None:
 
 
 def foreign_changes_in_base(plan: Plan, record: dict | None) -> list:
-    """Touched files that, with our patches reversed, still differ from upstream (RECORD, else git HEAD)."""
+    """Touched files that, with our patches reversed, still differ from upstream
+    (RECORD, else git HEAD)."""
     bad = []
     for rel in plan.files:
         base = plan.base[rel]
         if record is not None:
             want = record.get(rel)
-            if (want is None and base is not None) or (want is not None and (base is None or record_hash(base) != want)):
+            if ((want is None and base is not None)
+                    or (want is not None and (base is None or record_hash(base) != want))):
                 bad.append(rel)
         elif target_has_git(plan.target):
             if base != _git_head_bytes(plan.target, rel):
@@ -596,7 +614,7 @@ def target_has_git(target: Target) -> bool:
     return target.checkout is not None and shutil.which("git") is not None
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Writing: access checks, backup and restore, __pycache__
 
 
@@ -698,7 +716,7 @@ def _mismatches(root: Path, expected: dict) -> list:
     return [rel for rel, data in expected.items() if _read(root / rel) != data]
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The four commands
 
 
@@ -721,7 +739,8 @@ def _prepare(sglang_dir, patches_dir, pins_file, say: Reporter):
     target = find_target(sglang_dir)
     say(f"{target.describe()}")
     patches = load_series(target.version, Path(patches_dir), pins_file)
-    say(f"series {series_dir(target.version, Path(patches_dir)) / 'series'}: {len(patches)} patch(es)")
+    say(f"series {series_dir(target.version, Path(patches_dir)) / 'series'}: {len(patches)} "
+        "patch(es)")
     return target, patches
 
 
@@ -747,8 +766,9 @@ def cmd_check(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None, 
 
 
 def _transaction(target, plan, steps, expected: dict, verb: str) -> None:
-    """Run ``steps`` on the touched files all or nothing: every file is backed up first, and restored byte for
-    byte if a step fails or a file does not end as the dry run computed (``expected``)."""
+    """Run ``steps`` on the touched files all or nothing: every file is backed up first,
+    and restored byte for byte if a step fails or a file does not end as the dry run
+    computed (``expected``)."""
     check_writable(target, plan.files)
     with _signals(_raise_interrupted):  # SIGTERM and SIGHUP restore the files too, as SIGINT does
         backup = Backup.take(target.root, plan.files)
@@ -786,8 +806,8 @@ def cmd_apply(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None, 
             r = run_patch(target.root, s.patch)
             say.detail(r.output)
             if not r.ok:
-                raise DriftError(f"patch {s.patch.name} failed while applying for real although its dry run "
-                                 f"passed:\n{r.output.strip()}")
+                raise DriftError(f"patch {s.patch.name} failed while applying for real although "
+                                 f"its dry run passed:\n{r.output.strip()}")
             say(f"  applied {s.patch.name} ({len(s.patch.files)} file(s))")
 
     _transaction(target, plan, apply_all, plan.final, "applying")
@@ -819,7 +839,8 @@ def cmd_revert(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None,
             r = run_patch(target.root, s.patch, reverse=True)
             say.detail(r.output)
             if not r.ok:
-                raise DriftError(f"reversing {s.patch.name} failed although its dry run passed:\n{r.output.strip()}")
+                raise DriftError(f"reversing {s.patch.name} failed although its dry run "
+                                 f"passed:\n{r.output.strip()}")
             for fp in s.patch.files:
                 if fp.created and plan.base.get(fp.path) is None:
                     _remove_if_empty(target.root / fp.path)
@@ -827,9 +848,10 @@ def cmd_revert(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None,
 
     _transaction(target, plan, revert_all, plan.base, "reverting")
     if record is not None:
-        ok = [rel for rel in plan.files if rel in record and record_hash(_read(target.root / rel) or b"") == record[rel]]
-        say(f"done: {len(todo)} reverted; {len(ok)}/{sum(rel in record for rel in plan.files)} touched file(s) "
-            "match RECORD byte for byte")
+        ok = [rel for rel in plan.files if rel in record
+              and record_hash(_read(target.root / rel) or b"") == record[rel]]
+        say(f"done: {len(todo)} reverted; {len(ok)}/{sum(rel in record for rel in plan.files)} "
+            "touched file(s) match RECORD byte for byte")
     else:
         say(f"done: {len(todo)} reverted")
     return 0
@@ -871,11 +893,14 @@ def status_report(target: Target, patches) -> StatusReport:
             rel = (target.checkout / line[3:].strip()).relative_to(target.root).as_posix()
             if rel not in touched:
                 (missing if "D" in line[:2] else modified).append(rel)
-        listed = _git(target.checkout, "ls-files", "--", pkg).stdout.decode(errors="replace").splitlines()
-        checked = sum(1 for f in listed if (target.checkout / f).relative_to(target.root).as_posix() not in touched)
+        listed = _git(target.checkout, "ls-files", "--", pkg).stdout.decode(
+            errors="replace").splitlines()
+        checked = sum(1 for f in listed
+                      if (target.checkout / f).relative_to(target.root).as_posix() not in touched)
         foreign = foreign_changes_in_base(plan, None)
     else:
-        why = "git is not installed (apt-get install git)" if target.checkout is not None else "no RECORD found"
+        why = ("git is not installed (apt-get install git)" if target.checkout is not None
+               else "no RECORD found")
         method = f"not verified: {why}"
         foreign = []
     if modified or missing or foreign:
@@ -886,7 +911,8 @@ def status_report(target: Target, patches) -> StatusReport:
         verdict = "patched by us"
     else:
         verdict = "pristine"
-    return StatusReport(plan, verdict, sorted(modified), sorted(missing), sorted(foreign), checked, method)
+    return StatusReport(plan, verdict, sorted(modified), sorted(missing), sorted(foreign),
+                        checked, method)
 
 
 def cmd_status(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None, say=None) -> int:
@@ -901,8 +927,8 @@ def cmd_status(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None,
                 say(f"      {line.strip()}")
     say(f"files compared with: {rep.method}")
     if rep.checked:
-        say(f"  {rep.checked - len(rep.modified) - len(rep.missing)} of {rep.checked} file(s) no patch touches "
-            "are pristine")
+        say(f"  {rep.checked - len(rep.modified) - len(rep.missing)} of {rep.checked} file(s) no "
+            "patch touches are pristine")
     for rel in rep.modified:
         say(f"  modified by someone else: {rel}")
     for rel in rep.missing:
@@ -914,7 +940,7 @@ def cmd_status(sglang_dir=None, patches_dir=DEFAULT_PATCHES_DIR, pins_file=None,
     return 0 if rep.verdict in ("pristine", "patched by us") else 1
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # CLI
 
 
@@ -923,8 +949,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "patches", help="apply/revert/check/status of the SGLang patch series",
         description="Manage the patch series of the installed SGLang (or --sglang-dir DIR). "
-                    "Exit codes: 0 ok, 1 drift / foreign modifications, 2 environment or input error.")
-    actions = parser.add_subparsers(dest="patches_action", metavar="{apply,revert,check,status}", required=True)
+                    "Exit codes: 0 ok, 1 drift / foreign modifications, 2 environment or input "
+                    "error.")
+    actions = parser.add_subparsers(dest="patches_action", metavar="{apply,revert,check,status}",
+                                    required=True)
     helps = {
         "apply": "apply the series (all or nothing; already applied patches are skipped)",
         "revert": "reverse the applied patches, restoring upstream byte for byte",
@@ -938,11 +966,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             "(default: the SGLang this Python imports)")
         p.add_argument("--patches-dir", metavar="DIR", default=str(DEFAULT_PATCHES_DIR),
                        help="folder with sglang-<version>/series (default: %(default)s)")
-        p.add_argument("--pins", metavar="FILE", default=None, help="pin file (default: the repository's pins.txt)")
+        p.add_argument("--pins", metavar="FILE", default=None,
+                       help="pin file (default: the repository's pins.txt)")
         p.add_argument("-v", "--verbose", action="store_true", help="show the output of patch(1)")
         if name == "revert":
             p.add_argument("--keep-foreign", action="store_true",
-                           help="reverse our patches even if someone else also changed the touched files")
+                           help="reverse our patches even if someone else also changed the touched "
+                                "files")
     parser.set_defaults(func=run_cli)
     return parser
 
