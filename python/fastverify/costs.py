@@ -49,7 +49,7 @@ def _points(obj, key: str, source: str) -> tuple:
     return tuple(sorted(pts))
 
 
-def _interp(pts: tuple, x: float) -> float:
+def interp(pts: tuple, x: float) -> float:
     """Piecewise-linear in x; flat below the first point; linear extrapolation from the last two
     points above the last one (never below the last value)."""
     if x <= pts[0][0]:
@@ -73,10 +73,10 @@ class CostTable:
     source: str = "<cost table>"
 
     def decode_ms(self, bs: int) -> float:
-        return _interp(self.decode, bs)
+        return interp(self.decode, bs)
 
     def verify_ms(self, tokens: int) -> float:
-        return _interp(self.verify, tokens)
+        return interp(self.verify, tokens)
 
     def verify_step_ms(self, bs: int, width: int, tokens: int) -> float:
         """A verify step of bs requests at `width` tokens each, `tokens` in the pass (a

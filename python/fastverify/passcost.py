@@ -39,24 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
+from fastverify.costs import interp  # one piecewise-linear rule for cost tables and profiles
+
 PROFILE_DIR = Path(__file__).resolve().parent / "data" / "profiles"
 CURVE_TOKENS = (1, 2, 4, 8, 16, 32, 64)  # the token counts the built-in curves are given at
 
 
 class PassCostError(ValueError):
     """A pass-cost profile that cannot be read; the message names the file (or flag) and field."""
-
-
-def _interp(pts: tuple, x: float) -> float:
-    if x <= pts[0][0]:
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    if len(pts) == 1:
-        return pts[0][1]
-    (x0, y0), (x1, y1) = pts[-2], pts[-1]
-    return max(y1, y1 + (y1 - y0) * (x - x1) / (x1 - x0))
 
 
 _KEYS_HELP = "keys are token counts (integers >= 1)"
@@ -98,14 +88,14 @@ class PassCostProfile:
 
     def ar_us(self, tokens: int) -> float:
         """Cost of one all-reduce of a pass of `tokens` tokens, in us."""
-        return _interp(self.allreduce_us, tokens)
+        return interp(self.allreduce_us, tokens)
 
     def comm_ms(self, tokens: int) -> float:
         """All-reduce time of one pass of `tokens` tokens, in ms."""
         return self.allreduces_per_pass * self.ar_us(tokens) / 1000.0
 
     def compute_pass_ms(self, tokens: int) -> float:
-        return _interp(self.compute_ms, tokens) if self.compute_ms else 0.0
+        return interp(self.compute_ms, tokens) if self.compute_ms else 0.0
 
     def pass_ms(self, tokens: int, compute: bool = True) -> float:
         """One forward pass of `tokens` tokens: communication, plus compute when the profile has
@@ -286,7 +276,7 @@ def payload_curve(measured_us: Mapping, bytes_per_token: float,
     pts = tuple(sorted((float(b), float(us)) for b, us in measured_us.items()))
     if not pts:
         raise PassCostError("payload_curve: no measured sizes")
-    return {int(t): round(_interp(pts, t * bytes_per_token), 1) for t in tokens}
+    return {int(t): round(interp(pts, t * bytes_per_token), 1) for t in tokens}
 
 
 # ------------------------------------------------------------------------- command-line numbers
@@ -341,7 +331,7 @@ def from_numbers(allreduces: int, allreduce_us: Mapping, compute_ms: Union[Mappi
         if 1 in ar:
             raise PassCostError("--plain-ms and a 1-token point in --allreduce-us both set the "
                                 "1-token all-reduce cost; give one of them")
-        c1 = _interp(compute, 1) if compute else 0.0
+        c1 = interp(compute, 1) if compute else 0.0
         if plain_ms <= c1:
             raise PassCostError(f"--plain-ms {plain_ms:g} is not above the 1-token compute "
                                 f"({c1:g} ms): no time is left for the all-reduces")
