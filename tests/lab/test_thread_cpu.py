@@ -42,8 +42,8 @@ def test_a_spinning_thread_is_reported_and_a_sleeping_one_is_not(capsys):
     try:
         while len(tids) < 2:
             time.sleep(0.01)
-        assert thread_cpu.main([str(os.getpid()), "--interval", "0.4", "--samples", "2",
-                                "--min-pct", "30"]) == 0
+        assert thread_cpu.main([str(os.getpid()), "--interval", "0.4", "--samples", "3",
+                                "--min-pct", "10"]) == 0
     finally:
         stop.set()
         for t in threads:
@@ -51,9 +51,10 @@ def test_a_spinning_thread_is_reported_and_a_sleeping_one_is_not(capsys):
     out = capsys.readouterr().out
     assert f"# pid {os.getpid()}:" in out and "affinity" in out
     samples = out.split("== sample ")[1:]
-    assert len(samples) == 2
-    # the spinning thread holds the GIL part of the time (the main thread sleeps in between): well
-    # over 30 % of a CPU in at least one sample; the waiting thread never
+    assert len(samples) == 3
+    # the spinning thread holds the GIL part of the time (the main thread sleeps in between): over
+    # 10 % of a CPU in at least one of three samples even on a loaded 2-core machine (30 % in two
+    # samples failed there once); the waiting thread never
     assert any(f"tid {tids['spin']} " in s for s in samples)
     assert not any(f"tid {tids['sleep']} " in s for s in samples)
     assert f"pid {os.getpid()} CPUs busy:" in samples[-1]
