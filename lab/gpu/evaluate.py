@@ -39,7 +39,11 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the serving client's HTTP endpoint (its server-sent-event reader) and chat template
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "benchmark"))
 import eval_prompts  # noqa: E402
+from serving import Endpoint, chatml  # noqa: E402
 
 ROLES = ("plain", "noise", "fixed", "auto")
 MIN_DECODE_TOKENS = 4      # a decode rate needs this many output tokens (both sides of a pair)
@@ -62,6 +66,7 @@ class Server:
             raise ValueError(f"server {name!r}: url must be http://host:port, got {url!r}")
         self.name, self.role, self.url = name, role, url
         self.host, self.port, self.timeout = u.hostname, u.port, timeout
+        self.endpoint = Endpoint(url, timeout=timeout)
 
     def _conn(self, timeout=None):
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
@@ -122,24 +127,8 @@ class Server:
         rec = {}
         t0 = time.perf_counter()
         ttft, ids, last = None, [], {}
-        c = self._conn()
         try:
-            c.request("POST", "/generate", body=json.dumps(body),
-                      headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-            while True:
-                line = r.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                ev = json.loads(payload)
+            for _, ev in self.endpoint.stream("/generate", body):
                 last = ev.get("meta_info") or {}
                 chunk = ev.get("output_ids") or []
                 n = last.get("completion_tokens", len(chunk))
@@ -152,8 +141,6 @@ class Server:
                     ttft = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - recorded, the pass goes on
             rec["error"] = f"{type(e).__name__}: {e}"
-        finally:
-            c.close()
         latency = time.perf_counter() - t0
         n_out = last.get("completion_tokens", len(ids))
         fin = last.get("finish_reason")
@@ -164,10 +151,6 @@ class Server:
             rec["spec_verify_ct"] = last["spec_verify_ct"]
             rec["accept_length"] = last.get("spec_accept_length") or n_out / last["spec_verify_ct"]
         return rec
-
-
-def chatml(text):
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 # ------------------------------------------------------------------------------------------------

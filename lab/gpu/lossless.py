@@ -63,7 +63,11 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the serving client's chat template (the one the evaluation command sends too)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "benchmark"))
 import eval_prompts  # noqa: E402
+from serving import chatml  # noqa: E402
 
 DEFAULT_TIE_BOUND = 0.25
 TIE_BOUND_WHY = ("two bf16 steps of a logit in [16, 32) (0.125 each); 0 to 0.125 seen at all 10 "
@@ -179,10 +183,6 @@ def run_pass(client, work, c, call):
     for t in threads:
         t.join()
     return out
-
-
-def chatml(text):
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def load_prompts(plain, sets, per_set, only=None):
