@@ -46,9 +46,10 @@ the GPU machine), valid at the expected counts >= 5 that the pooling keeps.
 Requests follow SGLang 0.5.16's /generate (GenerateReqInput: input_ids, sampling_params,
 return_logprob, logprob_start_len, top_logprobs_num; meta_info.output_top_logprobs holds
 [logprob, token_id, text] per position) and /tokenize ({"prompt"} -> {"tokens"}); every server
-is flushed (POST /flush_cache) before each pass. Prompts are tokenized once by plain's /tokenize
-(the chat template of evaluate.py), and every server gets the same input_ids. Standard library
-only.
+is flushed (POST /flush_cache) before each pass. Prompts are tokenized once by plain's /tokenize,
+or with ``--tokenizer DIR`` by the model folder's tokenizer here (transformers; the bundle's
+0.5.16 server answers /tokenize with HTTP 500), in the chat template of evaluate.py, and every
+server gets the same input_ids. Standard library only, but for ``--tokenizer``.
 """
 import argparse
 import http.client
@@ -185,8 +186,22 @@ def run_pass(client, work, c, call):
     return out
 
 
-def load_prompts(plain, sets, per_set, only=None):
-    """[{'id', 'text', 'ids'}]: the evaluation prompts, tokenized by plain's /tokenize."""
+def local_tokenizer(path):
+    """text -> token ids with the tokenizer of the model folder ``path`` (as a server encodes a text
+    prompt: special tokens as the tokenizer adds them)."""
+    if not os.path.isdir(path):
+        raise LosslessError(f"--tokenizer {path}: not a folder")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise LosslessError(f"--tokenizer {path}: transformers is not importable ({e})") from e
+    tok = AutoTokenizer.from_pretrained(path)
+    return lambda text: list(tok.encode(text))
+
+
+def load_prompts(plain, sets, per_set, only=None, tokenize=None):
+    """[{'id', 'text', 'ids'}]: the evaluation prompts, tokenized by ``tokenize`` (text -> ids) or
+    else plain's /tokenize."""
     prompts = eval_prompts.build(sets, per_set)
     if only:
         known = {p["id"] for p in prompts}
@@ -196,7 +211,7 @@ def load_prompts(plain, sets, per_set, only=None):
                                 f"allowed: {', '.join(sorted(known))}")
         prompts = [p for p in prompts if p["id"] in only]
     for p in prompts:
-        p["ids"] = plain.tokenize(chatml(p["text"]))
+        p["ids"] = (tokenize or plain.tokenize)(chatml(p["text"]))
     return prompts
 
 
@@ -326,7 +341,8 @@ def cmd_greedy(a, transport=http_transport):
     plain = Client(a.plain_name, a.plain, transport)
     others = [Client(n, u, transport) for n, u in a.server]
     conc = a.concurrency
-    prompts = load_prompts(plain, a.sets.split(","), a.per_set, a.prompts)
+    prompts = load_prompts(plain, a.sets.split(","), a.per_set, a.prompts,
+                           local_tokenizer(a.tokenizer) if a.tokenizer else None)
     outputs = {cl.name: {} for cl in [plain] + others}
     for c in conc:
         for cl in [plain] + others:
@@ -498,7 +514,8 @@ def sampled_text(name, s):
 def cmd_sampled(a, transport=http_transport):
     plain = Client(a.plain_name, a.plain, transport)
     others = [Client(n, u, transport) for n, u in a.server]
-    prompts = load_prompts(plain, a.sets.split(","), a.per_set, a.prompts)
+    prompts = load_prompts(plain, a.sets.split(","), a.per_set, a.prompts,
+                           local_tokenizer(a.tokenizer) if a.tokenizer else None)
     outputs = {cl.name: sampled_pass(cl, prompts, a) for cl in [plain] + others}
     servers = analyze_sampled(outputs, plain.name, prompts, a.tokens, a.alpha)
     texts = {n: sampled_text(n, s) for n, s in servers.items()}
@@ -574,6 +591,9 @@ def build_parser():
         q.add_argument("--prompts", type=lambda s: s.split(","), default=None,
                        help="only these prompt ids (e.g. grounded-0,open-2)")
         q.add_argument("--out", required=True, help="output folder")
+        q.add_argument("--tokenizer", default=None,
+                       help="model folder whose tokenizer encodes the prompts here "
+                            "(default: plain's /tokenize)")
     g = sp.choices["greedy"]
     g.add_argument("--concurrency", type=positive_ints, default=[1, 4])
     g.add_argument("--max-new-tokens", type=int, default=128)

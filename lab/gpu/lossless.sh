@@ -15,6 +15,7 @@
 #   GREEDY_ARGS   extra arguments of `lossless.py greedy` (default "--max-new-tokens 128")
 #   SAMPLED_ARGS  extra arguments of `lossless.py sampled` (default "--sets grounded --per-set 3
 #                 --samples 300 --tokens 4"); SAMPLED=0 skips the sampled check
+#   TOKENIZE      (default "--tokenizer $MODEL"; empty: plain's /tokenize)
 #   HEALTH_WAIT_S (default 170); SGLANG_LAUNCH (default "python3 -m sglang.launch_server");
 #   PREPARE=0     skip device_env.sh (the CPU rehearsal: lossless_dryrun.sh)
 #   OUT           (default $HOME/lossless-out): greedy/ and sampled/ (summary.json, summary.txt, one
@@ -100,15 +101,17 @@ for n in $SERVERS; do
 done
 [ ${#args[@]} -gt 0 ] || { log "no speculative server up"; pack; exit 1; }
 PLAIN="--plain http://127.0.0.1:${PORT[$first]} --plain-name $first"
+# prompts encoded by the model folder's tokenizer (the bundle's server answers /tokenize with 500)
+TOKENIZE=${TOKENIZE-"--tokenizer $MODEL"}
 # shellcheck disable=SC2086
 python3 "$ROOT/lab/gpu/lossless.py" greedy $PLAIN "${args[@]}" --concurrency 1,4 \
-  ${GREEDY_ARGS:---max-new-tokens 128} --out "$OUT/greedy" > "$W/greedy.txt" 2>&1
+  ${GREEDY_ARGS:---max-new-tokens 128} $TOKENIZE --out "$OUT/greedy" > "$W/greedy.txt" 2>&1
 log "greedy rc=$?: $(grep '^# result' "$W/greedy.txt")"
 if [ "${SAMPLED:-1}" = 1 ]; then
   # shellcheck disable=SC2086
   python3 "$ROOT/lab/gpu/lossless.py" sampled $PLAIN "${args[@]}" \
-    ${SAMPLED_ARGS:---sets grounded --per-set 3 --samples 300 --tokens 4} --out "$OUT/sampled" \
-    > "$W/sampled.txt" 2>&1
+    ${SAMPLED_ARGS:---sets grounded --per-set 3 --samples 300 --tokens 4} $TOKENIZE \
+    --out "$OUT/sampled" > "$W/sampled.txt" 2>&1
   log "sampled rc=$?: $(grep '^# result' "$W/sampled.txt")"
 fi
 grep -h -E "Traceback|Error|n-gram verify|verify width" "$W"/logs/*.log | cut -c1-300 | head -40 \

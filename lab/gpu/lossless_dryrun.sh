@@ -12,7 +12,7 @@ printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/py
 cd "$ROOT"
 HOME=$D/home OUT=$D/out PATH="$D/bin:$PATH" PREPARE=0 HEALTH_WAIT_S=60 \
   SGLANG_LAUNCH="python3 $ROOT/lab/gpu/lossless_stand_in.py" \
-  GREEDY_ARGS=${GREEDY_ARGS:-"--max-new-tokens 16"} \
+  GREEDY_ARGS=${GREEDY_ARGS:-"--max-new-tokens 16"} TOKENIZE=${TOKENIZE-} \
   SAMPLED_ARGS=${SAMPLED_ARGS:-"--sets grounded --per-set 2 --samples 100 --tokens 3"} \
   bash "$ROOT/lab/gpu/lossless.sh"
 echo "--- rehearsal output in $D/out:"; ls "$D/out" "$D/out/greedy"

@@ -300,3 +300,32 @@ def test_the_gpu_command_rehearsed_against_stand_ins(tmp_path):
     assert set(s["servers"]) == {"tree", "chain", "chain_w", "auto_w"}
     assert (tmp_path / "out/lossless.tar.xz").exists()
     assert "chain_w: " in (tmp_path / "out/commands.txt").read_text()
+
+
+def test_prompts_encoded_here_reach_every_server_and_plains_tokenize_is_not_asked(tmp_path,
+                                                                                    monkeypatch):
+    """--tokenizer DIR: the prompts are encoded by the model folder's tokenizer on this machine
+    (the bundle's server answers /tokenize with HTTP 500); every server gets those ids."""
+    m = FakeModel()
+    encoded = []
+
+    def local(path):
+        assert path == str(tmp_path)
+        return lambda text: encoded.append(text) or prompt_key(text)
+    monkeypatch.setattr(L, "local_tokenizer", local)
+    plain, chain = FakeServer(m), FakeServer(m)
+    rc = greedy(tmp_path / "out", {"u:plain": plain, "u:chain": chain},
+                extra=["--tokenizer", str(tmp_path)])
+    assert rc == 0 and len(encoded) == 3
+    assert not [c for c in plain.calls if c[0] == "/tokenize"]
+    sent = {tuple(b["input_ids"]) for s in (plain, chain) for p, b in s.calls if p == "/generate"
+            and b["sampling_params"]["max_new_tokens"] == 12}
+    assert sent == {tuple(prompt_key(t)) for t in encoded}
+
+
+def test_a_tokenizer_folder_that_does_not_exist_is_named(tmp_path, capsys):
+    m = FakeModel()
+    rc = L.main(["greedy", "--plain", "u:plain", "--server", "x=u:x", "--tokenizer",
+                 str(tmp_path / "nope"), "--out", str(tmp_path)],
+                transport=transport_for({"u:plain": FakeServer(m), "u:x": FakeServer(m)}))
+    assert rc == 2 and f"--tokenizer {tmp_path / 'nope'}: not a folder" in capsys.readouterr().err
