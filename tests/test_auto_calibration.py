@@ -78,11 +78,60 @@ def test_drafts_that_accept_about_what_was_expected_keep_the_factor_at_one():
     assert c.calibration() == 1.0
 
 
+def _trial(c: Controller, accepted: float):
+    """Steps without speculation, in which the scorer keeps telling the gain model that half the
+    chains match in full (what it was taught), until the controller tries the chain again
+    (returns the steps waited); then that spell's verified drafts resolve with `accepted` tokens
+    each."""
+    waited = 0
+    while True:
+        d = c.decide([RequestView("r", LONG)])
+        if d.option.kind != NONE:
+            break
+        c.note_lean(1)
+        c.observe("r", LONG, 7 if waited % 2 else 0)
+        waited += 1
+        assert waited < 100000, "never tried again"
+    for _ in range(4):
+        c.note_verified(d.gains[0], accepted)
+    return waited
+
+
+def test_spells_whose_drafts_keep_failing_come_back_less_and_less_often():
+    """Each spell of speculation whose verified drafts accepted less than the band of what they
+    were expected to doubles the calibration's forgetting (up to calibration_backoff_max times its
+    base), so trials at a loss thin out geometrically; a spell that held sets it back."""
+    c = _taught()
+    base = CFG.calibration_half_life
+    waits, half_lives = [], []
+    for _ in range(7):
+        waits.append(_trial(c, 0.0))
+        half_lives.append(c.metrics()["auto_calibration_half_life_steps"])
+    # the first spell is judged when the second begins
+    assert half_lives == [base, 2 * base, 4 * base, 8 * base, 16 * base, 16 * base, 16 * base]
+    assert waits[0] == 0 and all(b > 1.7 * a for a, b in zip(waits[1:4], waits[2:5]))
+    assert waits[6] == pytest.approx(waits[5], rel=0.05)  # at the cap
+    _trial(c, 7.0)  # this spell's drafts accept in full
+    c.note_lean(1)  # a step without speculation ends the spell
+    _trial(c, 7.0)  # ... which is judged when the next begins
+    assert c.metrics()["auto_calibration_half_life_steps"] == base
+
+
+def test_without_backoff_the_trials_keep_their_pace():
+    c = _taught(AutoConfig(max_chain=7, tree_width=0, chain_widths=(1, 2, 4, 8),
+                           calibration_backoff_max=1.0))
+    waits = [_trial(c, 0.0) for _ in range(5)]
+    assert max(waits[2:]) <= 1.1 * min(waits[2:]) and waits[1] < 1.3 * waits[2]
+    assert c.metrics()["auto_calibration_half_life_steps"] == CFG.calibration_half_life
+
+
 def test_calibration_flags_are_checked():
     with pytest.raises(ValueError, match="calibration_band"):
         AutoConfig(calibration_band=0.0)
     with pytest.raises(ValueError, match="calibration_half_life"):
         AutoConfig(calibration_prior=-1.0)
+    with pytest.raises(ValueError, match="calibration_backoff_max must be >= 1"):
+        AutoConfig(calibration_backoff_max=0.5)
 
 
 def _biased_load(scored_extra: int, n: int = 12, length: int = 256, seed: int = 0) -> list:
@@ -121,6 +170,24 @@ def test_simulator_a_biased_scorer_no_longer_makes_auto_slower_than_no_speculati
     honest = sim.summarize(sim.run_all(_biased_load(0), costs, 1, on))
     honest_off = sim.summarize(sim.run_all(_biased_load(0), costs, 1, off))
     assert honest["auto_vs_none"] >= 0.98 and honest_off["auto_vs_none"] >= 0.98
+
+
+def test_simulator_backed_off_trials_halve_what_a_biased_scorer_costs():
+    """A long load with the biased scorer: without the backoff, auto keeps trying the chain every
+    time the calibration has forgotten its failures; with it, the trials thin out (fewer verify
+    steps, less lost against no speculation), and an honest scorer's load is unchanged."""
+    costs = sim.cost_table("reference-kimi-tp8")
+
+    def cfg(bo):
+        return AutoConfig(max_chain=7, tree_width=0, chain_widths=(1, 2, 4, 8),
+                          calibration_backoff_max=bo)
+    load = _biased_load(2, n=4, length=3000)
+    flat = sim.summarize(sim.run_all(load, costs, 1, cfg(1.0)))
+    back = sim.summarize(sim.run_all(_biased_load(2, n=4, length=3000), costs, 1, cfg(16.0)))
+    assert back["auto_lookup_steps"] < 0.7 * flat["auto_lookup_steps"], (flat, back)
+    assert 1.0 - back["auto_vs_none"] < 0.7 * (1.0 - flat["auto_vs_none"]), (flat, back)
+    honest = sim.summarize(sim.run_all(_biased_load(0, n=4, length=3000), costs, 1, cfg(16.0)))
+    assert honest["auto_vs_none"] >= 0.995
 
 
 # ------------------------------------------------------------------------------------------- glue
