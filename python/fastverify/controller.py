@@ -567,7 +567,8 @@ class Controller:
 
     def _spell_begins(self) -> None:
         """Speculation starts again after steps without it: the last spell is judged by its
-        verified drafts, all resolved by now. Where they accepted less than the band of what they
+        verified drafts (those resolved by now; a draft resolves within K + 1 steps, and one still
+        open counts towards the next spell). Where they accepted less than the band of what they
         were expected to (with the prior), the calibration forgets twice as slowly from here, up to
         `AutoConfig.calibration_backoff_max` times its base, so a load whose drafts keep failing
         pays for fewer and fewer trials (each one a verify pass for about one token); where they
