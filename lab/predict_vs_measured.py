@@ -13,8 +13,10 @@ server's "n-gram verify widths: steps by width {...}" log lines (`--logs DIR` ho
 stamp) or from a `widths_steps` entry of the summary's cell; auto -> advise's auto row from
 `chain{D-1}=A` (the controller's rate of that chain, plain's where it gates it off).
 
-Advise models one stream, so only c=1 cells are predicted; c=4 cells are listed as measured and
-"not predicted". The prediction is the emulated wait alone: the emulator adds its wait to the real
+A cell of concurrency c > 1 is asked with `--concurrency c` (c requests per pass, in steady state
+and each in the cell's shape: a pass of n tokens per request is one of c x n; tok/s per request),
+which leaves out that requests join and leave and that a batch's widths follow its longest draft.
+The prediction is the emulated wait alone: the emulator adds its wait to the real
 pass of the served model and the host's per-step work, which the prediction leaves out (see NOTE).
 Ratios: predicted tok/s over advise's plain; measured, the summary's paired decode ratio against
 the group's baseline (the ratio of medians when a cell has none). Errors: (pred - meas) / meas.
@@ -33,19 +35,18 @@ from pathlib import Path
 
 from fastverify import advise
 
-NOTE = ("advise predicts the emulated wait alone (the profile's pass costs, one stream). The "
+NOTE = ("advise predicts the emulated wait alone (the profile's pass costs; at c > 1 with "
+        "--concurrency c, every request in the same shape each step). The "
         "emulator's rule is additive: its wait comes on top of the real pass of the served model "
         "on this GPU (SmolLM2-135M at TP=1: ~1.05 ms for a decode pass, ~1.9-2.7 ms for a verify "
         "pass, the servers' 'sampled pass = real + wait' log lines) and of the host's per-step "
         "work (scheduling; for speculation the n-gram lookup, tree or chain building, "
-        "acceptance), which the prediction leaves out: plain measured 75.4 tok/s against 82.0 "
-        "predicted. The ratios to plain cancel part of it. Chain + widths: advise prices every "
+        "acceptance), which the prediction leaves out (the +ms/st column). The ratios to plain "
+        "cancel part of it. Chain + widths: advise prices every "
         "verified step at the widest width (the profile's 4-token pass is 30.0 ms, its 8-token "
-        "pass 33.1 ms). c=4 cells: not predicted (advise "
-        "models one stream).")
+        "pass 33.1 ms).")
 WIDTHS_LINE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] n-gram verify widths: "
                          r"steps by width (?P<hist>\{[^}]*\})")
-UNPREDICTED_C = "not predicted: advise models one stream (batch size 1)"
 
 
 class PredictError(ValueError):
@@ -142,9 +143,11 @@ def verified_share(hist: dict) -> float:
     return sum(n for w, n in hist.items() if int(w) > 1) / total if total else float("nan")
 
 
-def ask_advise(profile: str, accept: str) -> tuple:
+def ask_advise(profile: str, accept: str, concurrency: int = 1) -> tuple:
     """advise through its own parser and build(): (Advice, argv as a command line)."""
     argv = ["--profile", profile, "--accept", accept]
+    if concurrency > 1:
+        argv += ["--concurrency", str(concurrency)]
     p = argparse.ArgumentParser()
     advise._fill_parser(p)
     args = p.parse_args(argv)
@@ -152,10 +155,11 @@ def ask_advise(profile: str, accept: str) -> tuple:
     return adv, advise.repro_command(args)
 
 
-def predict_row(profile: str, kind: str, shape: str, accept, share) -> dict:
-    """advise's tok/s and ratio to plain for one server, or why it was not asked."""
+def predict_row(profile: str, kind: str, shape: str, accept, share, c: int = 1) -> dict:
+    """advise's tok/s and ratio to plain for one server at concurrency ``c`` (per request), or why
+    it was not asked."""
     if kind == "plain":
-        adv, cmd = ask_advise(profile, "chain1=1")  # any shape: the plain row is the profile's
+        adv, cmd = ask_advise(profile, "chain1=1", c)  # any shape: the plain row is the profile's
         return {"pred_tok_s": adv.plain_tok_s, "pred_vs_plain": 1.0, "advise": cmd}
     if accept is None:
         return {"why_not": "no accept length measured"}
@@ -165,7 +169,7 @@ def predict_row(profile: str, kind: str, shape: str, accept, share) -> dict:
         typed = f"{shape}={accept:.4f}@{min(share, 1.0):.4f}"
     else:
         typed = f"{shape}={accept:.4f}"
-    adv, cmd = ask_advise(profile, typed)
+    adv, cmd = ask_advise(profile, typed, c)
     label = "auto" if kind == "auto" else shape
     row = next(r for r in adv.rows if r.label == label)
     n = adv.profile.allreduces_per_pass
@@ -204,14 +208,13 @@ def compare(summary: dict, logs=None, raw=None, profile_override=None) -> dict:
                        "accept_length": m.get("accept_length"), "verified_share": share,
                        "widths_steps": {str(k): v for k, v in sorted(hist.items())}
                        if hist else None, "meas_tok_s": meas, "meas_vs_plain": meas_ratio}
-                if cell["c"] != 1:
-                    row["why_not"] = UNPREDICTED_C
-                elif prof is None:
+                if prof is None:
                     row["why_not"] = prof_why
                 elif shape is None:
                     row["why_not"] = why
                 else:
-                    row.update(predict_row(prof, kind, shape, m.get("accept_length"), share))
+                    row.update(predict_row(prof, kind, shape, m.get("accept_length"), share,
+                                           int(cell["c"])))
                 row["err_tok_s_pct"] = _err(row.get("pred_tok_s"), meas)
                 acc = {"plain": 1.0, "auto": None}.get(kind, m.get("accept_length"))
                 if row.get("pred_tok_s") and meas and acc:  # ms per step, and what is left out
@@ -235,7 +238,8 @@ def format_table(result: dict) -> str:
     out = []
     for g in result["groups"]:
         out.append(f"## group {g['group']}  profile {g['profile'] or '-'}  "
-                   f"(predicted: fastverify advise, one stream; measured: emulated server, "
+                   f"(predicted: fastverify advise, per request at the cell's concurrency; "
+                   f"measured: emulated server, "
                    f"decode tok/s median)")
         out.append(f"{'cell':<12} {'server':<8} {'shape':<20} {'n':>3} {'accept':>6} {'verif':>6} "
                    f"{'pred':>7} {'meas':>7} {'err %':>7} {'pred/A':>7} {'meas/A':>7} "

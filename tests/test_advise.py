@@ -190,6 +190,8 @@ def _fail_factory(cfg):
      r"--lookup-ms -1.0: expected"),
     (["--profile", "pcie-ipc-sm120", "--accept", "tree8=1.3", "--json", "/no/dir/a.json"],
      r"does not exist"),
+    (["--profile", "pcie-ipc-sm120", "--accept", "tree8=1.3", "--concurrency", "0"],
+     r"--concurrency 0: expected an integer >= 1"),
 ])
 def test_bad_inputs_are_clear_errors_before_any_work(argv, match):
     with pytest.raises((advise.AdviseError, PassCostError), match=match):
@@ -220,3 +222,19 @@ def test_trace_route_replays_through_sglangs_corpus(tmp_path):
     assert rows["chain3+widths"].tok_s(n)[0] > rows["chain3"].tok_s(n)[0]
     assert rows["auto"].auto_tok_s >= 0.98 * adv.plain_tok_s
     assert "replayed: t.jsonl" in rows["chain3"].acceptance
+
+
+def test_concurrency_puts_that_many_requests_in_every_pass(tmp_path, capsys):
+    """--concurrency 4: every request in the same shape each step, so a verify pass of 8 tokens
+    per request is the profile's pass of 32, plain's step its pass of 4; tok/s per request."""
+    from fastverify import passcost
+    prof = passcost.load_profile("reference-kimi-tp8")
+    rep, out = _run(tmp_path, ["--profile", "reference-kimi-tp8", "--accept", "tree8=1.4",
+                               "--concurrency", "4"], capsys)
+    assert rep["plain"]["tok_s"] == pytest.approx(1000.0 / prof.pass_ms(4), rel=1e-3)
+    assert _row(rep, "tree8")["tok_s"][0] == pytest.approx(1.4 * 1000.0 / prof.pass_ms(32),
+                                                           rel=1e-3)
+    assert "each of 4 streams decoded together" in out and "4 requests per pass" in out
+    assert "--concurrency 4" in rep["repro_command"]
+    one, _ = _run(tmp_path, ["--profile", "reference-kimi-tp8", "--accept", "tree8=1.4"], capsys)
+    assert one["plain"]["tok_s"] == pytest.approx(1000.0 / prof.pass_ms(1), rel=1e-3)

@@ -179,3 +179,24 @@ def test_describe_marks_extrapolation():
     assert "122 all-reduces per pass" in text
     assert text.splitlines()[-1].endswith("(extrapolated)")
     assert not text.splitlines()[-2].endswith("(extrapolated)")
+
+
+def test_batched_profile_puts_that_many_requests_in_each_pass(tmp_path):
+    """A batch of c requests with n tokens each is the deployment's pass of c x n tokens; the
+    batch survives the what-if copies and a round trip through a file."""
+    p = passcost.load_profile("reference-kimi-tp8")
+    b = p.batched(4)
+    for n in (1, 2, 4, 8, 16):
+        assert b.ar_us(n) == pytest.approx(p.ar_us(4 * n))
+        assert b.pass_ms(n) == pytest.approx(p.pass_ms(4 * n))
+    assert b.name == "reference-kimi-tp8 x4 requests" and p.batched(1) == p
+    assert b.extrapolated(32) and not p.extrapolated(32)  # 128 tokens lie past the curve
+    assert b.with_allreduce_us(10.0).batch == 4 and b.batched(2).ar_us(1) == p.ar_us(2)
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps(b.to_json()))
+    assert passcost.load_profile(str(f)).pass_ms(8) == pytest.approx(p.pass_ms(32))
+    with pytest.raises(PassCostError, match="requests per pass must be an integer >= 1"):
+        p.batched(0)
+    f.write_text(json.dumps({**p.to_json(), "requests_per_pass": 0}))
+    with pytest.raises(PassCostError, match="'requests_per_pass' = 0"):
+        passcost.load_profile(str(f))

@@ -527,10 +527,13 @@ def _fmt(vals: tuple, spec: str, none: str = "-") -> str:
 def make_preamble(adv: Advice) -> list:
     p = adv.profile
     pts = ", ".join(f"{p.ar_us(t):.1f} ({t})" for t in (1, 2, 4, 8, 16, 64))
-    lines = ["fastverify advise: predicted tok/s of one stream per speculative shape (a model "
+    per = "" if p.batch == 1 else f" per request, the pass {p.batch} x as many"
+    streams = "one stream" if p.batch == 1 else f"each of {p.batch} streams decoded together"
+    lines = [f"fastverify advise: predicted tok/s of {streams} per speculative shape (a model "
              "of the costs below, not a measurement)",
              f"costs: {adv.cost_route}",
-             f"  {p.allreduces_per_pass} all-reduces per pass; us per all-reduce (tokens): {pts}",
+             f"  {p.allreduces_per_pass} all-reduces per pass; us per all-reduce (tokens{per}): "
+             f"{pts}",
              "  compute ms per pass (tokens): " + (", ".join(
                  f"{p.compute_pass_ms(t):.2f} ({t})" for t in (1, 4, 8, 64)) if p.has_compute
                  else "none (communication only)")]
@@ -672,6 +675,9 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chain-lengths", type=_int_list("--chain-lengths"), default=[1, 2, 3, 4, 7],
                    help="chains replayed from a trace (draft tokens; default 1,2,3,4,7)")
     g.add_argument("--max-chain", type=int, default=7, help="auto's longest chain (default 7)")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="requests decoded together, in steady state and each in the same shape "
+                        "(a pass holds that many times the tokens; tok/s per request; default 1)")
     p.add_argument("--lookup-ms", type=float, default=0.0,
                    help="host time an n-gram step adds to its pass (ms, default 0)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
@@ -696,7 +702,15 @@ def build(args, corpus_factory=None, say=_progress) -> Advice:
     for path in (args.json_out, args.png):
         if path and not Path(path).resolve().parent.exists():
             raise AdviseError(f"{path}: its folder {Path(path).resolve().parent} does not exist")
+    if isinstance(args.concurrency, bool) or not isinstance(args.concurrency, int) \
+            or args.concurrency < 1:
+        raise AdviseError(f"--concurrency {args.concurrency}: expected an integer >= 1")
     profile, route = load_costs(args)
+    if args.concurrency > 1:
+        profile = profile.batched(args.concurrency)
+        route += (f"; {args.concurrency} requests per pass (--concurrency: steady state, each "
+                  f"request in the same shape, a pass of n tokens per request is one of "
+                  f"{args.concurrency} x n)")
     drafters = [parse_drafter(d) for d in args.drafter]
     accepts = parse_accept(args.accept) if args.accept else None
     rows, acceptance = [], []
@@ -767,7 +781,8 @@ def repro_command(args) -> str:
         cmd += ["--tree-widths", ",".join(map(str, args.tree_widths))]
     if using_trace and args.chain_lengths != [1, 2, 3, 4, 7]:
         cmd += ["--chain-lengths", ",".join(map(str, args.chain_lengths))]
-    for key, flag, default in (("max_chain", "--max-chain", 7), ("lookup_ms", "--lookup-ms", 0.0),
+    for key, flag, default in (("max_chain", "--max-chain", 7), ("concurrency", "--concurrency", 1),
+                               ("lookup_ms", "--lookup-ms", 0.0),
                                ("margin", "--margin", DEFAULT_MARGIN)):
         if getattr(args, key) != default:
             cmd += [flag, str(getattr(args, key))]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
@@ -81,21 +81,25 @@ class PassCostProfile:
     derivation: str = ""
     path: str = ""  # the file it came from ("" when built in code)
     meta: dict = field(default_factory=dict, compare=False)
+    # requests decoded together, each with the same tokens per pass: a "pass of n tokens" is then
+    # one of batch * n tokens of the deployment (`batched`); 1: one stream
+    batch: int = 1
 
     @property
     def has_compute(self) -> bool:
         return bool(self.compute_ms)
 
     def ar_us(self, tokens: int) -> float:
-        """Cost of one all-reduce of a pass of `tokens` tokens, in us."""
-        return interp(self.allreduce_us, tokens)
+        """Cost of one all-reduce of a pass of `tokens` tokens (per request: `batch` times that
+        many in the deployment's pass), in us."""
+        return interp(self.allreduce_us, tokens * self.batch)
 
     def comm_ms(self, tokens: int) -> float:
         """All-reduce time of one pass of `tokens` tokens, in ms."""
         return self.allreduces_per_pass * self.ar_us(tokens) / 1000.0
 
     def compute_pass_ms(self, tokens: int) -> float:
-        return interp(self.compute_ms, tokens) if self.compute_ms else 0.0
+        return interp(self.compute_ms, tokens * self.batch) if self.compute_ms else 0.0
 
     def pass_ms(self, tokens: int, compute: bool = True) -> float:
         """One forward pass of `tokens` tokens: communication, plus compute when the profile has
@@ -106,20 +110,34 @@ class PassCostProfile:
         top = self.allreduce_us[-1][0]
         if self.compute_ms:
             top = min(top, self.compute_ms[-1][0])
-        return tokens > top
+        return tokens * self.batch > top
+
+    def batched(self, requests: int) -> "PassCostProfile":
+        """The same deployment decoding `requests` requests together in steady state, each with
+        the same tokens per pass (a decode step of `requests` streams, or a verify pass of n tokens
+        for each): a pass of n tokens here is one of requests * n tokens there. Rates computed
+        from it are per request."""
+        if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+            raise PassCostError(f"requests per pass must be an integer >= 1, got {requests!r}")
+        if requests == self.batch:
+            return self
+        name = self.name.split(" x")[0]
+        return replace(self, name=f"{name} x{requests} requests" if requests > 1 else name,
+                       batch=requests)
 
     def with_allreduce_us(self, us: float) -> "PassCostProfile":
         """The same profile with one flat per-call all-reduce cost (what-if sweeps)."""
         return PassCostProfile(f"{self.name}@{us:g}us", self.allreduces_per_pass,
                                ((1, float(us)),), self.compute_ms, self.source,
-                               f"flat {us:g} us per all-reduce", self.path, self.meta)
+                               f"flat {us:g} us per all-reduce", self.path, self.meta,
+                               self.batch)
 
     def with_compute(self, compute_ms: tuple, note: str) -> "PassCostProfile":
         """The same communication with another compute curve ((tokens, ms), ...); `note` says
         where it comes from and is added to the sources."""
         return PassCostProfile(self.name, self.allreduces_per_pass, self.allreduce_us,
                                tuple(sorted(compute_ms)), self.source + (note,),
-                               self.derivation, self.path, self.meta)
+                               self.derivation, self.path, self.meta, self.batch)
 
     def cost_table(self, tokens: Sequence[int] = CURVE_TOKENS, compute: bool = True):
         """The profile as the controller's cost table (fastverify.costs.CostTable): a decode
@@ -134,6 +152,8 @@ class PassCostProfile:
                "allreduce_us": {str(n): v for n, v in self.allreduce_us}}
         if self.compute_ms:
             out["compute_ms"] = {str(n): v for n, v in self.compute_ms}
+        if self.batch > 1:
+            out["requests_per_pass"] = self.batch
         return out
 
 
@@ -155,11 +175,15 @@ def parse_profile(obj, source: str = "<profile>") -> PassCostProfile:
         compute = _points(obj["compute_ms"], "compute_ms", source)
     src = obj.get("source", ())
     src = (src,) if isinstance(src, str) else tuple(str(s) for s in src)
-    known = {"name", "source", "derivation", "allreduces_per_pass", "allreduce_us", "compute_ms"}
+    batch = obj.get("requests_per_pass", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise PassCostError(f"{source}: 'requests_per_pass' = {batch!r}; expected an integer >= 1")
+    known = {"name", "source", "derivation", "allreduces_per_pass", "allreduce_us", "compute_ms",
+             "requests_per_pass"}
     return PassCostProfile(str(obj.get("name") or Path(source).stem), n,
                            _points(obj["allreduce_us"], "allreduce_us", source), compute, src,
                            str(obj.get("derivation", "")), source,
-                           {k: v for k, v in obj.items() if k not in known})
+                           {k: v for k, v in obj.items() if k not in known}, batch)
 
 
 def builtin_names() -> list:

@@ -86,13 +86,19 @@ def test_known_numbers(tmp_path):
     assert result["groups"][0]["widths_steps_outside_passes"] == {"chain_w": 40}
 
 
-def test_c4_not_predicted_but_measured(tmp_path):
+def test_c4_predicted_per_request_with_four_requests_per_pass(tmp_path):
+    """A c=4 cell is asked with --concurrency 4: a pass of n tokens per request is one of 4 n."""
     rows = _rows(pvm.compare(_summary(), tmp_path, _raw_and_logs(tmp_path)))
+    prof = passcost.load_profile(PROFILE)
+    plain4 = 1000.0 / prof.pass_ms(4)
+    assert rows[("A", 4)]["pred_tok_s"] == pytest.approx(plain4)
+    assert "--concurrency 4" in rows[("A", 4)]["advise"]
+    tree = rows[("tree", 4)]
+    assert tree["pred_tok_s"] == pytest.approx(tree["accept_length"] * 1000 / prof.pass_ms(32))
+    assert rows[("chain_w", 4)]["verified_share"] == pytest.approx(0.9)
     for name in ("A", "tree", "chain", "chain_w", "auto_w"):
         r = rows[(name, 4)]
-        assert r["why_not"] == pvm.UNPREDICTED_C and "pred_tok_s" not in r
-        assert r["err_tok_s_pct"] is None and r["meas_tok_s"] is not None
-    assert rows[("chain_w", 4)]["verified_share"] == pytest.approx(0.9)
+        assert "why_not" not in r and r["err_tok_s_pct"] is not None
 
 
 def test_widths_without_logs_not_predicted():
@@ -126,7 +132,7 @@ def test_cli_writes_json_and_table(tmp_path, capsys):
     assert rc == 0
     got = json.loads(out_j.read_text())
     assert got["repro_command"].startswith("python lab/predict_vs_measured.py")
-    assert "chain7+widths" in out_t.read_text() and pvm.UNPREDICTED_C in out_t.read_text()
+    assert "chain7+widths" in out_t.read_text() and "grounded c=4" in out_t.read_text()
 
 
 def test_cli_errors(tmp_path, capsys):
