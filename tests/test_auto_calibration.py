@@ -301,3 +301,28 @@ def test_glue_a_prefill_between_two_decode_steps_is_not_recorded_as_a_step_cost(
     now[0] += 0.002
     auto._tick(state)  # decode steps after it are measured again
     assert state.costs.samples(LEAN, 1, 1) == 4
+
+
+def test_simulator_the_backoff_barely_delays_the_return_to_drafts_that_pay():
+    """Failing drafts (the biased scorer) for 1,500 steps, then drafts accepted in full 80 % of
+    the time: the backed-off calibration must not keep auto from the chain once it pays (within
+    2 % of auto without the backoff; 0.6 % apart when written)."""
+    costs = sim.cost_table("reference-kimi-tp8")
+
+    def load():
+        rng, reqs = random.Random(0), []
+        for r in range(4):
+            bad = _biased_load(2, n=1, length=1500, seed=r)[0].regimes[0]
+            feats, chain, tree = list(bad[0]), list(bad[1]), list(bad[2])
+            for _ in range(1500):
+                feats.append(LONG), chain.append(7 if rng.random() < 0.8 else 3), tree.append(3)
+            reqs.append(sim.SimRequest(f"r{r}", [(feats, chain, tree)], scored_extra=2))
+        return reqs
+
+    def cfg(bo):
+        return AutoConfig(max_chain=7, tree_width=0, chain_widths=(1, 2, 4, 8),
+                          calibration_backoff_max=bo)
+    flat = sim.summarize(sim.run_all(load(), costs, 1, cfg(1.0)))
+    back = sim.summarize(sim.run_all(load(), costs, 1, cfg(16.0)))
+    assert flat["best_fixed"] == back["best_fixed"] == "chain7"
+    assert back["auto_vs_none"] > 1.3 and back["auto_vs_none"] >= 0.98 * flat["auto_vs_none"]
