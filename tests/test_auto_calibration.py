@@ -306,7 +306,7 @@ def test_glue_a_prefill_between_two_decode_steps_is_not_recorded_as_a_step_cost(
 def test_simulator_the_backoff_barely_delays_the_return_to_drafts_that_pay():
     """Failing drafts (the biased scorer) for 1,500 steps, then drafts accepted in full 80 % of
     the time: the backed-off calibration must not keep auto from the chain once it pays (within
-    2 % of auto without the backoff; 0.6 % apart when written)."""
+    2 % of auto without the backoff; 1.6 % apart when written: 1.389 against 1.411x)."""
     costs = sim.cost_table("reference-kimi-tp8")
 
     def load():
