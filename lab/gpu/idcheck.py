@@ -71,10 +71,10 @@ def dump(reason: str, batch=None) -> None:
     if batch is not None:
         info = getattr(batch, "spec_info", None)
         _say("idcheck: batch %s input_ids %s seq_lens %s accept_tokens %s accept_lens %s",
-                     _entry(batch), _tensor(getattr(batch, "input_ids", None)),
-                     _tensor(getattr(batch, "seq_lens", None)),
-                     _tensor(getattr(info, "accept_tokens", None)),
-                     _tensor(getattr(info, "accept_lens", None)))
+             _entry(batch), _tensor(getattr(batch, "input_ids", None)),
+             _tensor(getattr(batch, "seq_lens", None)),
+             _tensor(getattr(info, "accept_tokens", None)),
+             _tensor(getattr(info, "accept_lens", None)))
     for i, e in enumerate(RECORD):
         _say("idcheck: step -%d %s", len(RECORD) - i, e)
 
