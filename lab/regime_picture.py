@@ -67,7 +67,7 @@ def model(profile, rows: dict, scale: float, residual: bool = True) -> dict:
         out["tree"] = rows["tree"]["accept_length"] * 1000.0 / (pass_ms(d) + resid("tree"))
     if "chain_w" in rows:
         r = rows["chain_w"]
-        d = 8
+        d = int(r["shape"].split("+")[0].replace("chain", "")) + 1  # chainK+widths: K + 1 tokens
         v = r["verified_share"]
         step = v * pass_ms(d) + (1 - v) * pass_ms(1) + resid("chain_w")
         out["chain_w"] = r["accept_length"] * 1000.0 / step
