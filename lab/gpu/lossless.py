@@ -337,12 +337,18 @@ def greedy_text(name, s, bound):
     return "\n".join(lines)
 
 
-def cmd_greedy(a, transport=http_transport):
+def _clients_and_prompts(a, transport):
+    """(plain, the other servers, the prompts encoded once) of either check's flags."""
     plain = Client(a.plain_name, a.plain, transport)
     others = [Client(n, u, transport) for n, u in a.server]
-    conc = a.concurrency
     prompts = load_prompts(plain, a.sets.split(","), a.per_set, a.prompts,
                            local_tokenizer(a.tokenizer) if a.tokenizer else None)
+    return plain, others, prompts
+
+
+def cmd_greedy(a, transport=http_transport):
+    plain, others, prompts = _clients_and_prompts(a, transport)
+    conc = a.concurrency
     outputs = {cl.name: {} for cl in [plain] + others}
     for c in conc:
         for cl in [plain] + others:
@@ -512,10 +518,7 @@ def sampled_text(name, s):
 
 
 def cmd_sampled(a, transport=http_transport):
-    plain = Client(a.plain_name, a.plain, transport)
-    others = [Client(n, u, transport) for n, u in a.server]
-    prompts = load_prompts(plain, a.sets.split(","), a.per_set, a.prompts,
-                           local_tokenizer(a.tokenizer) if a.tokenizer else None)
+    plain, others, prompts = _clients_and_prompts(a, transport)
     outputs = {cl.name: sampled_pass(cl, prompts, a) for cl in [plain] + others}
     servers = analyze_sampled(outputs, plain.name, prompts, a.tokens, a.alpha)
     texts = {n: sampled_text(n, s) for n, s in servers.items()}
