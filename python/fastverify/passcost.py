@@ -121,7 +121,7 @@ class PassCostProfile:
             raise PassCostError(f"requests per pass must be an integer >= 1, got {requests!r}")
         if requests == self.batch:
             return self
-        name = self.name.split(" x")[0]
+        name = self.name.removesuffix(f" x{self.batch} requests") if self.batch > 1 else self.name
         return replace(self, name=f"{name} x{requests} requests" if requests > 1 else name,
                        batch=requests)
 
