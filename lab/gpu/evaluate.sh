@@ -28,6 +28,9 @@
 #   LAUNCH_GAP_S  seconds between two server launches (default 0: all at once)
 #   SHARE_<profile> its weight in the sharing of the measuring time among profiles (default 1)
 #   SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; the rehearsal puts a stand-in here)
+#   STEPTRACE=1   every server's scheduler loop recorded step by step (lab/steptrace/; with
+#                 STEPTRACE_GPU=1 each step's device span too); lab/step_trace.py compares every
+#                 server of a profile with its plain server A: $OUT/steptrace_<profile>.txt
 #   OUT           results (default $HOME/eval-out): summary.json, summary.txt, eval_<profile>.png,
 #                 evaluate.tar.xz (raw records, server logs, command lines, timeline), timeline.txt
 set -u
@@ -59,6 +62,7 @@ chain|fixed|$NG --speculative-ngram-verify-mode chain
 chain_w|fixed|$NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
 auto|auto|$NG --speculative-ngram-verify-mode auto
 auto_w|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
+auto_never|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 --speculative-ngram-auto-cost-table $ROOT/lab/gpu/cost_never_speculate.json
 EOF
 }
 group_flags() {  # the extra server flags of a profile
@@ -105,7 +109,7 @@ for g in $PROFILES; do
   v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v:-}" ] && REPRO="$REPRO $v=\"${!v}\""
   v="FLAGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
-for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION; do
+for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRACE_GPU; do
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
@@ -138,7 +142,13 @@ launch_group() {  # index profile
 }
 start_one() {  # key: (re)start one server in a process group of its own
   # shellcheck disable=SC2086
-  TVM_FFI_CACHE_DIR="$HOME/jit-$1" setsid ${CMD[$1]} > "$W/logs/$1.log" 2>&1 &
+  local trace=""
+  if [ "${STEPTRACE:-0}" = 1 ]; then
+    trace="FASTVERIFY_STEP_TRACE=$W/steps/$1 PYTHONPATH=$ROOT/lab/steptrace:${PYTHONPATH:-}"
+    [ "${STEPTRACE_GPU:-0}" = 1 ] && trace="$trace FASTVERIFY_STEP_TRACE_GPU=1"
+  fi
+  # shellcheck disable=SC2086
+  TVM_FFI_CACHE_DIR="$HOME/jit-$1" setsid env $trace ${CMD[$1]} > "$W/logs/$1.log" 2>&1 &
   PID[$1]=$!
 }
 healthy() {
@@ -192,6 +202,17 @@ nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader \
 wait $ENVJOB
 pack
 
+step_traces() {  # profile index: its servers' traces against its plain server A, once they stopped
+  local specs=() n
+  sleep 3  # a stopped scheduler writes what it holds when it exits
+  while IFS='|' read -r n _; do
+    [ -d "$W/steps/$1.$n" ] && specs+=("$n=$W/steps/$1.$n")
+  done < <(servers_of "$2" "$1")
+  [ ${#specs[@]} -ge 1 ] || { log "profile $1: no step trace"; return; }
+  python3 "$ROOT/lab/step_trace.py" "${specs[@]}" --json "$OUT/steptrace_$1.json" \
+    > "$OUT/steptrace_$1.txt" 2>&1
+  log "profile $1: step traces rc=$? (${#specs[@]} servers)"
+}
 share() { local v="SHARE_$(echo "$1" | tr -- '-.' '__')"; echo "${!v:-1}"; }
 shares_left=0; for g in $PROFILES; do shares_left=$((shares_left + $(share "$g"))); done
 gi=0; RAWS=()
@@ -219,6 +240,7 @@ for g in $PROFILES; do
   # this profile's servers are done: stop them (the next profile then runs beside idle processes)
   while IFS='|' read -r n _; do kill -TERM -- -"${PID[$g.$n]}" 2>/dev/null
   done < <(servers_of $((gi - 1)) "$g")
+  [ "${STEPTRACE:-0}" = 1 ] && step_traces "$g" $((gi - 1))
   pack
 done
 { for f in "$W"/logs/*.log; do
