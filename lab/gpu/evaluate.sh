@@ -21,6 +21,8 @@
 #   STAGGER=1     start the profiles one after the other (each healthy before the next starts),
 #                 so that no server calibrates while another one captures graphs on the same GPU
 #   DEADLINE_S    (default 570) the whole command, with ANALYZE_S (default 35) kept for analysis
+#                 (a warning up front when less than a minute of measuring would be left after
+#                 START_GUESS_S, default 90, of server start-up)
 #   HEALTH_WAIT_S (default 170) how long to wait for servers to answer /health; RETRY=1 (default)
 #                 starts a server that died during the start once more (one at a time), after
 #                 the others are up,
@@ -116,6 +118,12 @@ for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
 REPRO="$REPRO bash lab/gpu/evaluate.sh"
 mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw"; : > "$W/timeline.txt"
 log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP"
+# servers took 60-90 s to answer on the H200 machine; a deadline that leaves less than a minute of
+# measuring after that and the analysis ends with no round at all: said now, not after the call
+if [ $((DEADLINE_S - ANALYZE_S - ${START_GUESS_S:-90})) -lt 60 ]; then
+  log "warning: DEADLINE_S=$DEADLINE_S leaves $((DEADLINE_S - ANALYZE_S - ${START_GUESS_S:-90})) s" \
+    "to measure after ~${START_GUESS_S:-90} s of server start-up and ${ANALYZE_S} s of analysis"
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 # shellcheck disable=SC1091
