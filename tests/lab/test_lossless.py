@@ -58,7 +58,7 @@ class FakeServer:
         meta = {"completion_tokens": n}
         if self.accept:
             meta.update(spec_verify_ct=max(1, n // 2), spec_accept_length=self.accept)
-        if body.get("top_logprobs_num") == 2:
+        if body.get("top_logprobs_num") == L.TOP_N:
             assert body["return_logprob"] is True and n == 1
             assert prefix == self.model.seq(key, len(prefix)), "a gap asked off plain's path"
             top = self.model.top2(key, len(prefix))
@@ -133,6 +133,17 @@ def test_a_token_outside_plains_top_two_fails_whatever_the_gap(tmp_path):
     d = json.loads((tmp_path / "summary.json").read_text())["servers"]["odd"]["departures"][0]
     assert rc == 1 and d["verdict"] == "FAIL" and d["gap"] == 0.0
     assert "token 4 is not among plain's top 2" in d["reason"]
+
+
+def test_a_third_near_equal_token_is_a_tie_and_a_far_third_fails():
+    top = [[-1.46, 28724, None], [-1.585, 351, None], [-1.585, 1003, None], [-3.0, 7, None]]
+    gap, verdict, why = L.judge_departure(top, 28724, 1003, 0.25)
+    assert verdict == "tie" and gap == pytest.approx(0.125) and "0.1250 <= 0.25" in why
+    gap, verdict, why = L.judge_departure(top, 28724, 7, 0.25)
+    assert verdict == "FAIL" and "token 7 lies 1.5400 below plain's top-1 28724" in why
+    # plain's own token must be near the top too (a fresh prefill that disagrees with its decode)
+    assert L.judge_departure(top, 7, 1003, 0.25)[1] == "FAIL"
+    assert "not among plain's top 4" in L.judge_departure(top, 28724, 99, 0.25)[2]
 
 
 def test_a_server_that_stops_early_departs_at_its_end():
