@@ -43,6 +43,7 @@ import ngram_stand_ins  # noqa: E402  (tests/, next to this script)
 
 
 BUILT = []  # (width, algorithm) of every graph runner built, in order
+READ_DONE = ("war_fastpath_read_done_event", "shared_read_done_event")
 
 
 class Runner:
@@ -92,6 +93,12 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
                              "out_cache_loc": batch.out_cache_loc.tolist(),
                              "spec_info": batch.spec_info is not None,
                              "attn_backend": mr.attn_backend})
+            if batch.forward_mode.name == "DECODE":
+                # SGLang's DECODE graph replay leaves its early read-done event for the
+                # scheduler's write-after-read barrier (0.5.16's name, 0.5.23's)
+                for name in READ_DONE:
+                    setattr(mr, name, "read-done@" + batch.forward_mode.name)
+                forwards[-1]["read_done_set"] = True
             logits = types.SimpleNamespace(next_token_logits=torch.zeros(1, 4))
             res = types.SimpleNamespace(logits_output=logits, can_run_cuda_graph=True)
             if not is_verify:  # the plain sampler: the target's next token
@@ -207,6 +214,10 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
                                  "spec_info": batch.spec_info is info,
                                  "input_ids": batch.input_ids,
                                  "out_cache_loc": batch.out_cache_loc}})
+        # what the scheduler's barrier would find after the step (it clears the event)
+        log[-1]["read_done_left"] = [getattr(mr, name, None) for name in READ_DONE]
+        for name in READ_DONE:
+            setattr(mr, name, None)
         info = res.next_draft_input
         now[0] += 0.002 if kind == "lean" else 0.005
     return {"steps": log, "outputs": {r.rid: r.output_ids + t for r, t in zip(reqs, in_flight)},

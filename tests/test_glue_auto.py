@@ -264,6 +264,11 @@ def test_patched_steps_without_speculation_run_as_plain_decode_and_stay_lossless
                                  "attn_backend": "backend@8",
                                  "runner_width": 8, "seq_lens": seq, "spec_info": True,
                                  "input_ids": None, "out_cache_loc": None}
+    # the DECODE forward left its early read-done event, and the plain step took it away: the
+    # scheduler then waits for the whole step before its stream gathers the step's accept tokens
+    # (a request leaving or joining the batch)
+    assert all(s["forward"].get("read_done_set") and s["read_done_left"] == [None, None]
+               for s in lean)
     # the plain step's input is each request's last accepted token, gathered on the device
     assert steps[1]["input"] == [20, 20] and steps[2]["input"] == [30, 30]
     # the corpus still learns the output during plain steps (SGLang's own update, host tokens)

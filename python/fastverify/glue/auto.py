@@ -524,6 +524,28 @@ def _plain_capable(state: AutoState, batch, pp_proxy_tensors) -> bool:
             and not getattr(batch, "has_grammar", False))
 
 
+# where SGLang's decode graph runner leaves the event that its scheduler's write-after-read barrier
+# waits on instead of the whole forward (0.5.16, 0.5.23)
+READ_DONE_EVENTS = ("war_fastpath_read_done_event", "shared_read_done_event")
+
+
+def _whole_step_barrier(model_runner) -> None:
+    """After a plain decode step inside the n-gram worker: no early read-done event, so that the
+    scheduler orders its stream after the whole step. A DECODE graph replay records an event before
+    the replay, meant for a plain server, whose next step takes its tokens through the future map
+    on the forward stream. The n-gram worker's next step takes them from the step's own result
+    (spec_info's accept tokens and lengths, written by the sampler and `plain_outputs` after the
+    replay), and the scheduler gathers those on its own stream whenever a request leaves the batch
+    or joins it. Ordered only after that early event, the gather read tensors the step had not
+    written yet wherever the GPU was still busy with it (a step slower than the host's work:
+    greedy output of auto departed from plain's where requests left a batch of four, at
+    deterministic inference's slower kernels, on one H200). Without the event the scheduler waits
+    for all of the forward stream's work, as after a verify step."""
+    for name in READ_DONE_EVENTS:
+        if getattr(model_runner, name, None) is not None:
+            setattr(model_runner, name, None)
+
+
 def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_first: bool = False,
                      before_put=None):
     """One decode step of SGLang's plain path inside the n-gram worker: each request's last accepted
@@ -571,6 +593,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
     try:
         with plain_algorithm(mr, batch):
             result = worker.target_worker.forward_batch_generation(batch)
+        _whole_step_barrier(mr)  # the target's runner, which the n-gram worker shares
     finally:
         mr.attn_backend, mr.decode_cuda_graph_runner = saved_rt
         for name, value in saved.items():
