@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pre-build, on a CPU host, the JIT modules an H200 SGLang 0.5.16 server
+"""Pre-build, on a CPU host, the JIT modules an H200 SGLang 0.5.16 (or 0.5.23) server
 compiles at its first request.
 
 Run by build_bundle.sh with FAKE_CUDA=1 (scripts/gpu/fakecuda: reports one sm90 GPU), CUDA_HOME
@@ -16,6 +16,10 @@ model is a dense Qwen3).
 --flashinfer-aot DIR builds FlashInfer's RMSNorm module (sgl_kernel's rmsnorm calls into it)
 and the TRT-LLM all-reduce(+RMSNorm) fusion module into DIR/<name>/<name>.so, where FlashInfer
 loads ahead-of-time builds.
+--skip-sglang builds the FlashInfer modules only. SGLang 0.5.23 keys its JIT cache
+(SGLANG_JIT_CACHE_DIR) also on `nvcc --version`, `c++ --version` and the installed torch,
+flashinfer and tvm-ffi versions, so a module built on a host whose C++ compiler or torch differs
+from the GPU machine's is never found there; its server compiles each one at first use.
 Exit status 1 when any module failed.
 """
 import argparse
@@ -38,6 +42,10 @@ def step(name, fn):
 
 
 def sglang_modules(attn_shapes, world_sizes, qk_norm_dims):
+    try:
+        import sglang.jit_kernel  # noqa: F401  (0.5.16; 0.5.23 moved it to sglang.kernels)
+    except ModuleNotFoundError:
+        return sglang_kernels_modules(attn_shapes, world_sizes, qk_norm_dims)
     import torch
     from sglang.jit_kernel import activation, clamp_position, kvcache, norm, rope
     from sglang.jit_kernel.all_reduce import get_all_reduce_module
@@ -68,6 +76,40 @@ def sglang_modules(attn_shapes, world_sizes, qk_norm_dims):
                               cuda_wrappers=[("register_once", "register_ipc_manager")]))
         for ws in world_sizes:
             step(f"custom_all_reduce bf16 ws{ws}", lambda ws=ws: get_all_reduce_module(bf16, ws))
+
+
+def sglang_kernels_modules(attn_shapes, world_sizes, qk_norm_dims):
+    """The same modules in SGLang 0.5.23's layout (sglang.kernels.ops), each built through the
+    function the server calls, with the arguments it passes for these shapes."""
+    import torch
+    from sglang.kernels.ops.activation.activation import activation_module
+    from sglang.kernels.ops.attention import clamp_position, rope
+    from sglang.kernels.ops.communication import all_reduce
+    from sglang.kernels.ops.kvcache.kvcache import _jit_kvcache_module
+    from sglang.kernels.ops.layernorm.norm import _jit_qknorm_module
+    from sglang.kernels.ops.speculative.ngram_corpus import get_ngram_corpus_cls
+
+    bf16 = torch.bfloat16
+    step("activation bf16", lambda: activation_module(bf16))
+    step("rotary_embedding", lambda: rope._jit_rotary_embedding_module())
+    for dt in (torch.int64, torch.int32):
+        step(f"clamp_position {dt}", lambda dt=dt: clamp_position._jit_clamp_position_module(dt))
+    for head_dim, kv in sorted(set(attn_shapes)):
+        step(f"fused_rope neox {head_dim} bf16",
+             lambda h=head_dim: rope._jit_fused_rope_module(True, h, bf16, bf16))
+        row_bytes = kv * head_dim * 2
+        # num_threads 0: the server's own choice of threads for the row width
+        step(f"kvcache row_bytes {row_bytes}",
+             lambda rb=row_bytes: _jit_kvcache_module(rb, rb, 0))
+    for head_dim in sorted(set(qk_norm_dims)):
+        step(f"qknorm {head_dim} bf16", lambda h=head_dim: _jit_qknorm_module(h, bf16))
+    step("ngram_corpus (C++)", lambda: get_ngram_corpus_cls())
+    if world_sizes:
+        step("communicator", lambda: all_reduce._init_communicator())
+        step("cuda_ipc", lambda: all_reduce._init_ipc_manager())
+        for ws in world_sizes:
+            step(f"custom_all_reduce bf16 ws{ws}",
+                 lambda ws=ws: all_reduce.get_all_reduce_module(bf16, ws))
 
 
 def flashinfer_modules(aot_dir, with_trtllm):
@@ -103,6 +145,8 @@ def main(argv=None):
     ap.add_argument("--flashinfer-aot", default=None, help="FlashInfer ahead-of-time module folder")
     ap.add_argument("--no-trtllm", action="store_true",
                     help="skip the TRT-LLM all-reduce fusion module")
+    ap.add_argument("--skip-sglang", action="store_true",
+                    help="build no SGLang module (only the FlashInfer ones)")
     a = ap.parse_args(argv)
     shapes = []
     for s in a.attn or ["64:2", "64:3", "128:4", "128:8"]:
@@ -116,7 +160,8 @@ def main(argv=None):
               "target arch")
     t0 = time.time()
     print(f"TVM_FFI_CACHE_DIR={os.environ.get('TVM_FFI_CACHE_DIR')}", flush=True)
-    sglang_modules(shapes, a.world_size or [2], a.qk_norm or [128])
+    if not a.skip_sglang:
+        sglang_modules(shapes, a.world_size or [2], a.qk_norm or [128])
     if a.flashinfer_aot:
         flashinfer_modules(a.flashinfer_aot, not a.no_trtllm)
     cache = os.environ.get("TVM_FFI_CACHE_DIR")
