@@ -5,6 +5,10 @@
 # STORE: where stage_chunks.py received the large parts (default /root/stage); assembled into $HOME/big.
 # Result: $HOME/site (wheel set + patched SGLang + fastverify), $HOME/jitcache, $HOME/models/*,
 # PYTHONPATH, TVM_FFI_CACHE_DIR, and NVLink multicast kept off.
+# A 0.5.23 bundle (VER=0.5.23 build_bundle.sh) names the parts it needs (stage.sha256) and refuses
+# any other store; run it with a HOME and STORE of its own (docs/gpu-staging.md), so that both pins
+# stay staged on one machine. Its site tree holds torch 2.14.1, which wins over the machine's torch
+# because PYTHONPATH comes first on sys.path.
 _B=$(cd "${1:?bundle dir}" && pwd)
 _STORE=${2:-/root/stage}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never multicast there
@@ -16,6 +20,12 @@ _fv_prepare() {
   mkdir -p "$HOME/big" "$HOME/site" "$HOME/jitcache" "$HOME/models"
   local want; want=$(sha256sum "$_STORE/MANIFEST.json" 2>/dev/null | cut -c1-16)
   if [ -z "$want" ]; then echo "device_env: no $_STORE/MANIFEST.json (stage the chunks first)" >&2; return 1; fi
+  if [ -f "$_B/stage.sha256" ] && [ "$(cat "$_B/stage.sha256")" != "$want" ]; then
+    local pin; pin=$(cat "$_B/PIN" 2>/dev/null)
+    echo "device_env: $_STORE holds the parts of another build; this bundle (SGLang $pin) needs" \
+         "the chunks of its own stage folder, received into a store of their own" >&2
+    return 1
+  fi
   if [ "$(cat "$HOME/big/.stamp" 2>/dev/null)" != "$want" ]; then
     python3 "$_B/stage_chunks.py" assemble "$_STORE" "$HOME/big" || return 1
     rm -rf "$HOME/site"; mkdir -p "$HOME/site"
@@ -43,3 +53,7 @@ _fv_prepare() {
 }
 _fv_prepare || return 1 2>/dev/null || exit 1
 export PYTHONPATH=$HOME/site TVM_FFI_CACHE_DIR=$HOME/jitcache
+# the staged torch 2.14.1 was built against cuDNN 9.24: torch.backends.cudnn refuses the machine's
+# 9.19 at its first version check, though 9.19 defines every cuDNN symbol torch links
+# (docs/gpu-staging.md)
+if [ -d "$HOME/site/torch" ]; then export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1; fi
