@@ -8,10 +8,15 @@
 #     bash lab/gpu/evaluate_dryrun.sh [WORKDIR]
 # FAIL_ONCE: the stand-ins on those ports exit at their first start (rehearses the retry).
 # Needs a python3 with torch, numpy, safetensors (and matplotlib for the PNG): PY=/path/python
+# BUNDLE, STAGE: the bundle and its chunk folder (default .scratch/gpu-bundle, .scratch/gpu-stage;
+# the 0.5.23 build's: .scratch/gpu-bundle-0.5.23, .scratch/gpu-stage-0.5.23, with a PY that is a
+# CPython 3.12 like the machine's, since that site tree holds cp312 torch 2.14.1)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 D=${1:-$ROOT/.scratch/eval-dryrun}
 PY=${PY:-$ROOT/.venv-0.5.16/bin/python}
+BUNDLE=${BUNDLE:-$ROOT/.scratch/gpu-bundle}
+STAGE=${STAGE:-$ROOT/.scratch/gpu-stage}
 rm -rf "$D"; mkdir -p "$D/home" "$D/out" "$D/store" "$D/bin"
 printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/python3"
 { echo '#!/bin/bash'
@@ -21,12 +26,12 @@ printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/py
   echo "fi"
   echo "exec python3 $ROOT/scripts/gpu/dryrun/fake_server.py \"\$@\""; } > "$D/bin/launch"
 chmod +x "$D/bin/launch"
-for c in "$ROOT"/.scratch/gpu-stage/chunk-*; do
+for c in "$STAGE"/chunk-*; do
   python3 "$ROOT/scripts/gpu/stage_chunks.py" receive "$c" "$D/store"
 done
 cd "$ROOT"
 HOME=$D/home OUT=$D/out STORE=$D/store PATH="$D/bin:$PATH" DEADLINE_S=${DEADLINE_S:-300} \
   ANALYZE_S=${ANALYZE_S:-20} EVAL_ARGS=${EVAL_ARGS:-"--max-new-tokens 24 --per-set 3"} \
   PROFILES=${PROFILES:-"none reference-kimi-tp8"} SGLANG_LAUNCH="$D/bin/launch" \
-  bash "$ROOT/lab/gpu/evaluate.sh" "$ROOT/.scratch/gpu-bundle"
+  bash "$ROOT/lab/gpu/evaluate.sh" "$BUNDLE"
 echo "--- rehearsal output in $D/out:"; ls -la "$D/out"
