@@ -77,12 +77,14 @@ else
   # NCCL >= the 2.30.7 it pins: the machine's 2.28.9 lacks 11 of its symbols; docs/gpu-staging.md);
   # torchvision 0.29.1 because sglang imports torchvision.io at the top of its utils, and the
   # machine's (built for torch 2.11) fails to register its operators on torch 2.14.1;
-  # safetensors 0.8.0: transformers 5.19.0 needs >= 0.8.0 (the model converter's version too)
+  # huggingface-hub 1.33.0: transformers 5.19.0 refuses one older than 1.31.0 at import (the
+  # machine's 5.17 asks only >= 1.5.0); safetensors 0.8.0: the model converter's version, so the
+  # weights' checksum does not depend on the machine's
   KERNEL=0.4.10 XGR=0.2.7
   PKGS="sglang==$VER sglang-kernel==$KERNEL flashinfer-python==0.7.2 xgrammar==$XGR
         apache-tvm-ffi==0.1.11 transformers==5.19.0 tokenizers==0.23.2 openai==2.8.0
         compressed-tensors==0.18.0 torch==2.14.1 triton==3.8.0 nvidia-nccl-cu13==2.30.7
-        torchvision==0.29.1 safetensors==0.8.0
+        torchvision==0.29.1 safetensors==0.8.0 huggingface-hub==1.33.0
         $(echo "$COMMON" | sed 's/compressed-tensors==[^ ]*//')"
 fi
 NPKGS=$(echo $PKGS | wc -w)
@@ -120,7 +122,7 @@ stage_strip() {
       sgl_kernel/flash_ops.abi3.so sgl_kernel/flashmla_ops.abi3.so sgl_kernel/infllm_ops. \
       sgl_kernel/sm100/
   if [ "$VER" = 0.5.23 ]; then
-    # torch: protoc (torch_shm_manager stays: torch.multiprocessing needs it); triton: the sm100+
+    # torch: protoc (torch_shm_manager stays: `import torch` searches for it); triton: the sm100+
     # ptxas and the CUPTI copies (an H200 uses bin/ptxas; CUPTI only serves the proton profiler)
     # and its instrumentation/test libraries
     python3 "$HERE/repack_wheel.py" "$dl"/torch-2.14.1-*.whl "$wh" torch/bin/protoc
@@ -249,7 +251,8 @@ stage_prebuild() {  # $1: folder holding the (patched) sglang package
   mkdir -p "$BUILD/fi-only"; ln -sfn "$BUILD/site/flashinfer" "$BUILD/fi-only/flashinfer"
   env FAKE_CUDA=1 PYTHONPATH="$1:$HERE/fakecuda:$BUILD/fi-only:$BUILD/pydeps:$ROOT/python" LD_LIBRARY_PATH="$BUILD/fakecuda" \
       CUDA_HOME="$TK" PATH="$TK/bin:$PATH" TVM_FFI_CACHE_DIR="$BUILD/jitcache" \
-      FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$BUILD/fiws" MAX_JOBS=${MAX_JOBS:-2} \
+      FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$BUILD/fiws" \
+      MAX_JOBS=${MAX_JOBS:-2} \
       "$PYB" "$HERE/prebuild_jit.py" --flashinfer-aot "$fiaot" \
       ${PREBUILD_ARGS:-$PREBUILD_DEFAULT} 2>&1 \
       | tee "$BUILD/prebuild.log" && return
