@@ -101,3 +101,16 @@ def test_unpinned_bundle_takes_any_store_and_keeps_the_check(tmp_path, stores):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-2:] == [f"PYTHONPATH={home}/site", "SKIP="]
     assert (home / "site" / "sglang" / "__init__.py").read_bytes() == b"# 0.5.16\n"
+
+
+def test_the_cute_dsl_folder_joins_the_path_where_the_tree_has_it(tmp_path):
+    # its own .pth would name the folder, but a tree on PYTHONPATH runs none
+    dsl = _stage(tmp_path, "dsl", {"sglang/__init__.py": b"# 0.5.23\n",
+                                   "nvidia_cutlass_dsl/dsl_packages/cutlass/__init__.py": b"",
+                                   "nvidia_cutlass_dsl_packages.pth": b"import sys\n"})
+    b = _bundle(tmp_path, "dsl", stage_sha=_manifest_sha(dsl))
+    home = tmp_path / "home-d"
+    r = _source(home, b, dsl)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2] == (
+        f"PYTHONPATH={home}/site:{home}/site/nvidia_cutlass_dsl/dsl_packages")

@@ -19,7 +19,7 @@
 #                                  modules), models/ (configs, tokenizer),
 #                                  the run scripts and MANIFEST.txt
 #   .scratch/gpu-stage/chunk-NN/   the large payload (site.tar.xz = the installed wheel set, and the SmolLM2
-#                                  GGUF) split into parts of <= 60 MiB, one per transfer (stage_chunks.py)
+#                                  GGUF) split into parts of <= 54 MiB, one per transfer (stage_chunks.py)
 # docs/gpu-staging.md gives the whole sequence, device side included.
 #
 # Environment knobs: PY312 (CPython 3.12 for `pip install --target`), PY311 (for the model converter venv),
@@ -38,7 +38,9 @@ esac
 BUILD=${BUILD:-$ROOT/.scratch/gpu-build$SUF}
 DEST=${DEST:-$ROOT/.scratch/gpu-bundle$SUF}
 STAGE=${STAGE:-$ROOT/.scratch/gpu-stage$SUF}
-CHUNK_MIB=${CHUNK_MIB:-60}
+# a chunk travels with the tracked tree (~6 MiB) under the 64 MiB of one transfer: 60 MiB chunks were
+# refused; the last chunk travels with the bundle folder (~8 MiB) too
+CHUNK_MIB=${CHUNK_MIB:-54}
 PY312=${PY312:-$(ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}; PY312=${PY312:-python3.12}
 PY311=${PY311:-python3.11}
 PRISTINE=$ROOT/.scratch/pristine/$VER     # unpacked upstream wheel (read-only), for the overlay diff
@@ -79,12 +81,18 @@ else
   # machine's (built for torch 2.11) fails to register its operators on torch 2.14.1;
   # huggingface-hub 1.33.0: transformers 5.19.0 refuses one older than 1.31.0 at import (the
   # machine's 5.17 asks only >= 1.5.0); safetensors 0.8.0: the model converter's version, so the
-  # weights' checksum does not depend on the machine's
+  # weights' checksum does not depend on the machine's; nvidia-cutlass-dsl 4.8.0 (0.5.23 pins its
+  # [cu13] extra: the core, base and cu13 libraries, not the cu12 ones) because its llama model
+  # builds each MLP's DualGemm, which imports `cutlass` on an sm90 GPU (on the H200: the servers
+  # stopped with "No module named 'cutlass'"; it needs cuda-bindings >= 12.8 and protobuf, which
+  # torch's own cuda-bindings pin and the machine are taken to provide: not checked there yet)
   KERNEL=0.4.10 XGR=0.2.7
   PKGS="sglang==$VER sglang-kernel==$KERNEL flashinfer-python==0.7.2 xgrammar==$XGR
         apache-tvm-ffi==0.1.11 transformers==5.19.0 tokenizers==0.23.2 openai==2.8.0
         compressed-tensors==0.18.0 torch==2.14.1 triton==3.8.0 nvidia-nccl-cu13==2.30.7
         torchvision==0.29.1 safetensors==0.8.0 huggingface-hub==1.33.0
+        nvidia-cutlass-dsl==4.8.0 nvidia-cutlass-dsl-libs-core==4.8.0
+        nvidia-cutlass-dsl-libs-base==4.8.0 nvidia-cutlass-dsl-libs-cu13==4.8.0
         $(echo "$COMMON" | sed 's/compressed-tensors==[^ ]*//')"
 fi
 NPKGS=$(echo $PKGS | wc -w)

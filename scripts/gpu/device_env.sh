@@ -53,6 +53,11 @@ _fv_prepare() {
 }
 _fv_prepare || return 1 2>/dev/null || exit 1
 export PYTHONPATH=$HOME/site TVM_FFI_CACHE_DIR=$HOME/jitcache
+# a site tree on PYTHONPATH runs no .pth file: the CuTe DSL (0.5.23) puts its `cutlass` package on
+# sys.path only through one, so its folder is named here
+if [ -d "$HOME/site/nvidia_cutlass_dsl/dsl_packages" ]; then
+  export PYTHONPATH=$PYTHONPATH:$HOME/site/nvidia_cutlass_dsl/dsl_packages
+fi
 # the staged torch 2.14.1 was built against cuDNN 9.24: torch.backends.cudnn refuses the machine's
 # 9.19 at its first version check, though 9.19 defines every cuDNN symbol torch links
 # (docs/gpu-staging.md)
