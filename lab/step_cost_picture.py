@@ -42,8 +42,8 @@ def pieces(stats: dict) -> list:
     schedule, forward = _span(stats, "schedule"), _span(stats, "target_step")
     worker, plain_step = _span(stats, "ngram_step"), _span(stats, "plain_step")
     out = [("schedule", schedule), ("forward call", forward)]
-    if plain_step > 0.05 * max(worker, 1e-9) and _span(stats, "plain_decode") > 0:
-        decode = _span(stats, "plain_decode")
+    decode = _span(stats, "plain_decode")
+    if decode > 0:  # an auto server's steps without speculation
         probes = _span(stats, "probe_behind") + _span(stats, "lookup_behind")
         kernels = (_span(stats, "plain_inputs"), _span(stats, "plain_outputs"))
         put = _span(stats, "corpus_put")
@@ -88,10 +88,15 @@ def plot(rows: dict, out: str, title: str) -> None:
     colors = plt.get_cmap("tab20")
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * len(rows)))
     names = list(rows)
+    starts = {}  # (server, label) -> where its piece begins: the pieces before it in its own bar
+    for n in names:
+        x = 0.0
+        for lb, ms in rows[n][1]:
+            starts[n, lb] = x
+            x += ms
     for li, label in enumerate(labels):
-        lefts = [sum(ms for lb, ms in rows[n][1][:[x for x, _ in rows[n][1]].index(label)])
-                 if label in dict(rows[n][1]) else 0.0 for n in names]
         widths = [dict(rows[n][1]).get(label, 0.0) for n in names]
+        lefts = [starts.get((n, label), 0.0) for n in names]
         ax.barh(range(len(names)), widths, left=lefts, color=colors(li % 20), label=label)
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels([f"{n}\n({rows[n][0]})" for n in names])

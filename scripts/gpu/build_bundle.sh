@@ -24,7 +24,7 @@
 #
 # Environment knobs: PY312 (CPython 3.12 for `pip install --target`), PY311 (for the model converter venv),
 # VER (0.5.16 or 0.5.23), BUILD (work folder, default .scratch/gpu-build), DEST, STAGE, CHUNK_MIB
-# (default 60), MODEL_FROM (0.5.23: the build folder whose model/ is reused, default the 0.5.16
+# (default 54), MODEL_FROM (0.5.23: the build folder whose model/ is reused, default the 0.5.16
 # one).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
