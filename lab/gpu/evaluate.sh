@@ -15,6 +15,8 @@
 #                 "none" is an emulated deployment: its servers get FLAGS_<profile> ('-' read as
 #                 '_'), by default "$EMU_FLAG <profile>" (the pass-cost emulator's profile flag)
 #   SERVERS       servers of each profile (default "A P tree chain_w auto_w"; table: cases())
+#   FLAGS_SERVER_<name>  extra flags of that server in every profile, after its own (for example
+#                 FLAGS_SERVER_chain_w="--enable-verify-timing": its verify passes timed)
 #   TP            ranks per server (default: the number of GPUs); the SmolLM2 model padded for it
 #   EVAL_ARGS     extra arguments of `evaluate.py run` for every profile (--max-new-tokens,
 #                 --per-set, ...); EVAL_ARGS_<profile> for one profile, after EVAL_ARGS
@@ -78,7 +80,8 @@ servers_of() {  # index profile -> "name|role|port|args" lines
     IFS='|' read -r name role flags < <(cases | grep "^$want|") || {
       echo "evaluate.sh: unknown server $want; allowed: $(cases | cut -d'|' -f1 | tr '\n' ' ')" >&2
       return 2; }
-    echo "$name|$role|$((24000 + 200 * gi + 10 * si))|$COMMON $flags $(group_flags "$g")"
+    local own="FLAGS_SERVER_$name"
+    echo "$name|$role|$((24000 + 200 * gi + 10 * si))|$COMMON $flags ${!own:-} $(group_flags "$g")"
     si=$((si + 1))
   done
 }
@@ -115,6 +118,7 @@ for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRA
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
+for v in $(compgen -v FLAGS_SERVER_); do REPRO="$REPRO $v=\"${!v}\""; done
 REPRO="$REPRO bash lab/gpu/evaluate.sh"
 mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw"; : > "$W/timeline.txt"
 log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP"

@@ -1,0 +1,32 @@
+"""lab/gpu/evaluate.sh --print-commands: the server command lines the evaluation would launch."""
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _commands(**env) -> dict:
+    r = subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-commands"],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, TP="1", **env))
+    assert r.returncode == 0, r.stderr
+    return dict(line.split("|", 1) for line in r.stdout.splitlines())
+
+
+def test_a_servers_own_flags_reach_that_server_only():
+    flag = "--enable-verify-timing --verify-timing-interval 50"
+    cmds = _commands(SERVERS="A chain_w auto_w", FLAGS_SERVER_chain_w=flag)
+    assert set(cmds) == {"none.A", "none.chain_w", "none.auto_w"}
+    assert flag in cmds["none.chain_w"]
+    assert "--enable-verify-timing" not in cmds["none.A"] + cmds["none.auto_w"]
+    # after the server's own flags, before the port
+    chain = cmds["none.chain_w"]
+    assert chain.index("--speculative-ngram-verify-widths") < chain.index(flag) < chain.index("--port")
+
+
+def test_an_unknown_server_is_refused_with_the_allowed_names():
+    r = subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-commands"],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, TP="1", SERVERS="A nope"))
+    assert "unknown server nope" in r.stderr and "auto_never" in r.stderr
