@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fastverify.chain import chain_mask
+from fastverify.costs import LEAN, CostTable, StepCosts
 from fastverify.glue import auto
 from fastverify.glue.verify_runtime import VIEW_LISTS, VerifyRuntime, WidthRuntimes
 from fastverify.widths import parse_widths
@@ -418,6 +419,30 @@ def test_patched_requests_from_two_prefills_in_a_row_are_looked_up_from_what_the
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_patched_every_corpus_query_meets_the_puts_of_every_step_before_it(step_probe):
+    """Counted over every run of the probe (plain steps, speculation, overlap, requests joining):
+    when the corpus is asked (the worker's own lookup, one behind the token in flight, a probe), it
+    has received one context per request of every earlier decode step, whatever kind of step
+    put it (a probe asks before its own step's put)."""
+    runs = [r for r in step_probe.values() if isinstance(r, dict) and "steps" in r]
+    assert len(runs) >= 7
+    for run in runs:
+        put, expected, asked = 0, 0, 0
+        for step in run["steps"]:
+            puts = iter(step["puts"])
+            for event in step["events"]:
+                if event == "put":
+                    put += len(next(puts))
+                elif event == "get":
+                    asked += 1
+                    assert put == expected, (put, expected)
+            expected += len(step["seq_lens_before"])
+            assert put <= expected
+        assert asked
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_patched_plain_step_puts_what_sglangs_own_update_puts(step_probe):
     """A plain step's corpus put is SGLang's own (nothing carried), built from
     the prompt's tail only."""
@@ -733,3 +758,18 @@ def test_plain_decode_roots_after_a_plain_step_match_the_gathered_ones(roots_fir
     auto.run_plain_decode(worker, b, VerifyRuntime(1, "plain", "g1", {}), 3,
                           roots_first=roots_first)
     assert seen[-1].tolist() == ([5, 6] if roots_first else [9, 9])
+
+
+def test_step_costs_snapshot_is_frozen_and_shares_the_table():
+    """The controller's copy of the measured costs (shared every cost_sync_steps): later records
+    do not reach it, its estimates are its own, and the table is the same object."""
+    table = CostTable(decode=((1, 1.0), (4, 1.2)), verify=((1, 1.0), (32, 5.0)), source="t")
+    live = StepCosts(table, window=8, min_samples=1)
+    for ms in (2.0, 2.2, 2.4):
+        live.record(LEAN, 1, 1, ms)
+    snap = live.snapshot()
+    before = snap.step_ms(LEAN, 1, 1)
+    for _ in range(8):
+        live.record(LEAN, 1, 1, 9.0)
+    assert snap.step_ms(LEAN, 1, 1) == before and live.step_ms(LEAN, 1, 1) == 9.0
+    assert snap.samples(LEAN, 1, 1) == 3 and snap.table is table and snap.version == 3

@@ -77,7 +77,6 @@ probe's lookup 0.3-0.6 ms).
 """
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -209,7 +208,7 @@ def _tick(state: AutoState) -> None:
         # synchronisations, and a controller that read them directly would decide differently on
         # different ranks (and hang the TP group in mismatched collectives)
         shared = state.sync_costs(state.costs) if state.sync_costs else state.costs
-        state.controller.costs = copy.deepcopy(shared)
+        state.controller.costs = shared.snapshot()
 
 
 def not_a_decode_step(state: AutoState) -> None:
