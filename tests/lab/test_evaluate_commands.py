@@ -22,7 +22,8 @@ def test_a_servers_own_flags_reach_that_server_only():
     assert "--enable-verify-timing" not in cmds["none.A"] + cmds["none.auto_w"]
     # after the server's own flags, before the port
     chain = cmds["none.chain_w"]
-    assert chain.index("--speculative-ngram-verify-widths") < chain.index(flag) < chain.index("--port")
+    widths = chain.index("--speculative-ngram-verify-widths")
+    assert widths < chain.index(flag) < chain.index("--port")
 
 
 def test_an_unknown_server_is_refused_with_the_allowed_names():
