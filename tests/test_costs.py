@@ -133,3 +133,16 @@ def test_step_costs_table_then_host_part_then_medians():
     assert c.samples(LEAN, 1, 1) == 5
     with pytest.raises(ValueError, match="step kind"):
         c.record("decode", 1, 1, 1.0)
+
+
+def test_a_period_is_kept_only_between_two_steps_of_one_class():
+    from fastverify.costs import LEAN, PROBE, SPEC, steady_period
+
+    assert steady_period((LEAN, 2, 1), (LEAN, 2, 1))
+    assert steady_period((LEAN, 2, 1), (PROBE, 2, 1))  # a probe: a plain step, a lookup beside
+    assert steady_period((SPEC, 1, 8), (SPEC, 1, 8))
+    assert not steady_period((LEAN, 1, 1), (SPEC, 1, 8))  # a trial among plain steps
+    assert not steady_period((SPEC, 1, 8), (LEAN, 1, 1))  # the step after it
+    assert not steady_period((SPEC, 1, 4), (SPEC, 1, 8))
+    assert not steady_period((LEAN, 1, 1), (LEAN, 2, 1))  # the batch changed
+    assert not steady_period(None, (LEAN, 1, 1))  # after a prefill

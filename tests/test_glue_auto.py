@@ -773,3 +773,29 @@ def test_step_costs_snapshot_is_frozen_and_shares_the_table():
         live.record(LEAN, 1, 1, 9.0)
     assert snap.step_ms(LEAN, 1, 1) == before and live.step_ms(LEAN, 1, 1) == 9.0
     assert snap.samples(LEAN, 1, 1) == 3 and snap.table is table and snap.version == 3
+
+
+def test_tick_records_a_period_only_after_a_step_of_its_class(tmp_path):
+    """The period from a step's start to the next one's is its cost only where the step before it
+    was of its class (overlap scheduling shifts a GPU-bound period by one step): a chain trial among
+    plain steps, the plain step after it and the first step after a prefill are not recorded."""
+    state = auto.setup(_worker(), _spec(tmp_path, DEAR), plain=PLAIN)
+    now = [0.0]
+    state.clock = lambda: now[0]
+    steps = [("lean", 1, 1), ("lean", 1, 1), ("spec", 1, 8), ("lean", 1, 1), ("lean", 1, 1),
+             ("spec", 1, 8), ("spec", 1, 8), ("spec", 1, 8), ("lean", 1, 1), None,
+             ("lean", 1, 1), ("lean", 1, 1)]
+    for i, step in enumerate(steps):
+        if step is None:  # a prefill
+            auto.not_a_decode_step(state)
+            continue
+        auto._tick(state)  # records the period of the step before this one
+        state.last_step = step
+        now[0] += 0.001 * (i + 1)
+    auto._tick(state)
+    measured = state.costs.to_json()["measured"]
+    # lean after lean: steps 1 and 4 (2 and 5 ms) and, after the prefill, step 11 (12 ms);
+    # spec after spec: steps 6 and 7 (7 and 8 ms)
+    assert state.costs.samples("lean", 1, 1) == 3 and state.costs.samples("spec", 1, 8) == 2
+    assert measured["spec/bs1/w8"] == pytest.approx(7.5)
+    assert measured["lean/bs1/w1"] == pytest.approx(5.0)

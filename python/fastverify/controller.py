@@ -47,10 +47,11 @@ before it is judged by its own verified drafts, and one that accepted less than 
 was expected doubles the sums' half-life (up to `AutoConfig.calibration_backoff_max` times the
 base), one that held sets it back to the base (`Controller._spell_begins`). On one H200 under the
 reference box's pass costs, auto tried chain7 every 100-300 steps at bs 1 (58 switches in 2,487
-decisions) for ~1 token a trial, 1-3 % below plain; in the simulator's biased-scorer load (bs 1,
-4 x 3,000 steps) the backoff cuts the loss from 0.9 % to 0.5 %, and costs 1.6 % where failing
-drafts turn into full matches (1.389 against 1.411x no speculation: the return comes later). The
-factor never raises an estimate.
+decisions) for ~1 token a trial, 1-3 % below plain (measured at 16.9 ms, the plain step before
+each trial, against their 34.4 ms pass: `costs.steady_period` now keeps such periods out of the
+costs); in the simulator's biased-scorer load (bs 1, 4 x 3,000 steps) the backoff cuts the loss
+from 0.9 % to 0.5 %, and costs 1.6 % where failing drafts turn into full matches (1.389 against
+1.411x no speculation: the return comes later). The factor never raises an estimate.
 
 Follow bound (stated and tested in tests/test_sim.py): after acceptance changes, the
 estimate's weight on the old regime after n steps is at most 2**(-n / half_life); a draft

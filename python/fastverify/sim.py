@@ -51,7 +51,6 @@ profile file or a `fastverify bench allreduce --json` result (PATH#backend), tur
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import random
 import sys
@@ -60,7 +59,7 @@ from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, PLAN_PROBE, AutoConfig, Controller, Option,
                                    RequestView, follow_bound_steps, options_for)
-from fastverify.costs import LEAN, PROBE, SPEC, CostTable, StepCosts
+from fastverify.costs import LEAN, PROBE, SPEC, CostTable, StepCosts, steady_period
 from fastverify.gains import DraftFeatures
 
 PROBE_MAX, COST_SYNC_STEPS = AutoConfig.probe_max, AutoConfig.cost_sync_steps  # the server's
@@ -276,8 +275,12 @@ class AutoPolicy:
     label = "auto"
 
     def __init__(self, controller: Controller, probe_max: int = PROBE_MAX,
-                 step_costs: Optional[StepCosts] = None):
+                 step_costs: Optional[StepCosts] = None, period_lag: int = 0):
         self.c = controller
+        # what the host clock shows as a step's period: its own time (0), or the step's before it
+        # (1: overlap scheduling where the GPU is the bottleneck, `costs.steady_period`)
+        self.period_lag = period_lag
+        self._history: list = []  # ((kind, bs, width), ms) of the steps simulated
         self.probe_max = probe_max
         self.last: dict = {}  # rid -> features of its last lookup
         self.looked_up = True
@@ -293,10 +296,15 @@ class AutoPolicy:
         if self.step_costs is None:
             return
         kind = SPEC if width > 1 or self.paid_lookup else PROBE if self.probed else LEAN
-        self.step_costs.record(kind, bs, width, ms)  # as the server
+        h = self._history
+        h.append(((kind, bs, width), ms))
+        del h[:-(self.period_lag + 2)]
+        # as the server: the period the host clock shows, kept where the step before is of its class
+        if len(h) > self.period_lag and len(h) >= 2 and steady_period(h[-2][0], h[-1][0]):
+            self.step_costs.record(kind, bs, width, h[-1 - self.period_lag][1])
         self._steps += 1
         if self._steps % COST_SYNC_STEPS == 0:
-            self.c.costs = copy.deepcopy(self.step_costs)
+            self.c.costs = self.step_costs.snapshot()
 
     def decide(self, views, unsure=None):
         """``unsure``: per view, whether a lookup behind the step in flight would find the corpus

@@ -85,7 +85,7 @@ from typing import NamedTuple
 
 from fastverify.controller import NONE, PLAN_PROBE, Controller, RequestView
 from fastverify.costs import (LEAN, PROBE, SPEC, CostTable, CostTableError, StepCosts, calibrate,
-                              load_cost_table)
+                              load_cost_table, steady_period)
 from fastverify.gains import DraftFeatures, ShadowTracker
 from fastverify.glue.config import MODE_FLAG, WIDTHS_FLAG, verify_config
 
@@ -146,6 +146,7 @@ class AutoState:
     features: dict = field(default_factory=dict)  # rid -> DraftFeatures of its last draft
     last_start: float = None  # host clock at the start of the previous decode step
     last_step: tuple = None  # (kind, bs, width) of the previous decode step
+    step_before: tuple = None  # and of the one before it (`costs.steady_period`)
     # the previous decode step was a plain one (every accept length in the batch is 1)
     lean_before: bool = False
     synced: bool = False  # this step's requests were already advanced by plain_step
@@ -194,13 +195,18 @@ def setup(worker, spec=None, observability=None, plain=None):
 
 
 def _tick(state: AutoState) -> None:
-    """Start of a decode step: the previous step's period goes to the cost model;
-    rank 0's model is shared."""
+    """Start of a decode step: the previous step's period goes to the cost model where the step
+    before it was of its class (`costs.steady_period`: under overlap scheduling a period at a change
+    of class measures the other step); rank 0's model is shared."""
     now = state.clock()
     state.lean_before = state.last_step is not None and state.last_step[0] in (LEAN, PROBE)
-    if state.last_start is not None and state.last_step is not None:
+    if (state.last_start is not None and state.last_step is not None
+            and steady_period(state.step_before, state.last_step)):
         kind, bs, width = state.last_step
         state.costs.record(kind, bs, width, 1000.0 * (now - state.last_start))
+    # after a prefill (no start recorded) this step's period holds the prefill's device time under
+    # overlap: the next period is not kept either
+    state.step_before = state.last_step if state.last_start is not None else None
     state.last_start, state.last_step = now, None
     state.steps += 1
     if state.steps % state.controller.cfg.cost_sync_steps == 0:
