@@ -252,12 +252,12 @@ def steady_period(before, step) -> bool:
     its start to the next step's, be recorded as its cost? Only where the step before it
     (``before``) was of the same class (`step_class`). Under SGLang's overlap scheduling the host
     launches a step before it waits for the previous one's result, so where the GPU is the
-    bottleneck a step's
-    period is the device time of the step before it; where the host is, it is its own host time.
-    Between two steps of one class the two are the same; at a change of class the period belongs to
-    either. Under the reference box's pass costs on one H200, auto's chain7 trials among plain steps
-    were measured at 16.9 ms (a plain step's 13.3 ms plus host time) against their 34.4 ms pass, so
-    they looked cheap, and each one cost ~21 ms for ~1 token."""
+    bottleneck a step's period is the device time of the step before it; where the host is, it is
+    its own host time. Between two steps of one class the two are the same; at a change of class
+    the period may belong to either. Under the reference box's pass costs on one H200, auto's
+    chain7 trials among plain steps were measured at 16.9 ms (a plain step's 13.3 ms plus host
+    time) against their 34.4 ms pass, so they looked cheap, and each one cost ~21 ms for ~1
+    token."""
     a, b = step_class(before), step_class(step)
     return a is not None and a == b
 
