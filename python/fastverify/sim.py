@@ -269,8 +269,10 @@ class AutoPolicy:
     up are scored later (`looked_up`).
 
     `step_costs`: the controller decides on whole-step costs measured as the loop runs, as in the
-    server (`StepCosts`: every step's simulated time recorded by kind; the controller reads a copy
-    taken every `COST_SYNC_STEPS` steps); None: on the cost table alone."""
+    server (`StepCosts`: a step's simulated time recorded by kind where the step before it was of
+    its class, `costs.steady_period`; the controller reads a copy taken every `COST_SYNC_STEPS`
+    steps); None: on the cost table alone. `period_lag` 1: the time recorded for a step is the step
+    before it, as the server's host clock measures a GPU-bound step under overlap scheduling."""
 
     label = "auto"
 
