@@ -8,15 +8,15 @@
 #     bash lab/gpu/evaluate_dryrun.sh [WORKDIR]
 # FAIL_ONCE: the stand-ins on those ports exit at their first start (rehearses the retry).
 # Needs a python3 with torch, numpy, safetensors (and matplotlib for the PNG): PY=/path/python
-# BUNDLE, STAGE: the bundle and its chunk folder (default .scratch/gpu-bundle, .scratch/gpu-stage;
-# the 0.5.23 build's: .scratch/gpu-bundle-0.5.23, .scratch/gpu-stage-0.5.23, with a PY that is a
-# CPython 3.12 like the machine's, since that site tree holds cp312 torch 2.14.1)
+# BUNDLE, STAGE: the bundle and its chunk folder (default .scratch/gpu-bundle; STAGE by default the
+# bundle's sibling, gpu-bundle* -> gpu-stage*, as in lossless_dryrun.sh; the 0.5.23 build's needs a
+# PY that is a CPython 3.12 like the machine's, since that site tree holds cp312 torch 2.14.1)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 D=${1:-$ROOT/.scratch/eval-dryrun}
 PY=${PY:-$ROOT/.venv-0.5.16/bin/python}
-BUNDLE=${BUNDLE:-$ROOT/.scratch/gpu-bundle}
-STAGE=${STAGE:-$ROOT/.scratch/gpu-stage}
+BUNDLE=$(cd "${BUNDLE:-$ROOT/.scratch/gpu-bundle}" && pwd)
+STAGE=${STAGE:-$(dirname "$BUNDLE")/$(basename "$BUNDLE" | sed 's/^gpu-bundle/gpu-stage/')}
 rm -rf "$D"; mkdir -p "$D/home" "$D/out" "$D/store" "$D/bin"
 printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/python3"
 { echo '#!/bin/bash'

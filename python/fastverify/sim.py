@@ -302,7 +302,7 @@ class AutoPolicy:
         h.append(((kind, bs, width), ms))
         del h[:-(self.period_lag + 2)]
         # as the server: the period the host clock shows, kept where the step before is of its class
-        if len(h) > self.period_lag and len(h) >= 2 and steady_period(h[-2][0], h[-1][0]):
+        if len(h) >= max(2, self.period_lag + 1) and steady_period(h[-2][0], h[-1][0]):
             self.step_costs.record(kind, bs, width, h[-1 - self.period_lag][1])
         self._steps += 1
         if self._steps % COST_SYNC_STEPS == 0:

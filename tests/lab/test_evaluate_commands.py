@@ -6,10 +6,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _print_commands(**env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-commands"],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, TP="1", **env))
+
+
 def _commands(**env) -> dict:
-    r = subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-commands"],
-                       capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, TP="1", **env))
+    r = _print_commands(**env)
     assert r.returncode == 0, r.stderr
     return dict(line.split("|", 1) for line in r.stdout.splitlines())
 
@@ -27,7 +31,5 @@ def test_a_servers_own_flags_reach_that_server_only():
 
 
 def test_an_unknown_server_is_refused_with_the_allowed_names():
-    r = subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-commands"],
-                       capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, TP="1", SERVERS="A nope"))
+    r = _print_commands(SERVERS="A nope")
     assert "unknown server nope" in r.stderr and "auto_never" in r.stderr
