@@ -3,6 +3,7 @@ verify pass, predicted from the pass-cost model at the accept lengths an emulate
 measured, with that evaluation's measured points on it.
 
     python lab/regime_picture.py SUMMARY.json PREDICTION.json --png OUT.png [--json OUT.json]
+                                 [--also OTHER_SUMMARY.json ...]
 
 SUMMARY.json: an evaluation under the pass-cost emulator (lab/gpu/evaluate.sh, one profile);
 PREDICTION.json: lab/predict_vs_measured.py's answer for it (each c=1 cell's accept lengths, share
@@ -26,12 +27,19 @@ profiles shipped with fastverify are marked at their own 8-token all-reduce cost
 differ in shape from the swept one: a marker places them, it does not measure them). Everything
 is a model but the measured points (emulated communication on one GPU, never a PCIe
 measurement).
+
+``--also``: more emulated evaluations (any profiles, one or more per file); each group's c=1
+ratios are drawn at its own profile's 8-token all-reduce cost (its ``--emulate-pass-cost NAME``),
+measured points beside the swept model, so that where each mode crosses plain can be read off
+measurements as well (profiles differ in the shape of their curves and, where they say so, in
+their compute: a point is that profile's measurement, the curve one profile's model).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -75,7 +83,42 @@ def model(profile, rows: dict, scale: float, residual: bool = True) -> dict:
     return out
 
 
-def build(summary: dict, pred: dict) -> dict:
+def _measured(cells) -> dict:
+    """server -> its c=1 'all' decode ratio, interval and accept length."""
+    out = {}
+    for c in cells:
+        if c["set"] != SET or c["c"] != 1:
+            continue
+        for sname, s in c["servers"].items():
+            dec = s.get("decode") or {}
+            if dec.get("ratio") is not None:
+                out[sname] = {"ratio": dec["ratio"], "ci": dec.get("ci95"),
+                              "accept_length": s.get("accept_length")}
+    return out
+
+
+def group_profile(group: dict):
+    """The emulated profile of an evaluation group (``--emulate-pass-cost NAME`` among its
+    flags), else None."""
+    m = re.search(r"--emulate-pass-cost[ =](\S+)", group.get("group_flags") or "")
+    return m.group(1) if m else None
+
+
+def measured_by_profile(summaries) -> dict:
+    """profile -> {'x_us': its 8-token all-reduce cost, 'servers': _measured(...)} over every
+    emulated group of ``summaries``; a profile measured twice keeps the later file's."""
+    out = {}
+    for summary in summaries:
+        for g in summary["groups"]:
+            name = group_profile(g)
+            if name is None:
+                continue
+            out[name] = {"x_us": passcost.load_profile(name).ar_us(8),
+                         "servers": _measured(g["cells"])}
+    return out
+
+
+def build(summary: dict, pred: dict, also=()) -> dict:
     name, rows = _rows(pred)
     profile = passcost.load_profile(name)
     base = profile.ar_us(8)
@@ -97,17 +140,12 @@ def build(summary: dict, pred: dict) -> dict:
         marks[p] = passcost.load_profile(p).ar_us(8)
     measured = {}
     for g in summary["groups"]:
-        for c in g["cells"]:
-            if c["set"] != SET or c["c"] != 1:
-                continue
-            for sname, s in c["servers"].items():
-                dec = s.get("decode") or {}
-                if dec.get("ratio") is not None:
-                    measured[sname] = {"ratio": dec["ratio"], "ci": dec.get("ci95"),
-                                       "accept_length": s.get("accept_length")}
+        measured.update(_measured(g["cells"]))
+    others = {k: v for k, v in measured_by_profile(also).items() if k != name}
     return {"profile": name, "x_profile_us": base, "xs_us": xs, "curves": curves,
             "crosses_plain_below_us": cross, "profiles_at_8_tokens_us": marks,
-            "measured_at_profile": measured, "cell": f"{SET} c=1"}
+            "measured_at_profile": measured, "measured_other_profiles": others,
+            "cell": f"{SET} c=1"}
 
 
 def plot(doc: dict, out: str) -> None:
@@ -140,6 +178,15 @@ def plot(doc: dict, out: str) -> None:
         ax.errorbar([doc["x_profile_us"]], [m["ratio"]],
                     yerr=[[m["ratio"] - lo], [hi - m["ratio"]]], fmt="o", color=colors[k],
                     ms=7, capsize=3, label=f"{labels[k]} measured (emulated {doc['profile']})")
+    for j, (prof, m_all) in enumerate(sorted(doc.get("measured_other_profiles", {}).items())):
+        for k, name in srv.items():
+            m = m_all["servers"].get(name)
+            if not m:
+                continue
+            lo, hi = (m["ci"] or [m["ratio"], m["ratio"]])
+            ax.errorbar([m_all["x_us"]], [m["ratio"]], yerr=[[m["ratio"] - lo], [hi - m["ratio"]]],
+                        fmt="s", mfc="none", color=colors[k], ms=7, capsize=3,
+                        label=f"{labels[k]} measured (other emulated profiles)" if j == 0 else None)
     ymax = max(1.6, max(max(v) for k, v in doc["curves"].items()) * 1.05)
     for p, x in doc["profiles_at_8_tokens_us"].items():
         ax.axvline(x, color="0.6", lw=0.8)
@@ -163,16 +210,23 @@ def main(argv=None) -> int:
     ap.add_argument("prediction")
     ap.add_argument("--png", required=True)
     ap.add_argument("--json")
+    ap.add_argument("--also", action="append", default=[], metavar="SUMMARY.json",
+                    help="another emulated evaluation whose c=1 ratios are drawn at its "
+                         "profile's cost (repeatable)")
     a = ap.parse_args(argv)
     try:
         with open(a.summary) as f:
             summary = json.load(f)
         with open(a.prediction) as f:
             pred = json.load(f)
-    except (OSError, ValueError) as e:
+        also = []
+        for path in a.also:
+            with open(path) as f:
+                also.append(json.load(f))
+        doc = build(summary, pred, also)
+    except (OSError, ValueError, KeyError) as e:
         print(f"regime_picture: {e}", file=sys.stderr)
         return 2
-    doc = build(summary, pred)
     doc["repro"] = "python lab/regime_picture.py " + " ".join(argv or sys.argv[1:])
     plot(doc, a.png)
     if a.json:
@@ -185,6 +239,9 @@ def main(argv=None) -> int:
         print(f"{k}: above plain below {x:.1f} us" if x else f"{k}: never above plain")
     for k, m in doc["measured_at_profile"].items():
         print(f"measured {k}: {m['ratio']:.3f} x plain at {doc['x_profile_us']:.1f} us")
+    for prof, m_all in sorted(doc["measured_other_profiles"].items(), key=lambda kv: kv[1]["x_us"]):
+        for k, m in m_all["servers"].items():
+            print(f"measured {k}: {m['ratio']:.3f} x plain at {m_all['x_us']:.1f} us ({prof})")
     return 0
 
 

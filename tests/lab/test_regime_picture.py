@@ -67,3 +67,32 @@ def test_cli_writes_the_picture_and_names_a_bad_file(tmp_path, capsys):
     assert "tree_profile_only: above plain below" in capsys.readouterr().out
     assert rp.main([str(tmp_path / "nope.json"), str(tmp_path / "p.json"), "--png",
                     str(tmp_path / "x.png")]) == 2
+
+
+def _emulated(profile, ratios):
+    s = _summary(ratios)
+    s["groups"][0]["group_flags"] = ("--emulate-pass-cost-compute --emulate-pass-cost " + profile
+                                     if profile else "")
+    return s
+
+
+def test_other_profiles_are_drawn_at_their_own_cost(tmp_path, capsys):
+    ipc = _emulated("pcie-ipc-sm120", {"tree": 1.1, "auto_w": 1.2})
+    none = _emulated(None, {"tree": 0.7})  # not emulated: no place on the axis
+    same = _emulated("reference-kimi-tp8", {"tree": 0.1})  # the swept profile: its own points
+    doc = rp.build(_summary({"tree": 0.5}), _prediction(), [ipc, none, same])
+    assert set(doc["measured_other_profiles"]) == {"pcie-ipc-sm120"}
+    m = doc["measured_other_profiles"]["pcie-ipc-sm120"]
+    assert m["x_us"] == pytest.approx(passcost.load_profile("pcie-ipc-sm120").ar_us(8))
+    assert m["servers"]["auto_w"]["ratio"] == 1.2
+    assert doc["measured_at_profile"]["tree"]["ratio"] == 0.5
+    pytest.importorskip("matplotlib")
+    for name, d in (("s", _summary({"tree": 0.5})), ("p", _prediction()), ("i", ipc)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+    assert rp.main([str(tmp_path / "s.json"), str(tmp_path / "p.json"), "--png",
+                    str(tmp_path / "r.png"), "--also", str(tmp_path / "i.json")]) == 0
+    assert "measured auto_w: 1.200 x plain at" in capsys.readouterr().out
+    bad = _emulated("no-such-profile", {"tree": 1.0})
+    (tmp_path / "b.json").write_text(json.dumps(bad))
+    assert rp.main([str(tmp_path / "s.json"), str(tmp_path / "p.json"), "--png",
+                    str(tmp_path / "x.png"), "--also", str(tmp_path / "b.json")]) == 2
