@@ -51,8 +51,12 @@ if [ -z "${TP:-}" ]; then
 fi
 MODEL=${MODEL:-$HOME/models/smollm2-135m-tp$TP}
 NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
+# every server captures decode graphs at the same batch sizes: SGLang's default list is 1 2 4 8 for
+# a plain server and 1-8 for a speculative one, so a plain batch of 3 replayed the graph of 4 (under
+# the nccl-numa-sm120 profile a pass of 4 tokens costs 17 % more than one of 3)
 COMMON="--model-path $MODEL --tp $TP --attention-backend triton --sampling-backend pytorch
-  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
+  --cuda-graph-max-bs-decode 8 --cuda-graph-bs-decode 1 2 3 4 5 6 7 8
+  --cuda-graph-backend-prefill disabled --max-total-tokens 32768
   --mem-fraction-static ${MEM_FRACTION:-0.05} --decode-log-interval 40 --enable-metrics
   --sleep-on-idle --incremental-streaming-output --log-level info"
 COMMON=$(echo $COMMON)

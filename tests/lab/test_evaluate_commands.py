@@ -33,3 +33,21 @@ def test_a_servers_own_flags_reach_that_server_only():
 def test_an_unknown_server_is_refused_with_the_allowed_names():
     r = _print_commands(SERVERS="A nope")
     assert "unknown server nope" in r.stderr and "auto_never" in r.stderr
+
+
+def test_plain_and_speculative_servers_capture_the_same_decode_batch_sizes():
+    # SGLang's default list differs (plain 1 2 4 8, speculative 1-8): a plain batch of 3 would
+    # replay the graph of 4 and pay a 4-token pass where the n-gram server pays 3
+    cmds = _commands(SERVERS="A P tree chain_w auto_w auto_never",
+                     PROFILES="none nccl-numa-sm120")
+    lists = set()
+    for args in cmds.values():
+        words = args.split()
+        i = words.index("--cuda-graph-bs-decode")
+        sizes = []
+        for w in words[i + 1:]:
+            if not w.isdigit():
+                break
+            sizes.append(int(w))
+        lists.add(tuple(sizes))
+    assert lists == {tuple(range(1, 9))}
