@@ -1,7 +1,7 @@
 """The offline answer against the emulated server: `fastverify advise` per cell and server of an
 evaluation summary (lab/gpu/evaluate.sh), next to the measured decode tok/s, with the error.
 
-    python lab/predict_vs_measured.py SUMMARY.json [--logs DIR --raw RAW.json] [--profile NAME]
+    python lab/predict_vs_measured.py SUMMARY.json [--logs DIR --raw RAW.json ...] [--profile NAME]
                                       [--json OUT] [--txt OUT]
 
 For every group (profile) and cell of the summary, each server's measured accept length is typed
@@ -182,9 +182,13 @@ def _err(pred, meas):
 
 
 def compare(summary: dict, logs=None, raw=None, profile_override=None) -> dict:
-    passes = (raw or {}).get("passes", [])
+    """``raw``: one raw record or a list of them (one per group: each group reads the passes of
+    the records of its own name, or of a record that names no group)."""
+    raws = raw if isinstance(raw, list) else ([raw] if raw else [])
     groups = []
     for g in summary.get("groups", []):
+        passes = [p for r in raws if r.get("group") in (None, g.get("group"))
+                  for p in r.get("passes", [])]
         prof, prof_why = group_profile(g, profile_override)
         servers = {s["name"]: s for s in g.get("servers", [])}
         base = g.get("baseline")
@@ -271,8 +275,9 @@ def main(argv=None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("summary", help="an evaluation summary.json (lab/gpu/evaluate.sh)")
     p.add_argument("--logs", help="folder of the servers' logs (<group>.<server>.log)")
-    p.add_argument("--raw", help="the evaluation's raw per-pass records (<group>.json), to place "
-                   "the log lines in cells")
+    p.add_argument("--raw", action="append", default=None,
+                   help="the evaluation's raw per-pass records (<group>.json), to place "
+                   "the log lines in cells (once per group of the summary)")
     p.add_argument("--profile", help="predict with this profile instead of the group's")
     p.add_argument("--json", dest="json_out", help="write the comparison as JSON here")
     p.add_argument("--txt", help="write the table here")
@@ -283,7 +288,7 @@ def main(argv=None) -> int:
         if args.logs and not args.raw:
             raise PredictError("--logs needs --raw (the pass windows that place its lines)")
         summary = _load_json(args.summary, "summary")
-        raw = _load_json(args.raw, "--raw") if args.raw else None
+        raw = [_load_json(r, "--raw") for r in args.raw] if args.raw else None
         result = compare(summary, args.logs, raw, args.profile)
     except (PredictError, advise.AdviseError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -291,8 +296,8 @@ def main(argv=None) -> int:
     cmd = ["python", "lab/predict_vs_measured.py", args.summary]
     for flag, val in (("--logs", args.logs), ("--raw", args.raw), ("--profile", args.profile),
                       ("--json", args.json_out), ("--txt", args.txt)):
-        if val:
-            cmd += [flag, val]
+        for v in (val if isinstance(val, list) else [val] if val else []):
+            cmd += [flag, v]
     result = {"repro_command": " ".join(shlex.quote(c) for c in cmd), **result}
     table = format_table(result)
     print(table)

@@ -141,3 +141,16 @@ def test_cli_errors(tmp_path, capsys):
     (tmp_path / "s.json").write_text("{}")
     assert pvm.main([str(tmp_path / "s.json"), "--logs", str(tmp_path)]) == 2
     assert "--logs needs --raw" in capsys.readouterr().err
+
+
+def test_each_group_reads_the_raw_record_of_its_own_name(tmp_path):
+    raw = _raw_and_logs(tmp_path)  # the log lines of group g, placed by g's passes
+    other = {"group": "h", "passes": [dict(p, t_start=p["t_start"] + 1000) for p in raw["passes"]]}
+    summary = _summary()
+    placed = _rows(pvm.compare(summary, tmp_path, [other, dict(raw, group="g")]))
+    assert placed[("chain_w", 1)]["verified_share"] is not None
+    # only the other group's record: g's lines fall in no pass window, no share
+    unplaced = _rows(pvm.compare(summary, tmp_path, [other]))
+    assert unplaced[("chain_w", 1)]["verified_share"] is None
+    assert placed[("chain_w", 1)]["verified_share"] == \
+        _rows(pvm.compare(summary, tmp_path, raw))[("chain_w", 1)]["verified_share"]
