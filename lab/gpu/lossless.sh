@@ -11,7 +11,9 @@
 # Environment:
 #   SERVERS       (default "plain tree chain chain_w auto_w"; plain is always first; table: cases())
 #   TP            (default 1); MODEL (default $HOME/models/smollm2-135m-tp$TP)
-#   EXTRA_FLAGS   added to every server (e.g. "--enable-deterministic-inference")
+#   EXTRA_FLAGS   added to every server (e.g. "--enable-deterministic-inference"; "--dtype float32"
+#                 with SGLANG_LAUNCH="python3 $PWD/lab/gpu/native_ops.py": the float32 check, whose
+#                 RMSNorm the bundle's kernel refuses, through SGLang's torch ops)
 #   GREEDY_ARGS   extra arguments of `lossless.py greedy` (default "--max-new-tokens 128")
 #   SAMPLED_ARGS  extra arguments of `lossless.py sampled` (default "--sets grounded --per-set 3
 #                 --samples 300 --tokens 4"); SAMPLED=0 skips the sampled check
