@@ -30,6 +30,8 @@
 #                 the others are up,
 #                 if RETRY_MIN_LEFT_S (default 250) seconds are left
 #   LAUNCH_GAP_S  seconds between two server launches (default 0: all at once)
+#   MEM_FRACTION  each server's --mem-fraction-static (default 0.07; at 0.05 SGLang's KV-cache check
+#                 refused a server that loaded after nine others, asking for >= 0.058)
 #   SHARE_<profile> its weight in the sharing of the measuring time among profiles (default 1)
 #   SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; the rehearsal puts a stand-in here)
 #   STEPTRACE=1   every server's scheduler loop recorded step by step (lab/steptrace/; with
@@ -57,7 +59,7 @@ NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
 COMMON="--model-path $MODEL --tp $TP --attention-backend triton --sampling-backend pytorch
   --cuda-graph-max-bs-decode 8 --cuda-graph-bs-decode 1 2 3 4 5 6 7 8
   --cuda-graph-backend-prefill disabled --max-total-tokens 32768
-  --mem-fraction-static ${MEM_FRACTION:-0.05} --decode-log-interval 40 --enable-metrics
+  --mem-fraction-static ${MEM_FRACTION:-0.07} --decode-log-interval 40 --enable-metrics
   --sleep-on-idle --incremental-streaming-output --log-level info"
 COMMON=$(echo $COMMON)
 
