@@ -118,6 +118,20 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
     state = w._fv_auto
     now = [0.0]
     state.clock = lambda: now[0]
+    # each verified draft's tag carries the step that verified it; when the draft resolves, its
+    # shadow score is kept beside that step's real accept length (the calibration compares the two)
+    step_now = [None]
+    resolved = []
+    real_tag, real_advance = state.shadow.tag_last, state.shadow.advance_tagged
+    state.shadow.tag_last = lambda rid, tag: real_tag(rid, tuple(tag) + (step_now[0],))
+
+    def advance_tagged(rid, tokens, length=None):
+        done = real_advance(rid, tokens, length)
+        for _f, ca, _ta, tag in done:
+            if tag is not None:
+                resolved.append({"rid": rid, "step": tag[2], "keep": tag[1], "shadow": ca})
+        return done
+    state.shadow.advance_tagged = advance_tagged
     puts = []
     real_put = corpus.batch_put
     corpus.batch_put = lambda toks: (puts.append([list(t) for t in toks]), events.append("put"),
@@ -185,6 +199,7 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
             spec_info=info, has_grammar=False, grammar_needs_sync=lambda: False,
             return_logprob=False)
         n_puts, n_gets, n_events = len(puts), len(gets), len(events)
+        step_now[0] = step_i
         published = []
         res = w.forward_batch_generation(batch, on_publish=published.append)
         kind = state.last_step[0]
@@ -201,6 +216,7 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
                 r.output_ids = r.output_ids + acc[i, :lens[i]].tolist()
         f = forwards[-1]
         log.append({"kind": kind, "probe": probed, "width": f["width"], "input": f["input"],
+                    "rids": [r.rid for r in reqs],
                     "forward": f,
                     "accept_lens": lens, "prev_token_ids": list(getattr(w, "prev_token_ids", [])),
                     "puts": puts[n_puts:], "gets": gets[n_gets:], "events": events[n_events:],
@@ -221,7 +237,8 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
         info = res.next_draft_input
         now[0] += 0.002 if kind == "lean" else 0.005
     return {"steps": log, "outputs": {r.rid: r.output_ids + t for r, t in zip(reqs, in_flight)},
-            "metrics": state.controller.metrics(), "costs": state.costs.to_json()}
+            "metrics": state.controller.metrics(), "costs": state.costs.to_json(),
+            "resolved_verified": resolved}
 
 
 stream = [10 * i for i in range(1, 40)]
@@ -235,6 +252,11 @@ out["dear_no_host_lens"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False)
 # flight and shifted past it
 out["dear_overlap"] = run("dear.json", 12, [[9, 9, 9]], host_lens=False, overlap=True)
 out["cheap_overlap"] = run("cheap.json", 16, [stream], host_lens=False, overlap=True)
+# drafts that fail part-way: the corpus continues the stream wrongly every few tokens (the target
+# after 50 is 60, the corpus says 65, ...), so verifies accept 0-3 of their tokens
+wrong = [10, 20, 30, 40, 50, 65, 70, 80, 95, 100, 110, 125, 130, 140, 155, 160, 170, 185, 190]
+out["wrong"] = run("cheap.json", 24, [wrong])
+out["wrong_overlap"] = run("cheap.json", 24, [wrong], host_lens=False, overlap=True)
 # new requests join after speculation paid; the corpus also knows another continuation of "7 50"
 # (61, 62, ...), so its guess of request c's token in flight is unsure
 out["cheap_overlap_join"] = run("cheap.json", 20,

@@ -799,3 +799,24 @@ def test_tick_records_a_period_only_after_a_step_of_its_class(tmp_path):
     assert state.costs.samples("lean", 1, 1) == 3 and state.costs.samples("spec", 1, 8) == 2
     assert measured["spec/bs1/w8"] == pytest.approx(7.5)
     assert measured["lean/bs1/w1"] == pytest.approx(5.0)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_patched_shadow_score_of_a_verified_draft_is_what_its_verify_accepted(step_probe):
+    """The calibration compares the gain model's expectation with each verified draft's shadow
+    score (capped at the tokens verified); that score must be what the verify pass itself accepted,
+    with and without overlap (drafts recorded one step behind), requests joining included."""
+    checked, partial = 0, 0
+    for name in ("cheap", "cheap_overlap", "cheap_overlap_join", "cheap_overlap_join_apart",
+                 "wrong", "wrong_overlap"):
+        run = step_probe[name]
+        assert run["resolved_verified"], name  # these loads verify drafts
+        for r in run["resolved_verified"]:
+            step = run["steps"][r["step"]]
+            assert step["kind"] == "spec", (name, r)
+            real = step["accept_lens"][step["rids"].index(r["rid"])] - 1
+            assert min(r["shadow"], r["keep"]) == real, (name, r, step["accept_lens"])
+            checked += 1
+            partial += real < r["keep"]
+    assert checked >= 8 and partial >= 2  # drafts that failed part-way were checked too
