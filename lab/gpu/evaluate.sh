@@ -263,8 +263,8 @@ for g in $PROFILES; do
 done
 { for f in "$W"/logs/*.log; do
     echo "=== $f"
-    grep -E "emulat|pass.cost|auto verify|n-gram verify|verify width|accept len|draftlog|Traceback|Error" \
-      "$f" \
+    grep -E -e "emulat|pass.cost|auto verify|n-gram verify|verify width|accept len|draftlog" \
+      -e "Traceback|Error" "$f" \
       | grep -vE "Fail to set RLIMIT|helion|openai_harmony" | cut -c1-400 | head -40
   done; } > "$W/log_excerpts.txt" 2>&1
 if [ ${#RAWS[@]} -gt 0 ]; then
