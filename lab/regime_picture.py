@@ -148,6 +148,13 @@ def build(summary: dict, pred: dict, also=()) -> dict:
             "cell": f"{SET} c=1"}
 
 
+def _point(ax, x: float, m: dict, **style) -> None:
+    """One measured ratio at x with its 95 % interval (none: a bare point)."""
+    lo, hi = (m["ci"] or [m["ratio"], m["ratio"]])
+    ax.errorbar([x], [m["ratio"]], yerr=[[m["ratio"] - lo], [hi - m["ratio"]]], ms=7, capsize=3,
+                **style)
+
+
 def plot(doc: dict, out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -174,19 +181,15 @@ def plot(doc: dict, out: str) -> None:
         m = doc["measured_at_profile"].get(name)
         if not m:
             continue
-        lo, hi = (m["ci"] or [m["ratio"], m["ratio"]])
-        ax.errorbar([doc["x_profile_us"]], [m["ratio"]],
-                    yerr=[[m["ratio"] - lo], [hi - m["ratio"]]], fmt="o", color=colors[k],
-                    ms=7, capsize=3, label=f"{labels[k]} measured (emulated {doc['profile']})")
+        _point(ax, doc["x_profile_us"], m, fmt="o", color=colors[k],
+               label=f"{labels[k]} measured (emulated {doc['profile']})")
     for j, (prof, m_all) in enumerate(sorted(doc.get("measured_other_profiles", {}).items())):
         for k, name in srv.items():
             m = m_all["servers"].get(name)
             if not m:
                 continue
-            lo, hi = (m["ci"] or [m["ratio"], m["ratio"]])
-            ax.errorbar([m_all["x_us"]], [m["ratio"]], yerr=[[m["ratio"] - lo], [hi - m["ratio"]]],
-                        fmt="s", mfc="none", color=colors[k], ms=7, capsize=3,
-                        label=f"{labels[k]} measured (other emulated profiles)" if j == 0 else None)
+            _point(ax, m_all["x_us"], m, fmt="s", mfc="none", color=colors[k],
+                   label=f"{labels[k]} measured (other emulated profiles)" if j == 0 else None)
     ymax = max(1.6, max(max(v) for k, v in doc["curves"].items()) * 1.05)
     for p, x in doc["profiles_at_8_tokens_us"].items():
         ax.axvline(x, color="0.6", lw=0.8)

@@ -23,7 +23,6 @@ starts by importing this file again, count as well.
 """
 import logging
 import os
-import runpy
 import sys
 import time
 
@@ -105,5 +104,6 @@ if __name__ in ("__main__", "__mp_main__"):
     install()
 
 if __name__ == "__main__":
-    sys.argv = ["sglang.launch_server"] + sys.argv[1:]
-    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+    from launcher import serve  # this folder's launcher.py
+
+    serve()

@@ -19,7 +19,6 @@ starts by importing this file again, check as well.
 """
 import collections
 import os
-import runpy
 import sys
 
 SYNC = os.environ.get("FV_IDCHECK_SYNC", "1") != "0"
@@ -126,5 +125,6 @@ def install() -> None:
 install()
 
 if __name__ == "__main__":
-    sys.argv[0] = "sglang.launch_server"
-    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+    from launcher import serve  # this folder's launcher.py
+
+    serve()

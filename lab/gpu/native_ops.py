@@ -19,7 +19,6 @@ Installed at import, so the scheduler processes, which the multiprocessing start
 starts by importing this file again, run native ops as well.
 """
 import os
-import runpy
 import sys
 
 MARK = "_fastverify_native_ops"
@@ -61,7 +60,6 @@ def _dispatch_to_native(cls) -> bool:
         return stock(self)
 
     setattr(dispatch_forward, MARK, True)
-    dispatch_forward.stock = stock
     cls.dispatch_forward = dispatch_forward
     _say(f"native_ops: every {cls.__name__} with a forward_native runs it "
          "(lab/gpu/native_ops.py; a lossless check, not a measurement)")
@@ -88,5 +86,6 @@ if __name__ in ("__main__", "__mp_main__"):
     install()
 
 if __name__ == "__main__":
-    sys.argv = ["sglang.launch_server"] + sys.argv[1:]
-    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+    from launcher import serve  # this folder's launcher.py
+
+    serve()
