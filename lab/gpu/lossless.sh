@@ -18,10 +18,16 @@
 #   SAMPLED_ARGS  extra arguments of `lossless.py sampled` (default "--sets grounded --per-set 3
 #                 --samples 300 --tokens 4"); SAMPLED=0 skips the sampled check
 #   TOKENIZE      (default "--tokenizer $MODEL"; empty: plain's /tokenize)
-#   HEALTH_WAIT_S (default 170); SGLANG_LAUNCH (default "python3 -m sglang.launch_server");
+#   HEALTH_WAIT_S (default 170, counted again for a server started a second time);
+#   SGLANG_LAUNCH (default "python3 -m sglang.launch_server");
+#   MEM_FRACTION  --mem-fraction-static of every server (default 0.07: at 0.05 a server's KV-cache
+#                 check can fail once the others hold their memory, as float32 servers did)
+#   LAUNCH_GAP_S  seconds between two launches (default 0); RETRY=0: a server that died during
+#                 start-up is not started again (default: once more, alone, after the others)
 #   PREPARE=0     skip device_env.sh (the CPU rehearsal: lossless_dryrun.sh)
 #   OUT           (default $HOME/lossless-out): greedy/ and sampled/ (summary.json, summary.txt, one
-#                 folder per server), timeline.txt, commands.txt, lossless.tar.xz (server logs)
+#                 folder per server), timeline.txt, commands.txt, lossless.tar.xz (server logs),
+#                 died-NAME.txt (the last lines of the log of a server that died during start-up)
 set -u
 set +m
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,7 +37,7 @@ MODEL=${MODEL:-$HOME/models/smollm2-135m-tp$TP}
 NG="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
 COMMON="--model-path $MODEL --tp $TP --attention-backend triton --sampling-backend pytorch
   --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --max-total-tokens 32768
-  --mem-fraction-static ${MEM_FRACTION:-0.05} --decode-log-interval 40 --sleep-on-idle
+  --mem-fraction-static ${MEM_FRACTION:-0.07} --decode-log-interval 40 --sleep-on-idle
   --log-level info ${EXTRA_FLAGS:-}"
 COMMON=$(echo $COMMON)
 cases() {  # name|server flags
@@ -59,7 +65,13 @@ if [ "${PREPARE:-1}" = 1 ]; then
     log "prepare FAILED"; tail -30 "$W/prepare.log" | tee -a "$OUT/timeline.txt"; exit 1; }
   log "prepared: model $MODEL"
 fi
-declare -A PID PORT
+declare -A PID PORT CMD RETRIED
+start_one() {  # name: (re)start one server in a process group of its own
+  [ -d "$HOME/jitcache" ] && { rm -rf "$HOME/jit-$1"; cp -r "$HOME/jitcache" "$HOME/jit-$1"; }
+  # shellcheck disable=SC2086
+  TVM_FFI_CACHE_DIR="$HOME/jit-$1" setsid ${CMD[$1]} > "$W/logs/$1.log" 2>&1 &
+  PID[$1]=$!
+}
 i=0
 for name in $SERVERS; do
   line=$(cases | grep "^$name|") || {
@@ -70,27 +82,38 @@ for name in $SERVERS; do
   cmd="${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $COMMON $flags --port $port"
   cmd="$cmd --nccl-port $((port + 5))"
   echo "$name: $cmd" >> "$OUT/commands.txt"
-  [ -d "$HOME/jitcache" ] && cp -r "$HOME/jitcache" "$HOME/jit-$name"
-  # shellcheck disable=SC2086
-  TVM_FFI_CACHE_DIR="$HOME/jit-$name" setsid $cmd > "$W/logs/$name.log" 2>&1 &
-  PID[$name]=$!; PORT[$name]=$port
+  CMD[$name]=$cmd; PORT[$name]=$port
+  start_one "$name"
+  sleep "${LAUNCH_GAP_S:-0}"
 done
 trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
 log "launched: $SERVERS"
 declare -A UP
+t_wait=$(date +%s)
 while :; do
   pending=0
   for n in "${!PID[@]}"; do
     [ -n "${UP[$n]:-}" ] && continue
     if ! kill -0 "${PID[$n]}" 2>/dev/null; then UP[$n]=dead; log "$n: exited"
-      tail -5 "$W/logs/$n.log" | cut -c1-300 >> "$OUT/timeline.txt"; continue; fi
+      tail -5 "$W/logs/$n.log" | cut -c1-300 >> "$OUT/timeline.txt"
+      tail -60 "$W/logs/$n.log" | cut -c1-400 > "$OUT/died-$n.txt"; continue; fi
     if python3 -c "import sys, urllib.request as u
 sys.exit(u.urlopen(sys.argv[1], timeout=2).status != 200)" \
         "http://127.0.0.1:${PORT[$n]}/health" >/dev/null 2>&1; then UP[$n]=ok; log "$n: healthy"
     else pending=$((pending + 1)); fi
   done
-  [ $pending -eq 0 ] && break
-  [ $(( $(date +%s) - T0 )) -gt "${HEALTH_WAIT_S:-170}" ] && { log "giving up on $pending"; break; }
+  if [ $pending -eq 0 ]; then
+    # a server that died while the others started (their memory and graph captures on the same GPU
+    # can spoil its start-up checks) is started once more, alone
+    again=""
+    for n in $SERVERS; do
+      [ "${UP[$n]:-}" = dead ] && [ -z "${RETRIED[$n]:-}" ] && [ "${RETRY:-1}" = 1 ] && again=$n
+    done
+    [ -z "$again" ] && break
+    mv "$W/logs/$again.log" "$W/logs/$again.first.log"; RETRIED[$again]=1; UP[$again]=""
+    start_one "$again"; log "started again, alone: $again"; t_wait=$(date +%s); continue
+  fi
+  [ $(( $(date +%s) - t_wait )) -gt "${HEALTH_WAIT_S:-170}" ] && { log "giving up on $pending"; break; }
   sleep 2
 done
 first=${SERVERS%% *}

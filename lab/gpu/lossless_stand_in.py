@@ -6,9 +6,13 @@ output, top-2 logprobs and sampling, shaped as SGLang 0.5.16 answers. Its number
 Greedy output depends only on the input ids. The server started with
 `--speculative-ngram-verify-widths` departs from it at output token 6 of every prompt whose ids sum
 to an odd number, taking plain's second choice there (gap 0.0625: a tie); every other position has
-a gap of 2.0. Sampling draws each token from one fixed distribution."""
+a gap of 2.0. Sampling draws each token from one fixed distribution.
+
+STAND_IN_DIE_ONCE=PORT:FILE: the stand-in on that port exits with an error at its first start
+(while FILE does not exist; it creates FILE), as a server whose start-up check failed."""
 import argparse
 import json
+import os
 import random
 import signal
 import sys
@@ -69,6 +73,10 @@ class H(BaseHTTPRequestHandler):
         self.reply({"output_ids": out, "meta_info": meta})
 
 
+die = os.environ.get("STAND_IN_DIE_ONCE", "")
+if die and int(die.split(":", 1)[0]) == a.port and not os.path.exists(die.split(":", 1)[1]):
+    open(die.split(":", 1)[1], "w").close()
+    sys.exit("RuntimeError: stand-in start-up check failed (STAND_IN_DIE_ONCE)")
 signal.signal(signal.SIGTERM, lambda *x: sys.exit(0))
 print("lossless stand-in (rehearsal only):", " ".join(sys.argv[1:]), flush=True)
 ThreadingHTTPServer(("127.0.0.1", a.port), H).serve_forever()

@@ -289,7 +289,9 @@ def test_sampled_flags_are_checked(tmp_path):
 
 def test_the_gpu_command_rehearsed_against_stand_ins(tmp_path):
     """lossless_dryrun.sh: lossless.sh launches the stand-ins, waits for them, runs both checks
-    and writes the GPU command's layout; the stand-in with widths departs at a tie on 7 of 12."""
+    and writes the GPU command's layout; the stand-in with widths departs at a tie on 7 of 12. The
+    chain server (port 25020) dies at its first start: it is started again, alone, and checked;
+    the last lines of its first log come back as died-chain.txt."""
     import os
     import subprocess
     import sys
@@ -298,8 +300,11 @@ def test_the_gpu_command_rehearsed_against_stand_ins(tmp_path):
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run(["bash", str(root / "lab/gpu/lossless_dryrun.sh"), str(tmp_path)],
                        capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "PY": sys.executable})
+                       env={**os.environ, "PY": sys.executable,
+                            "STAND_IN_DIE_ONCE": f"25020:{tmp_path}/died-once"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "start-up check failed" in (tmp_path / "out/died-chain.txt").read_text()
+    assert "started again, alone: chain" in (tmp_path / "out/timeline.txt").read_text()
     g = json.loads((tmp_path / "out/greedy/summary.json").read_text())
     assert g["verdict"] == "PASS" and set(g["servers"]) == {"tree", "chain", "chain_w", "auto_w",
                                                             "plain-self"}
