@@ -368,14 +368,15 @@ def cmd_greedy(a, transport=http_transport):
             outputs[cl.name][c] = greedy_pass(cl, prompts, c, a.max_new_tokens)
     servers = analyze_greedy(plain, outputs, prompts, a.tie_bound)
     texts = {n: greedy_text(n, s, a.tie_bound) for n, s in servers.items()}
+    why = TIE_BOUND_WHY if a.tie_bound == DEFAULT_TIE_BOUND else "given by --tie-bound"
     doc = {"mode": "greedy", "plain": {"name": plain.name, "url": plain.url},
-           "tie_bound": a.tie_bound, "tie_bound_why": TIE_BOUND_WHY,
+           "tie_bound": a.tie_bound, "tie_bound_why": why,
            "config": {"sets": a.sets, "per_set": a.per_set, "concurrency": conc,
                       "max_new_tokens": a.max_new_tokens, "prompts": [p["id"] for p in prompts]},
            "servers": servers}
     head = (f"# greedy lossless check: plain {plain.name} ({plain.url}); {len(prompts)} prompts, "
             f"c={','.join(map(str, conc))}, max_new_tokens {a.max_new_tokens}; tie: gap <= "
-            f"{a.tie_bound} ({TIE_BOUND_WHY}) for both tokens below plain's top-1 (top "
+            f"{a.tie_bound} ({why}) for both tokens below plain's top-1 (top "
             f"{TOP_N} asked)")
     return write_summaries(a.out, doc, head, texts)
 

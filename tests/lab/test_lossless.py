@@ -125,6 +125,10 @@ def test_small_gap_departure_is_a_tie_and_a_big_gap_fails(tmp_path):
     assert "# result: FAIL (tie PASS, bad FAIL, plain-self PASS)" in text
     # a wider stated bound makes the same departure a tie
     assert greedy(tmp_path / "wide", {"u:plain": plain, "u:bad": bad}, ["--tie-bound", "2"]) == 0
+    wide = json.loads((tmp_path / "wide" / "summary.json").read_text())
+    assert wide["tie_bound"] == 2.0 and wide["tie_bound_why"] == "given by --tie-bound"
+    assert "bf16" not in (tmp_path / "wide" / "summary.txt").read_text().splitlines()[0]
+    assert "bf16" in text.splitlines()[0]  # the default bound says where it comes from
 
 
 def test_a_token_outside_plains_top_two_fails_whatever_the_gap(tmp_path):
