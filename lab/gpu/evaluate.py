@@ -4,7 +4,10 @@
            the modes to judge): rounds in alternating server order (A B C D, then D C B A, ...),
            every server flushed (POST /flush_cache) before each pass, each prompt sent once per
            pass; starts no round that would end past --time-budget-s. Writes the raw record
-           (--out raw.json).
+           (--out raw.json). --flush never: the memorised case instead (each server's radix
+           cache and n-gram corpus keep every earlier pass: after the warm-up's flush, one
+           unrecorded pass of every cell teaches each server the outputs, and its drafts of the
+           recorded passes come from its own earlier outputs of the same prompts).
   analyze  raw records (one per group) -> summary.json, summary.txt (the printed table), one PNG
            per group
   env      the machine: GPU, driver, versions, NCCL/TORCH env (env.json, merged into the summary)
@@ -242,7 +245,8 @@ def cmd_run(a):
            "group": a.group, "group_flags": a.group_flags,
            "config": {"sets": sets, "per_set": a.per_set, "concurrency": conc, "ignore_eos": eos,
                       "max_new_tokens": a.max_new_tokens, "min_rounds": a.min_rounds,
-                      "max_rounds": a.max_rounds, "time_budget_s": a.time_budget_s},
+                      "max_rounds": a.max_rounds, "time_budget_s": a.time_budget_s,
+                      "flush": a.flush},
            "prompts": prompts,
            "servers": [{"name": s.name, "role": s.role, "url": s.url, **s.facts()}
                        for s in servers],
@@ -254,6 +258,9 @@ def cmd_run(a):
         for c in conc:
             run_pass(s, prompts[:c], c, min(16, a.max_new_tokens), True)
         s.flush()
+        if a.flush == "never":  # the memorised case: every cell once, unrecorded
+            for cell in cells:
+                run_pass(s, by_set[cell["set"]], cell["c"], a.max_new_tokens, cell["ignore_eos"])
     raw["warmup_s"] = time.time() - t_w
     round_s = []
     for r in range(a.max_rounds):
@@ -267,7 +274,7 @@ def cmd_run(a):
                 if time.time() > deadline + a.grace_s:
                     raw["stopped"] = f"time: deadline passed in round {r}"
                     break
-                ok = s.flush()
+                ok = s.flush() if a.flush == "each" else None
                 t_p = time.time()
                 recs = run_pass(s, by_set[cell["set"]], cell["c"], a.max_new_tokens,
                                 cell["ignore_eos"])
@@ -550,6 +557,9 @@ def report(summary):
         lines.append(f"# rounds {g['rounds_done']} (stopped: {g.get('stopped')}); round s "
                      f"{', '.join(f'{x:.0f}' for x in g.get('round_s') or [])}; max_new_tokens "
                      f"{cfg['max_new_tokens']}; prompts per set {cfg['per_set']}; greedy")
+        if cfg.get("flush") == "never":
+            lines.append("# MEMORISED: no flush between passes; each server's drafts come from its "
+                         "own earlier outputs of the same prompts (speculation's best case)")
         lines.append(f"# ratios vs {g['baseline']} (geomean of per-request pairs, 95 % bootstrap); "
                      "TTFT ratio: lower is better")
         if g.get("group_flags"):
@@ -716,6 +726,9 @@ def main(argv=None):
     r.add_argument("--concurrency", default="1,4")
     r.add_argument("--ignore-eos", default="off,on", help="off, on or off,on")
     r.add_argument("--max-new-tokens", type=int, default=128)
+    r.add_argument("--flush", choices=("each", "never"), default="each",
+                   help="each: every server flushed before each pass (default); never: the "
+                        "memorised case (drafts from the server's earlier outputs)")
     r.add_argument("--min-rounds", type=int, default=4)
     r.add_argument("--max-rounds", type=int, default=8)
     r.add_argument("--time-budget-s", type=float, default=400,

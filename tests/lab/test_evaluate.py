@@ -227,6 +227,7 @@ def test_bad_arguments_are_refused_with_the_allowed_values(argv, msg, capsys):
 class _Stub(BaseHTTPRequestHandler):
     """A server that answers /flush_cache, /get_server_info, /metrics and a streamed /generate."""
     flushes = []
+    generates = []
 
     def log_message(self, *a):
         pass
@@ -251,6 +252,7 @@ class _Stub(BaseHTTPRequestHandler):
             type(self).flushes.append(self.server.server_port)
             return self._send(200, "ok", "text/plain")
         k = body["sampling_params"]["max_new_tokens"]
+        type(self).generates.append((self.server.server_port, k))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -259,6 +261,36 @@ class _Stub(BaseHTTPRequestHandler):
                    "meta_info": {"completion_tokens": min(j + 2, k), "spec_verify_ct": j // 2 + 1}}
             self.wfile.write(b"data: " + json.dumps(ev_).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
+
+
+def test_memorised_runs_flush_only_after_the_warm_up_and_teach_every_cell_first(tmp_path):
+    srvs = [ThreadingHTTPServer(("127.0.0.1", 0), _Stub) for _ in range(2)]
+    for s in srvs:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    _Stub.flushes.clear()
+    _Stub.generates.clear()
+    out = tmp_path / "raw.json"
+    try:
+        argv = ["run", "--server", f"A,plain,http://127.0.0.1:{srvs[0].server_port}",
+                "--server", f"X,fixed,http://127.0.0.1:{srvs[1].server_port}", "--per-set", "2",
+                "--max-new-tokens", "9", "--min-rounds", "1", "--max-rounds", "1",
+                "--concurrency", "1", "--ignore-eos", "on", "--flush", "never",
+                "--out", str(out)]
+        assert ev.main(argv) == 0
+    finally:
+        for s in srvs:
+            s.shutdown()
+    raw = json.loads(out.read_text())
+    assert raw["config"]["flush"] == "never"
+    assert sorted(_Stub.flushes) == sorted(s.server_port for s in srvs)  # the warm-up's only
+    assert all(p["flushed"] is None for p in raw["passes"])
+    # per server: warm-up (1 request of 9 -> 9 tokens), one unrecorded pass of each cell (2 sets x
+    # 2 prompts, 9 tokens), the recorded round (the same again)
+    for srv in srvs:
+        full = [k for port, k in _Stub.generates if port == srv.server_port and k == 9]
+        assert len(full) == 1 + 4 + 4
+    assert ev.main(["analyze", str(out), "--out-dir", str(tmp_path / "sum")]) == 0
+    assert "# MEMORISED: no flush" in (tmp_path / "sum" / "summary.txt").read_text()
 
 
 def test_run_against_stub_servers_rounds_flushes_and_order(tmp_path):
