@@ -139,8 +139,12 @@ if [ "${SAMPLED:-1}" = 1 ]; then
     --out "$OUT/sampled" > "$W/sampled.txt" 2>&1
   log "sampled rc=$?: $(grep '^# result' "$W/sampled.txt")"
 fi
-grep -h -E "Traceback|Error|n-gram verify|verify width" "$W"/logs/*.log | cut -c1-300 | head -40 \
-  > "$OUT/log_excerpts.txt"
+# errors, and the lines in which each flag of this project says it took effect
+for f in "$W"/logs/*.log; do
+  grep -E "Traceback|Error|NCCL settings|NCCL tuning|--tp-allreduce|n-gram verify|verify width|\
+plain decode runtime|auto verify:|kernel warm-up|Verify timing on|pass-cost emulation" "$f" \
+    | cut -c1-300 | head -12 | sed "s|^|$(basename "$f" .log): |"
+done > "$OUT/log_excerpts.txt"
 for n in "${!PID[@]}"; do kill -TERM -- -"${PID[$n]}" 2>/dev/null; done
 pack
 log "done"
