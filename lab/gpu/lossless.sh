@@ -65,13 +65,27 @@ if [ "${PREPARE:-1}" = 1 ]; then
     log "prepare FAILED"; tail -30 "$W/prepare.log" | tee -a "$OUT/timeline.txt"; exit 1; }
   log "prepared: model $MODEL"
 fi
+# shellcheck disable=SC1091
+source "$ROOT/lab/gpu/leftovers.sh"
+msg=$(leftovers_stop); [ -n "$msg" ] && log "$msg"
 declare -A PID PORT CMD RETRIED
 start_one() {  # name: (re)start one server in a process group of its own
   [ -d "$HOME/jitcache" ] && { rm -rf "$HOME/jit-$1"; cp -r "$HOME/jitcache" "$HOME/jit-$1"; }
   # shellcheck disable=SC2086
   TVM_FFI_CACHE_DIR="$HOME/jit-$1" setsid ${CMD[$1]} > "$W/logs/$1.log" 2>&1 &
   PID[$1]=$!
+  leftovers_record "${PID[$1]}"
 }
+i=0
+for name in $SERVERS; do  # every port free before any server starts
+  for p in $((25000 + 10 * i)) $((25005 + 10 * i)); do
+    port_taken $p && { log "port $p is taken (not by a server this script started): stop it" \
+      "first"; exit 2; }
+  done
+  i=$((i + 1))
+done
+trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
+trap 'log "stopped by a signal"; exit 143' TERM INT HUP  # so that the EXIT trap runs
 i=0
 for name in $SERVERS; do
   line=$(cases | grep "^$name|") || {
@@ -86,7 +100,6 @@ for name in $SERVERS; do
   start_one "$name"
   sleep "${LAUNCH_GAP_S:-0}"
 done
-trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
 log "launched: $SERVERS"
 declare -A UP
 t_wait=$(date +%s)

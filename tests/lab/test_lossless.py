@@ -322,6 +322,70 @@ def test_the_gpu_command_rehearsed_against_stand_ins(tmp_path):
     assert "chain_w: " in (tmp_path / "out/commands.txt").read_text()
 
 
+def test_servers_left_by_a_killed_run_are_stopped_before_the_next_launch(tmp_path):
+    """A run killed from outside (SIGKILL: no trap runs) leaves its setsid'd stand-ins serving;
+    the next run stops them before it launches and checks its own servers (its logs, not the
+    dead run's); a port held by a process no run recorded stops the launch with its number."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PY": sys.executable, "SAMPLED": "0",
+           "LEFTOVERS_FILE": str(tmp_path / "pgids")}
+    cmd = ["bash", str(root / "lab/gpu/lossless_dryrun.sh")]
+    first = subprocess.Popen(cmd + [str(tmp_path / "a")], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    timeline = tmp_path / "a/out/timeline.txt"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if timeline.exists() and timeline.read_text().count("healthy") == 5:
+            break
+        time.sleep(0.5)
+    else:
+        os.killpg(first.pid, signal.SIGKILL)
+        raise AssertionError("the first run's stand-ins never became healthy")
+    os.killpg(first.pid, signal.SIGKILL)  # the dry run and lossless.sh; the servers live on
+    first.wait()
+    pgids = (tmp_path / "pgids").read_text().split()
+    assert len(pgids) == 5
+    assert all(_group_alive(int(g)) for g in pgids)
+
+    r = subprocess.run(cmd + [str(tmp_path / "b")], env=env, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    text = (tmp_path / "b/out/timeline.txt").read_text()
+    assert "stopped 5 server(s) left running by an earlier run" in text
+    assert not any(_group_alive(int(g)) for g in pgids)
+    assert json.loads((tmp_path / "b/out/greedy/summary.json").read_text())["verdict"] == "PASS"
+
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", 25010))
+    squatter.listen()
+    try:
+        r = subprocess.run(cmd + [str(tmp_path / "c")], env=env, capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        squatter.close()
+    assert r.returncode == 2
+    assert "port 25010 is taken" in (tmp_path / "c/out/timeline.txt").read_text()
+    assert not (tmp_path / "c/out/commands.txt").exists()  # nothing was started
+
+
+def _group_alive(pgid):
+    import os
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_prompts_encoded_here_reach_every_server_and_plains_tokenize_is_not_asked(tmp_path,
                                                                                     monkeypatch):
     """--tokenizer DIR: the prompts are encoded by the model folder's tokenizer on this machine

@@ -1,0 +1,30 @@
+#!/bin/bash
+# Sourced by lossless.sh and evaluate.sh. Their servers run in process groups of their own
+# (setsid), so a command killed from outside (a wall-clock limit) leaves them serving, and the next
+# run would talk to them instead of its own. Each launch is recorded; before launching, servers
+# recorded by an earlier run that still run are stopped, and a port that still answers is an error.
+LEFTOVERS_FILE=${LEFTOVERS_FILE:-$HOME/lab-servers.pgids}
+leftovers_stop() {  # stop the process groups an earlier run recorded; say how many ran
+  local pg n=0 t
+  [ -f "$LEFTOVERS_FILE" ] || return 0
+  while read -r pg; do
+    [ -n "$pg" ] && kill -0 -- -"$pg" 2>/dev/null || continue
+    kill -TERM -- -"$pg" 2>/dev/null; n=$((n + 1))
+  done < "$LEFTOVERS_FILE"
+  if [ $n -gt 0 ]; then
+    for t in $(seq 1 20); do  # up to 10 s for them to go, then KILL
+      local alive=0
+      while read -r pg; do kill -0 -- -"$pg" 2>/dev/null && alive=1; done < "$LEFTOVERS_FILE"
+      [ $alive = 0 ] && break; sleep 0.5
+    done
+    while read -r pg; do kill -KILL -- -"$pg" 2>/dev/null; done < "$LEFTOVERS_FILE"
+    echo "stopped $n server(s) left running by an earlier run"
+  fi
+  rm -f "$LEFTOVERS_FILE"
+}
+leftovers_record() { echo "$1" >> "$LEFTOVERS_FILE"; }  # pgid of a server just started
+port_taken() {  # port: something listens on 127.0.0.1:port
+  python3 -c "import socket, sys
+s = socket.socket(); s.settimeout(1)
+sys.exit(0 if s.connect_ex(('127.0.0.1', int(sys.argv[1]))) == 0 else 1)" "$1"
+}
