@@ -143,6 +143,16 @@ log "prepared: jit modules $(ls "$HOME/jitcache" | wc -l), model $MODEL"
 COMMIT=$(sed -n 's/^# bundle built .* from \([0-9a-f+dirty]*\).*/\1/p' "$B/MANIFEST.txt" \
   2>/dev/null)
 
+# shellcheck disable=SC1091
+source "$ROOT/lab/gpu/leftovers.sh"
+msg=$(leftovers_stop); [ -n "$msg" ] && log "$msg"
+# every port free before any server starts (a server of an earlier run would answer in its place)
+while IFS='|' read -r n _ port _; do
+  for p in $port $((port + 5)); do
+    port_taken "$p" && { log "port $p is taken (not by a server this script started): stop it" \
+      "first"; pack; exit 2; }
+  done
+done < <(all_servers)
 declare -A PID PORT ROLE UP CMD RETRIED
 launch_group() {  # index profile
   local n r port args cmd
@@ -168,6 +178,7 @@ start_one() {  # key: (re)start one server in a process group of its own
   # shellcheck disable=SC2086
   TVM_FFI_CACHE_DIR="$HOME/jit-$1" setsid env $trace ${CMD[$1]} > "$W/logs/$1.log" 2>&1 &
   PID[$1]=$!
+  leftovers_record "${PID[$1]}"
 }
 healthy() {
   python3 -c "import sys, urllib.request as u
@@ -206,6 +217,7 @@ wait_up() {  # until every launched server answers, died, or HEALTH_WAIT_S passe
   done
 }
 trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
+trap 'log "stopped by a signal"; exit 143' TERM INT HUP  # so that the EXIT trap runs
 python3 "$EV" env --out "$W/env.json" --commit "${COMMIT:-unknown}" --repro "$REPRO" \
   > /dev/null 2>&1 &
 ENVJOB=$!

@@ -155,7 +155,7 @@ fi
 # errors, and the lines in which each flag of this project says it took effect
 for f in "$W"/logs/*.log; do
   grep -E "Traceback|Error|NCCL settings|NCCL tuning|--tp-allreduce|n-gram verify|verify width|\
-plain decode runtime|auto verify:|kernel warm-up|Verify timing on|pass-cost emulation" "$f" \
+plain decode runtime|auto verify:|kernel warm-up|Verify timing on|pass-cost emulation|native_ops:" "$f" \
     | cut -c1-300 | head -12 | sed "s|^|$(basename "$f" .log): |"
 done > "$OUT/log_excerpts.txt"
 for n in "${!PID[@]}"; do kill -TERM -- -"${PID[$n]}" 2>/dev/null; done
