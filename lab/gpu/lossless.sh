@@ -25,6 +25,8 @@
 #   LAUNCH_GAP_S  seconds between two launches (default 0); RETRY=0: a server that died during
 #                 start-up is not started again (default: once more, alone, after the others)
 #   PREPARE=0     skip device_env.sh (the CPU rehearsal: lossless_dryrun.sh)
+#   LEFTOVERS_FILE (default $HOME/lab-servers.pgids): the process groups of the servers started;
+#                 those of an earlier run that still run are stopped before the launch
 #   OUT           (default $HOME/lossless-out): greedy/ and sampled/ (summary.json, summary.txt, one
 #                 folder per server), timeline.txt, commands.txt, lossless.tar.xz (server logs),
 #                 died-NAME.txt (the last lines of the log of a server that died during start-up)

@@ -354,13 +354,20 @@ def test_servers_left_by_a_killed_run_are_stopped_before_the_next_launch(tmp_pat
     pgids = (tmp_path / "pgids").read_text().split()
     assert len(pgids) == 5
     assert all(_group_alive(int(g)) for g in pgids)
+    left_alive = []
 
-    r = subprocess.run(cmd + [str(tmp_path / "b")], env=env, capture_output=True, text=True,
-                       timeout=180)
+    try:
+        r = subprocess.run(cmd + [str(tmp_path / "b")], env=env, capture_output=True, text=True,
+                           timeout=180)
+    finally:
+        for g in pgids:  # whatever the second run did, no stand-in outlives the test
+            if _group_alive(int(g)):
+                os.killpg(int(g), signal.SIGKILL)
+                left_alive.append(g)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert not left_alive
     text = (tmp_path / "b/out/timeline.txt").read_text()
     assert "stopped 5 server(s) left running by an earlier run" in text
-    assert not any(_group_alive(int(g)) for g in pgids)
     assert json.loads((tmp_path / "b/out/greedy/summary.json").read_text())["verdict"] == "PASS"
 
     squatter = socket.socket()
