@@ -23,10 +23,10 @@
 #   STAGGER=1     start the profiles one after the other (each healthy before the next starts),
 #                 so that no server calibrates while another one captures graphs on the same GPU
 #   DEADLINE_S    (default 570) the whole command, with ANALYZE_S (default 35) kept for analysis
-#   LEFTOVERS_FILE (default $HOME/lab-servers.pgids): the process groups of the servers started;
-#                 those of an earlier run that still run are stopped before the launch
 #                 (a warning up front when less than a minute of measuring would be left after
 #                 START_GUESS_S, default 90, of server start-up)
+#   LEFTOVERS_FILE (default $HOME/lab-servers.pgids): the process groups of the servers started;
+#                 those of an earlier run that still run are stopped before the launch
 #   HEALTH_WAIT_S (default 170) how long to wait for servers to answer /health; RETRY=1 (default)
 #                 starts a server that died during the start once more (one at a time), after
 #                 the others are up,
