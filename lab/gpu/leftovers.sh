@@ -4,22 +4,26 @@
 # run would talk to them instead of its own. Each launch is recorded; before launching, servers
 # recorded by an earlier run that still run are stopped, and a port that still answers is an error.
 LEFTOVERS_FILE=${LEFTOVERS_FILE:-$HOME/lab-servers.pgids}
-leftovers_stop() {  # stop the process groups an earlier run recorded; say how many ran
-  local pg n=0 t
-  [ -f "$LEFTOVERS_FILE" ] || return 0
-  while read -r pg; do
-    [ -n "$pg" ] && kill -0 -- -"$pg" 2>/dev/null || continue
+stop_groups() {  # pgid...: TERM, up to 15 s for them to go, then KILL; prints how many ran
+  local pg n=0 t alive
+  for pg in "$@"; do
+    kill -0 -- -"$pg" 2>/dev/null || continue
     kill -TERM -- -"$pg" 2>/dev/null; n=$((n + 1))
-  done < "$LEFTOVERS_FILE"
-  if [ $n -gt 0 ]; then
-    for t in $(seq 1 20); do  # up to 10 s for them to go, then KILL
-      local alive=0
-      while read -r pg; do kill -0 -- -"$pg" 2>/dev/null && alive=1; done < "$LEFTOVERS_FILE"
-      [ $alive = 0 ] && break; sleep 0.5
-    done
-    while read -r pg; do kill -KILL -- -"$pg" 2>/dev/null; done < "$LEFTOVERS_FILE"
-    echo "stopped $n server(s) left running by an earlier run"
-  fi
+  done
+  for t in $(seq 1 30); do
+    alive=0
+    for pg in "$@"; do kill -0 -- -"$pg" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break; sleep 0.5
+  done
+  for pg in "$@"; do kill -KILL -- -"$pg" 2>/dev/null; done
+  echo $n
+}
+leftovers_stop() {  # stop the process groups an earlier run recorded; say how many ran
+  local n
+  [ -f "$LEFTOVERS_FILE" ] || return 0
+  # shellcheck disable=SC2046
+  n=$(stop_groups $(cat "$LEFTOVERS_FILE"))
+  [ "$n" -gt 0 ] && echo "stopped $n server(s) left running by an earlier run"
   rm -f "$LEFTOVERS_FILE"
 }
 leftovers_record() { echo "$1" >> "$LEFTOVERS_FILE"; }  # pgid of a server just started

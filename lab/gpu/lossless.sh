@@ -160,7 +160,7 @@ for f in "$W"/logs/*.log; do
 plain decode runtime|auto verify:|kernel warm-up|Verify timing on|pass-cost emulation|native_ops:" "$f" \
     | cut -c1-300 | head -12 | sed "s|^|$(basename "$f" .log): |"
 done > "$OUT/log_excerpts.txt"
-for n in "${!PID[@]}"; do kill -TERM -- -"${PID[$n]}" 2>/dev/null; done
+stop_groups "${PID[@]}" > /dev/null  # gone, their ports and memory free, before the end
 pack
 log "done"
 grep -E "^## |^ +[0-9]+ |^# result" "$OUT/greedy/summary.txt" 2>/dev/null | head -40
