@@ -131,6 +131,42 @@ def test_small_gap_departure_is_a_tie_and_a_big_gap_fails(tmp_path):
     assert "bf16" in text.splitlines()[0]  # the default bound says where it comes from
 
 
+class LearningServer(FakeServer):
+    """Departs (a tie at position 4 of prompt 0) only once it has answered that prompt before
+    since its last flush: what a verify bug seen only with memorised drafts would look like."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.seen = set()
+
+    def handle(self, path, body):
+        if path == "/flush_cache":
+            self.seen.clear()
+        elif path == "/generate" and not body.get("top_logprobs_num"):
+            key = tuple(body["input_ids"][:2])
+            self.departs = {0: (4, 1004)} if key in self.seen else {}
+            self.seen.add(key)
+        return super().handle(path, body)
+
+
+def test_memorise_records_the_second_pass_after_one_flush(tmp_path):
+    m = FakeModel(gaps={(0, 4): 0.5})
+    plain, srv = FakeServer(m), LearningServer(m)
+    assert greedy(tmp_path / "cold", {"u:plain": plain, "u:srv": srv}) == 0  # never seen twice
+    srv.calls.clear()
+    rc = greedy(tmp_path / "mem", {"u:plain": plain, "u:srv": srv}, ["--memorise"])
+    assert rc == 1  # the departure of the memorised pass is found (gap 0.5 > 0.25)
+    doc = json.loads((tmp_path / "mem" / "summary.json").read_text())
+    assert doc["config"]["memorise"] is True
+    d = doc["servers"]["srv"]["departures"]
+    assert [(x["c"], x["prompt"], x["position"], x["verdict"]) for x in d] == [
+        (1, "grounded-0", 4, "FAIL"), (4, "grounded-0", 4, "FAIL")]
+    # per concurrency: one flush, then two passes of the three prompts
+    paths = [p for p, _ in srv.calls]
+    assert paths == (["/flush_cache"] + ["/generate"] * 6) * 2
+    assert "# MEMORISED" in (tmp_path / "mem" / "summary.txt").read_text()
+
+
 def test_a_token_outside_plains_top_two_fails_whatever_the_gap(tmp_path):
     m = FakeModel(gaps={(0, 2): 0.0})
     rc = greedy(tmp_path, {"u:plain": FakeServer(m), "u:odd": FakeServer(m, departs={0: (2, 4)})})
