@@ -14,7 +14,8 @@
 #   EXTRA_FLAGS   added to every server (e.g. "--enable-deterministic-inference"; "--dtype float32"
 #                 with SGLANG_LAUNCH="python3 $PWD/lab/gpu/native_ops.py": the float32 check, whose
 #                 RMSNorm the bundle's kernel refuses, through SGLang's torch ops)
-#   GREEDY_ARGS   extra arguments of `lossless.py greedy` (default "--max-new-tokens 128")
+#   GREEDY_ARGS   extra arguments of `lossless.py greedy` (default "--max-new-tokens 128"; add
+#                 --memorise for long accepted runs: drafts from each server's own earlier outputs)
 #   SAMPLED_ARGS  extra arguments of `lossless.py sampled` (default "--sets grounded --per-set 3
 #                 --samples 300 --tokens 4"); SAMPLED=0 skips the sampled check
 #   TOKENIZE      (default "--tokenizer $MODEL"; empty: plain's /tokenize)
