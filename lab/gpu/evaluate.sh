@@ -218,7 +218,9 @@ wait_up() {  # until every launched server answers, died, or HEALTH_WAIT_S passe
     sleep 2
   done
 }
-trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
+# every group stopped, and so no longer recorded (a number the system may give out again)
+trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done
+      rm -f "$LEFTOVERS_FILE"' EXIT
 trap 'log "stopped by a signal"; exit 143' TERM INT HUP  # so that the EXIT trap runs
 python3 "$EV" env --out "$W/env.json" --commit "${COMMIT:-unknown}" --repro "$REPRO" \
   > /dev/null 2>&1 &

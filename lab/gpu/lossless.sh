@@ -87,7 +87,9 @@ for name in $SERVERS; do  # every port free before any server starts
   done
   i=$((i + 1))
 done
-trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done' EXIT
+# every group stopped, and so no longer recorded (a number the system may give out again)
+trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done
+      rm -f "$LEFTOVERS_FILE"' EXIT
 trap 'log "stopped by a signal"; exit 143' TERM INT HUP  # so that the EXIT trap runs
 i=0
 for name in $SERVERS; do

@@ -379,8 +379,9 @@ def test_servers_left_by_a_killed_run_are_stopped_before_the_next_launch(tmp_pat
     recorded = tmp_path / "pgids"
     deadline = time.time() + 90
     while time.time() < deadline:  # killed as soon as all five are started: long before its
-        if recorded.exists() and len(recorded.read_text().split()) == 5:  # end stops them
-            break
+        if recorded.exists() and len(recorded.read_text().split()) == 5 \
+                and all(_own_group(int(g)) for g in recorded.read_text().split()):  # end stops
+            break  # them; each in its own group already (forked, not yet setsid: killed too)
         time.sleep(0.05)
     else:
         os.killpg(first.pid, signal.SIGKILL)
@@ -388,10 +389,9 @@ def test_servers_left_by_a_killed_run_are_stopped_before_the_next_launch(tmp_pat
     os.killpg(first.pid, signal.SIGKILL)  # the dry run and lossless.sh; the servers live on
     first.wait()
     pgids = recorded.read_text().split()
-    assert all(_group_alive(int(g)) for g in pgids)
     left_alive = []
-
     try:
+        assert all(_group_alive(int(g)) for g in pgids)
         r = subprocess.run(cmd + [str(tmp_path / "b")], env=env, capture_output=True, text=True,
                            timeout=180)
     finally:
@@ -403,6 +403,7 @@ def test_servers_left_by_a_killed_run_are_stopped_before_the_next_launch(tmp_pat
     assert not left_alive
     text = (tmp_path / "b/out/timeline.txt").read_text()
     assert "stopped 5 server(s) left running by an earlier run" in text
+    assert not recorded.exists()  # a run that ended stopped its servers: nothing left recorded
     assert json.loads((tmp_path / "b/out/greedy/summary.json").read_text())["verdict"] == "PASS"
 
     squatter = socket.socket()
@@ -417,6 +418,14 @@ def test_servers_left_by_a_killed_run_are_stopped_before_the_next_launch(tmp_pat
     assert r.returncode == 2
     assert "port 25010 is taken" in (tmp_path / "c/out/timeline.txt").read_text()
     assert not (tmp_path / "c/out/commands.txt").exists()  # nothing was started
+
+
+def _own_group(pid):
+    import os
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
 
 
 def _group_alive(pgid):
