@@ -149,12 +149,11 @@ COMMIT=$(sed -n 's/^# bundle built .* from \([0-9a-f+dirty]*\).*/\1/p' "$B/MANIF
 source "$ROOT/lab/gpu/leftovers.sh"
 msg=$(leftovers_stop); [ -n "$msg" ] && log "$msg"
 # every port free before any server starts (a server of an earlier run would answer in its place)
-while IFS='|' read -r n _ port _; do
-  for p in $port $((port + 5)); do
-    port_taken "$p" && { log "port $p is taken (not by a server this script started): stop it" \
-      "first"; pack; exit 2; }
-  done
-done < <(all_servers)
+ports=$(all_servers | while IFS='|' read -r _ _ port _; do echo "$port $((port + 5))"; done)
+# shellcheck disable=SC2086
+if p=$(taken_port $ports); then
+  log "port $p is taken (not by a server this script started): stop it first"; pack; exit 2
+fi
 declare -A PID PORT ROLE UP CMD RETRIED
 launch_group() {  # index profile
   local n r port args cmd
@@ -218,10 +217,7 @@ wait_up() {  # until every launched server answers, died, or HEALTH_WAIT_S passe
     sleep 2
   done
 }
-# every group stopped, and so no longer recorded (a number the system may give out again)
-trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done
-      rm -f "$LEFTOVERS_FILE"' EXIT
-trap 'log "stopped by a signal"; exit 143' TERM INT HUP  # so that the EXIT trap runs
+leftovers_traps
 python3 "$EV" env --out "$W/env.json" --commit "${COMMIT:-unknown}" --repro "$REPRO" \
   > /dev/null 2>&1 &
 ENVJOB=$!

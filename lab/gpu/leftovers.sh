@@ -27,8 +27,17 @@ leftovers_stop() {  # stop the process groups an earlier run recorded; say how m
   rm -f "$LEFTOVERS_FILE"
 }
 leftovers_record() { echo "$1" >> "$LEFTOVERS_FILE"; }  # pgid of a server just started
-port_taken() {  # port: something listens on 127.0.0.1:port
+taken_port() {  # port...: prints the first one something listens on at 127.0.0.1 (status 0),
   python3 -c "import socket, sys
-s = socket.socket(); s.settimeout(1)
-sys.exit(0 if s.connect_ex(('127.0.0.1', int(sys.argv[1]))) == 0 else 1)" "$1"
+for p in sys.argv[1:]:
+    s = socket.socket(); s.settimeout(1)
+    if s.connect_ex(('127.0.0.1', int(p))) == 0:
+        print(p); sys.exit(0)
+sys.exit(1)" "$@"  # or status 1 when all are free
+}
+leftovers_traps() {  # on any end, the servers started (the PID array) killed and forgotten (a
+  # number the system may give out again); a TERM, INT or HUP ends the script through that too
+  trap 'for pg in "${PID[@]}"; do kill -KILL -- -"$pg" 2>/dev/null; done
+        rm -f "$LEFTOVERS_FILE"' EXIT
+  trap 'log "stopped by a signal"; exit 143' TERM INT HUP
 }

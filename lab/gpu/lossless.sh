@@ -80,28 +80,23 @@ start_one() {  # name: (re)start one server in a process group of its own
   leftovers_record "${PID[$1]}"
 }
 i=0
-for name in $SERVERS; do  # every port free before any server starts
-  for p in $((25000 + 10 * i)) $((25005 + 10 * i)); do
-    port_taken $p && { log "port $p is taken (not by a server this script started): stop it" \
-      "first"; exit 2; }
-  done
-  i=$((i + 1))
-done
-# every group stopped, and so no longer recorded (a number the system may give out again)
-trap 'for n in "${!PID[@]}"; do kill -KILL -- -${PID[$n]} 2>/dev/null; done
-      rm -f "$LEFTOVERS_FILE"' EXIT
-trap 'log "stopped by a signal"; exit 143' TERM INT HUP  # so that the EXIT trap runs
-i=0
+for name in $SERVERS; do PORT[$name]=$((25000 + 10 * i)); i=$((i + 1)); done
+ports=""; for port in "${PORT[@]}"; do ports="$ports $port $((port + 5))"; done
+# shellcheck disable=SC2086
+if p=$(taken_port $ports); then  # every port free before any server starts
+  log "port $p is taken (not by a server this script started): stop it first"; exit 2
+fi
+leftovers_traps
 for name in $SERVERS; do
   line=$(cases | grep "^$name|") || {
     echo "lossless.sh: unknown server $name; allowed: $(cases | cut -d'|' -f1 | tr '\n' ' ')" >&2
     exit 2; }
   flags=${line#*|}
-  port=$((25000 + 10 * i)); i=$((i + 1))
+  port=${PORT[$name]}
   cmd="${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $COMMON $flags --port $port"
   cmd="$cmd --nccl-port $((port + 5))"
   echo "$name: $cmd" >> "$OUT/commands.txt"
-  CMD[$name]=$cmd; PORT[$name]=$port
+  CMD[$name]=$cmd
   start_one "$name"
   sleep "${LAUNCH_GAP_S:-0}"
 done
