@@ -162,7 +162,8 @@ def run(table, steps, corpus_text, host_lens=True, overlap=False, join_at=None, 
     # (here only their requests)
     def prefill(rs):
         return w.forward_batch_generation.__globals__["fv_auto"].plain_step(
-            w, types.SimpleNamespace(reqs=rs, forward_mode=ForwardMode.EXTEND))
+            w, types.SimpleNamespace(reqs=rs, forward_mode=ForwardMode.EXTEND,
+                                     spec_algorithm=SpeculativeAlgorithm.NGRAM))
 
     prefill(reqs)
     for step_i in range(steps):

@@ -291,7 +291,8 @@ def test_glue_a_prefill_between_two_decode_steps_is_not_recorded_as_a_step_cost(
     # the first tick had no step before it, the second one's step had none of its class before it
     assert state.costs.samples(LEAN, 1, 1) == 2
     # a prefill of 50 ms (the worker's step sees it too), then the next decode step
-    prefill = SimpleNamespace(reqs=[], forward_mode=SimpleNamespace(is_decode=lambda: False))
+    prefill = SimpleNamespace(reqs=[], forward_mode=SimpleNamespace(is_decode=lambda: False),
+                              spec_algorithm=SimpleNamespace(is_none=lambda: False))
     assert auto.plain_step(w, prefill) is None
     now[0] += 0.050
     auto._tick(state)

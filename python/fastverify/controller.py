@@ -252,7 +252,8 @@ class Controller:
         self._last_log = -math.inf
         self._suppressed = 0
         self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0,
-                         "lean_steps": 0, "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0}
+                         "lean_steps": 0, "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0,
+                         "plain_path_steps": 0, "plain_path_stretches": 0}
         # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
         self.planned: Optional[str] = None
         self._since_lookup = 0
@@ -556,6 +557,37 @@ class Controller:
         self.steps_by_mode[NONE] += 1
         return d
 
+    def steps_without_lookup(self, probe_max: int, cap: int) -> int:
+        """How many of the next steps `plan_lookup` would run without a lookup, the requests and
+        what is known of their drafts staying as they are: the steps until the probe gap passes
+        (``probe_max`` 0: no probes, so ``cap``). Asked after a step that ran without a lookup,
+        before a stretch of steps that make none (`note_plain_path`)."""
+        if probe_max <= 0:
+            return cap
+        return max(min(self._probe_gap, probe_max, cap) - self._since_lookup - 1, 0)
+
+    def note_plain_path(self, bs: int, n: int) -> None:
+        """``n`` steps ran without speculation and without a lookup, none of them seen by the
+        controller (the server's own decode path, ``glue.plain_path``): counted as ``n`` calls of
+        `note_lean` and of `plan_lookup` answering False would count them (steps, probe credit, the
+        steps since the last lookup), in one call."""
+        if n <= 0:
+            return
+        self.step += n
+        plain, cap = self._plain_and_probe(bs)
+        gain = self.cfg.probe_budget * plain
+        self._probe_credit = min(self._probe_credit + n * gain, max(cap, gain))
+        self._since_lookup += n
+        if self.current is not None and self.current.kind != NONE:
+            self.counters["switches"] += 1
+        self.current = self.options[0]
+        self.counters["steps"] += n
+        self.counters["requests"] += n * bs
+        self.counters["lean_steps"] += n
+        self.counters["plain_path_steps"] += n
+        self.counters["plain_path_stretches"] += 1
+        self.steps_by_mode[NONE] += n
+
     def observe(self, req_id, features: DraftFeatures, chain_accept: int,
                 tree_accept: Optional[int] = None) -> None:
         self.gain.observe(req_id, features, self.step, chain_accept, tree_accept)
@@ -666,6 +698,8 @@ class Controller:
             "auto_probe_lookups_total": float(self.counters["probe_lookups"]),
             "auto_behind_lookups_total": float(self.counters["behind_lookups"]),
             "auto_probes_held_total": float(self.counters["probes_held"]),
+            "auto_plain_path_steps_total": float(self.counters["plain_path_steps"]),
+            "auto_plain_path_stretches_total": float(self.counters["plain_path_stretches"]),
             "auto_calibration": self.calibration(),
             "auto_calibration_half_life_steps": float(self._cal_half_life),
         }

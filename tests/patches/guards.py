@@ -313,6 +313,28 @@ GUARDS = [
           file="sglang/srt/managers/overlap_utils.py", symbol="decide_needs_cpu_seq_lens",
           params=("attn_backends",),
           contains=("    if algo.is_ngram():\n", "        return True\n    # Skip unset slots")),
+    # 0012: auto's stretches on the plain decode path (fastverify.glue.plain_path). The hook sits
+    # after the running batch's filter and before its memory check; the n-gram branch of the relay
+    # returns at once upstream; the plain path's token gather is gated on the server's algorithm;
+    # plain_path writes the future map's token buffer.
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
+          file="sglang/srt/managers/scheduler.py", symbol="Scheduler.update_running_batch",
+          params=("self", "batch"),
+          contains=("        batch.filter_batch()\n        if batch.is_empty():\n",
+                    "        # Check if decode out of memory\n"), lacks=("fv_plain_path",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
+          file="sglang/srt/managers/scheduler.py", symbol="Scheduler._relay_forward_payload",
+          params=("self", "future_indices", "batch_result"),
+          contains=("        if self.spec_algorithm.is_ngram():\n            return\n",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="resolve_forward_inputs",
+          params=("batch", "future_map"),
+          contains=("    elif batch.input_ids is None and future_map.spec_algo.is_none():\n",
+                    "        batch.input_ids = future_map.output_tokens_buf"
+                    "[batch.req_pool_indices]\n")),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap.__init__",
+          contains=("            self.output_tokens_buf = torch.empty(\n",)),
     # 0010: our flags checked right after parse_args in prepare_server_args, and for
     # ServerArgs built in code before the dummy-model boundary (0.5.16 __post_init__) / the
     # resolution pipeline (0.5.23).

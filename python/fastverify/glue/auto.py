@@ -161,6 +161,19 @@ class AutoState:
     in_flight_rids: frozenset = frozenset()
     # decode steps since the last prefill forward (this one counted)
     since_prefill: int = REFILL_STEPS + 1
+    # the server's own decode path for stretches without speculation (glue.plain_path): whether
+    # the server's settings allow it (None: not asked yet), the steps run on it in this stretch
+    # and the most it was to run
+    path_ok: bool = None
+    stretch: int = 0
+    stretch_len: int = 0
+    # the forward launched last gave every request one token without speculation (the worker's
+    # plain step or the plain path's)
+    last_forward_plain: bool = False
+    info_type: object = None  # the server's speculative input class (taken from a batch)
+    spec_algorithm: object = None  # the server's algorithm (taken from a batch)
+    future_map: object = None  # the scheduler's (its token buffer holds the plain path's tokens)
+    books_warned: bool = False
 
 
 def setup(worker, spec=None, observability=None, plain=None):
@@ -262,6 +275,16 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None:
         return None
+    if batch.spec_algorithm.is_none():
+        # a stretch on the server's own decode path (glue.plain_path)
+        from fastverify.glue import plain_path
+
+        return plain_path.step(worker, batch, state)
+    state.last_forward_plain = False
+    if state.future_map is not None:
+        from fastverify.glue import plain_path
+
+        plain_path.fill_roots(worker, batch, state)  # the first step after a stretch
     # the requests of the forward launched before this one (prefill or decode): its
     # result is not processed yet
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
@@ -339,6 +362,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     d = d if d is not None else ctl.note_lean(bs)
     # a probe's period measures what it adds (probe_cost)
     state.last_step = (PROBE if probe else LEAN, bs, 1)
+    state.last_forward_plain = True
     state.synced = False
     _export(state, d)
     return result

@@ -1,0 +1,300 @@
+"""Auto's stretches without speculation on SGLang's own decode path: what patch
+0012-ngram-auto-plain-path calls from SGLang's scheduler.
+
+A step of auto that verifies nothing runs inside the n-gram worker as a plain decode pass
+(`glue.auto.run_plain_decode`), wrapped in the worker's speculative step: the scheduler still
+prepares it as a speculative step (draft KV slots reserved, the whole batch snapshotted and
+restored around the forward, the result processed as a verify), and the worker converts its inputs
+and outputs, puts the corpus and keeps the controller's books. On one H200 at TP=1, where every step
+is host-bound, that wrapping cost 0.75 ms a step over the plain server's 2.2 ms
+(benchmark/results/h200/auto-floor-smollm2-tp1/).
+
+Here, once a step has run without speculation and the controller expects the next steps to make no
+lookup either (`Controller.steps_without_lookup`: until its next probe is due), the running batch is
+handed to SGLang's own non-speculative path for those steps: from the scheduler's point of view it is
+a batch of a server without speculation. Its preparation allocates one KV slot per request, its
+input ids come from the future map's token buffer as a plain server's do, its result is processed
+as a plain server's, and the n-gram worker only swaps in the plain decode runtime around the forward
+(`step`). The stretch ends when the probe is due, a request joins (it is looked up once), or the
+batch cannot run plain (`auto._plain_capable`); the batch then reads as speculative again, with
+each request's last token as the root of its next step, and the worker's own logic goes on
+(`auto.plain_step`), its books advanced by the steps of the stretch in one call
+(`Controller.note_plain_path`).
+
+Seams (patch 0012, both pinned versions hold the same shape):
+    Scheduler.update_running_batch      choose_path(scheduler, batch): after the batch's filter,
+                                        before its memory check and its decode preparation
+    Scheduler._relay_forward_payload    relay(scheduler, future_indices, result): an n-gram
+                                        server's result of one token per request (a prefill, a
+                                        step without speculation) leaves each request's token in
+                                        the future map's token buffer, where the plain path reads
+                                        its input ids
+    resolve_forward_inputs              the plain path's gather of the input ids from that buffer
+                                        runs for a batch that reads as not speculative, not only in
+                                        a server without speculation
+
+When the batch switches (`enter`), the forward in flight is the worker's step without speculation
+(one token per request, the first of the KV slots the scheduler reserved for its drafts): what the
+host knows of each request's KV is then exact. Each request holds ``kv_committed_len + 1`` KV
+entries once that forward is done; the slots reserved past them are freed, so that the plain
+allocation, which places a request's next slot at its length and knows nothing of reservations,
+meets a request laid out as a plain server's. The lengths come from the host too. The other way
+(`leave`) needs nothing freed: a plain step leaves KV exactly as long as committed, and the
+speculative preparation reserves from there.
+
+The plain path needs overlap scheduling (the worker's one-step-late logic is what it returns to),
+a page size of 1 (the freeing of reserved slots is per token), no mixed chunked prefill and no
+pipeline stages; without any of these auto's steps without speculation stay in the worker. Every TP
+rank takes the same decisions: they depend on the controller's state and the batch only.
+"""
+from __future__ import annotations
+
+import logging
+
+from fastverify.costs import LEAN
+
+logger = logging.getLogger("fastverify.plain_path")
+
+# a stretch is made only where at least this many steps are expected to go without a lookup
+MIN_STRETCH = 2
+# and it ends after this many steps at most (the controller's answers are asked again)
+MAX_STRETCH = 256
+
+
+def _state(scheduler):
+    """The auto state of the scheduler's n-gram worker where the plain path may run, else None.
+    Whether it may (the server's settings) is decided once and kept."""
+    state = getattr(getattr(scheduler, "model_worker", None), "_fv_auto", None)
+    if state is None:
+        return None
+    if state.path_ok is None:
+        state.path_ok, why = path_possible(scheduler, state)
+        if state.path_ok:
+            logger.info("auto verify: stretches without speculation run on the server's own "
+                        "decode path")
+        else:
+            logger.info("auto verify: steps without speculation stay in the n-gram worker (%s)",
+                        why)
+    return state if state.path_ok else None
+
+
+def path_possible(scheduler, state) -> tuple:
+    """(True, "") where the server's settings allow the plain path, else (False, why)."""
+    sa = getattr(scheduler, "server_args", None)
+    if state.plain is None:
+        return False, "no plain decode runtime"
+    if not getattr(scheduler, "enable_overlap", False):
+        return False, "overlap scheduling is off"
+    if getattr(scheduler, "future_map", None) is None:
+        return False, "no future map"
+    if int(getattr(sa, "page_size", 1) or 1) != 1:
+        return False, f"page size {sa.page_size}"
+    if getattr(sa, "enable_mixed_chunk", False):
+        return False, "mixed chunked prefill"
+    if int(getattr(sa, "pp_size", 1) or 1) != 1:
+        return False, "pipeline stages"
+    return True, ""
+
+
+def choose_path(scheduler, batch) -> None:
+    """Before the running batch's decode preparation: hand it to the plain path or take it back
+    (see the module's docstring). A no-op unless auto runs with the plain path possible."""
+    state = _state(scheduler)
+    if state is None or not batch.reqs:
+        return
+    if batch.spec_algorithm.is_none():
+        why = must_leave(state, batch)
+        if why:
+            leave(scheduler, batch, state, why)
+        return
+    n = may_enter(state, batch)
+    if n:
+        enter(batch, state, n)
+
+
+def must_leave(state, batch) -> str:
+    """Why a batch on the plain path goes back to speculation before this step ("" while it
+    stays)."""
+    from fastverify.glue.auto import _plain_capable
+
+    if state.stretch >= state.stretch_len:
+        return "probe due"
+    if any(req.rid not in state.features for req in batch.reqs):
+        return "request joined"
+    if not _plain_capable(state, batch, None):
+        return "batch needs the worker"
+    return ""
+
+
+def _kv_lens(batch):
+    """Each request's KV entries once the forward in flight is done (that forward gave every
+    request one token: `may_enter`), or None where the host's books do not add up (a request's
+    prompt and output do not account for its committed KV and the token in flight, or less KV is
+    allocated than that)."""
+    lens = []
+    for req in batch.reqs:
+        kv = req.kv_committed_len + 1
+        if (len(req.origin_input_ids) + len(req.output_ids) != kv
+                or req.kv is None or req.kv.kv_allocated_len < kv):
+            return None
+        lens.append(kv)
+    return lens
+
+
+def may_enter(state, batch) -> int:
+    """The steps a stretch on the plain path would last from this step on, or 0 where the batch
+    stays speculative: the forward launched last must be a step of the worker's that gave every
+    request of this batch one token (no new request since), the batch must be one a plain step
+    serves, and the controller must expect at least `MIN_STRETCH` steps without a lookup."""
+    from fastverify.glue.auto import _plain_capable
+
+    if not state.last_forward_plain:
+        return 0
+    if any(req.rid not in state.last_batch_rids or req.rid not in state.features
+           for req in batch.reqs):
+        return 0
+    if not _plain_capable(state, batch, None):
+        return 0
+    n = state.controller.steps_without_lookup(state.controller.cfg.probe_max, MAX_STRETCH)
+    if n < MIN_STRETCH:
+        return 0
+    if _kv_lens(batch) is None:
+        if not state.books_warned:
+            state.books_warned = True
+            logger.warning("auto verify: a request's KV books do not add up (%s); this batch "
+                           "stays in the n-gram worker", [
+                               (r.rid, len(r.origin_input_ids), len(r.output_ids),
+                                r.kv_committed_len, getattr(r.kv, "kv_allocated_len", None))
+                               for r in batch.reqs][:4])
+        return 0
+    return n
+
+
+def enter(batch, state, n: int) -> None:
+    """The batch reads as a plain server's from this step on, for up to ``n`` steps: the KV slots
+    reserved past each request's length are freed, the lengths are the host's, and the batch has
+    no speculative input."""
+    import torch
+
+    lens = _kv_lens(batch)
+    pool = batch.req_to_token_pool.req_to_token
+    freed = []
+    for req, kv in zip(batch.reqs, lens):
+        allocated = req.kv.kv_allocated_len
+        if allocated > kv:
+            freed.append(pool[req.req_pool_idx, kv:allocated])
+            req.kv.kv_allocated_len = kv
+    if freed:
+        batch.token_to_kv_pool_allocator.free(torch.cat(freed))
+    host = torch.tensor(lens, dtype=torch.int64)
+    device = batch.seq_lens.device
+    batch.seq_lens_cpu = host
+    batch.seq_lens = host.to(device=device, dtype=batch.seq_lens.dtype, non_blocking=True)
+    if batch.orig_seq_lens is not None:
+        batch.orig_seq_lens = host.to(device=batch.orig_seq_lens.device,
+                                      dtype=batch.orig_seq_lens.dtype, non_blocking=True)
+    batch.seq_lens_sum = int(sum(lens))
+    state.info_type = type(batch.spec_info)
+    state.spec_algorithm = batch.spec_algorithm
+    batch.spec_info = None
+    batch.spec_algorithm = type(batch.spec_algorithm).NONE
+    state.stretch, state.stretch_len = 0, n
+
+
+def leave(scheduler, batch, state, why: str = "") -> None:
+    """The batch reads as speculative again: a speculative input that accepted one token per
+    request (as after a prefill; the roots are filled on the device by `fill_roots`, from the
+    future map's token buffer), no future indices (the lengths the plain step left are the ones the
+    next step starts from), the controller's books advanced by the stretch and the corpus given the
+    stretch's output."""
+    import torch
+
+    bs = len(batch.reqs)
+    device = batch.seq_lens.device
+    k = state.k
+    info = state.info_type(draft_token_num=k, new_seq_lens=batch.seq_lens,
+                           accept_tokens=torch.zeros(bs * k, dtype=torch.int32, device=device),
+                           accept_lens=torch.ones(bs, dtype=torch.int32, device=device))
+    info.fv_roots = True
+    batch.spec_info = info
+    batch.spec_algorithm = state.spec_algorithm
+    state.future_map = scheduler.future_map
+    n = state.stretch
+    state.controller.note_plain_path(bs, n)
+    state.since_prefill += n
+    # the first step back is measured from scratch (its period holds the switch)
+    state.last_start, state.step_before = None, None
+    state.stretch, state.stretch_len = 0, 0
+    _put_stretch(scheduler.model_worker, batch, n)
+
+
+def _put_stretch(worker, batch, n: int) -> None:
+    """The corpus learns the output of a stretch of ``n`` steps in one put per request: its last
+    ``max_trie_depth + n - 1`` tokens on the host (the corpus inserts the n-grams starting at every
+    position of what it is given; the step in flight's token comes with the next put)."""
+    if n <= 0:
+        return
+    depth = int(worker.max_trie_depth)
+    span = depth + n - 1
+    contexts = []
+    for req in batch.reqs:
+        out = req.output_ids
+        if len(out) >= span:
+            contexts.append(list(out[-span:]))
+        else:
+            prompt = getattr(req, "origin_input_ids_unpadded", None)
+            prompt = req.origin_input_ids if prompt is None else prompt
+            contexts.append(list(prompt[-(span - len(out)):]) + list(out))
+    worker.ngram_corpus.batch_put(contexts)
+
+
+def step(worker, batch, state):
+    """The n-gram worker's step for a batch on the plain path: SGLang's plain decode pass with the
+    plain decode runtime (its attention backend and DECODE graphs) in place and the model runner
+    reading as not speculative; the result is the target's own."""
+    from fastverify.glue.verify_runtime import plain_algorithm
+
+    mr = worker.model_runner
+    state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
+                                                   frozenset(r.rid for r in batch.reqs))
+    saved = (mr.attn_backend, mr.decode_cuda_graph_runner)
+    mr.attn_backend, mr.decode_cuda_graph_runner = state.plain.attn_backend, state.plain.graph_runner
+    try:
+        with plain_algorithm(mr):
+            result = worker.target_worker.forward_batch_generation(batch)
+    finally:
+        mr.attn_backend, mr.decode_cuda_graph_runner = saved
+    state.stretch += 1
+    state.last_forward_plain = True
+    # the step the controller's books see: one without speculation (the next step's
+    # `auto._tick` takes its period as no measurement, `leave` cleared the start)
+    state.last_step = (LEAN, len(batch.reqs), 1)
+    return result
+
+
+def fill_roots(worker, batch, state) -> None:
+    """The first step after a stretch: each request's root (its last token, left in the future
+    map's token buffer by the stretch's last step) into the speculative input `leave` made. On the
+    forward stream, after that step's forward."""
+    info = batch.spec_info
+    if not getattr(info, "fv_roots", False):
+        return
+    bs, k = len(batch.reqs), state.k
+    tokens = info.accept_tokens.view(bs, k)
+    tokens[:, 0] = state.future_map.output_tokens_buf[batch.req_pool_indices].to(tokens.dtype)
+    info.fv_roots = False
+
+
+def relay(scheduler, future_indices, result) -> None:
+    """In an n-gram server's relay of a forward's result: where the result holds one token per
+    request (a prefill, or a step without speculation: the worker's or the plain path's), that
+    token goes to the future map's token buffer, from which a step on the plain path takes its
+    input ids. Verify results (several tokens per request) are not relayed: a stretch starts only
+    after a step that gave one token."""
+    if _state(scheduler) is None:
+        return
+    ids = getattr(result, "next_token_ids", None)
+    if ids is None or not hasattr(ids, "numel") or ids.numel() != future_indices.numel():
+        return
+    buf = scheduler.future_map.output_tokens_buf
+    buf[future_indices] = ids.to(buf.dtype)

@@ -1,0 +1,337 @@
+"""glue/plain_path.py (auto's stretches on SGLang's own decode path) on stand-in scheduler, batch and
+worker objects, the KV books checked against a model of SGLang 0.5.16's bookkeeping (plain and
+speculative decode preparation, the worker's plain step, result processing one step late)."""
+import enum
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fastverify.controller import Controller
+from fastverify.costs import LEAN
+from fastverify.glue import auto, plain_path
+from fastverify.glue.verify_runtime import VerifyRuntime
+
+from test_glue_auto import DEAR, PLAIN, _spec, _worker
+
+K = 4
+RESERVE = 2 * K  # the speculative preparation's reservation past the committed length
+
+
+class Algo(enum.Enum):
+    NONE = 0
+    NGRAM = 1
+
+    def is_none(self):
+        return self is Algo.NONE
+
+
+class Info:
+    """SGLang's NgramVerifyInput, the four fields the step relays."""
+
+    def __init__(self, draft_token_num=None, new_seq_lens=None, accept_tokens=None,
+                 accept_lens=None):
+        self.draft_token_num, self.new_seq_lens = draft_token_num, new_seq_lens
+        self.accept_tokens, self.accept_lens = accept_tokens, accept_lens
+
+
+class Allocator:
+    def __init__(self, n):
+        self.free_slots = list(range(1, n))  # slot 0 is padding
+
+    def alloc(self, n):
+        out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        return out
+
+    def free(self, t):
+        self.free_slots.extend(int(x) for x in t.tolist())
+
+
+class Books:
+    """SGLang's KV bookkeeping for a decode batch, as 0.5.16 keeps it (the model the plain path's
+    switches are checked against): the plain preparation allocates one slot at each request's
+    length and commits it at once; the speculative one reserves up to committed + RESERVE; the
+    worker's plain step writes the slot at the length; a speculative result commits its accepted
+    token when processed, one step late (overlap)."""
+
+    def __init__(self, prompts):
+        self.alloc = Allocator(4096)
+        self.pool = torch.zeros(len(prompts), 512, dtype=torch.int32)
+        self.reqs, self.written = [], {}
+        for i, p in enumerate(prompts):
+            slots = self.alloc.alloc(len(p))
+            self.pool[i, :len(p)] = torch.tensor(slots, dtype=torch.int32)
+            self.written.update({(i, j): True for j in range(len(p))})
+            # the prefill's result is processed: its token is the first decode step's input
+            self.reqs.append(SimpleNamespace(rid=f"r{i}", origin_input_ids=list(p),
+                                             output_ids=[99],
+                                             kv_committed_len=len(p), req_pool_idx=i,
+                                             kv=SimpleNamespace(kv_allocated_len=len(p)),
+                                             is_retracted=False))
+        lens = torch.tensor([len(p) for p in prompts])
+        self.batch = SimpleNamespace(
+            reqs=self.reqs, spec_algorithm=Algo.NGRAM, spec_info=Info(), seq_lens=lens.clone(),
+            seq_lens_cpu=lens.clone(), orig_seq_lens=lens.to(torch.int32), seq_lens_sum=None,
+            req_pool_indices=torch.arange(len(prompts)), has_grammar=False, return_logprob=False,
+            return_hidden_states=False, sampling_info=None,
+            req_to_token_pool=SimpleNamespace(req_to_token=self.pool),
+            token_to_kv_pool_allocator=self.alloc)
+        self.queue = []  # (kind, tokens) of forwards not processed yet
+        self.next_token = 100
+
+    def prepare_and_run(self):
+        """One decode step: preparation by the batch's flag, then the forward (the worker's plain
+        step or the plain path: one token per request, written at its length)."""
+        b = self.batch
+        if b.spec_algorithm.is_none():
+            for r in self.reqs:  # alloc_for_decode(token_per_req=1) + the committed += 1
+                i = r.req_pool_idx
+                (slot,) = self.alloc.alloc(1)
+                self.pool[i, int(b.seq_lens[i])] = slot
+                r.kv.kv_allocated_len += 1
+                r.kv_committed_len += 1
+            b.seq_lens = b.seq_lens + 1
+            b.seq_lens_cpu = b.seq_lens_cpu + 1
+            at = b.seq_lens - 1
+            kind = "plain"
+        else:
+            for r in self.reqs:  # eagle_prepare_for_decode's reservation
+                i, cur = r.req_pool_idx, r.kv.kv_allocated_len
+                nxt = max(cur, r.kv_committed_len + RESERVE)
+                self.pool[i, cur:nxt] = torch.tensor(self.alloc.alloc(nxt - cur),
+                                                     dtype=torch.int32)
+                r.kv.kv_allocated_len = nxt
+            at = b.seq_lens  # the worker's plain step: the first reserved slot, lengths kept
+            b.seq_lens = b.seq_lens + 1  # (published; the next resolve reads it)
+            kind = "spec"
+        for r in self.reqs:
+            i = r.req_pool_idx
+            slot = int(self.pool[i, int(at[i])])
+            assert slot not in self.alloc.free_slots, "the forward writes a free slot"
+            self.written[(i, int(at[i]))] = True
+        tokens = list(range(self.next_token, self.next_token + len(self.reqs)))
+        self.next_token += len(self.reqs)
+        self.queue.append((kind, tokens))
+
+    def process_one(self):
+        kind, tokens = self.queue.pop(0)
+        for r, t in zip(self.reqs, tokens):
+            r.output_ids.append(t)
+            if kind == "spec":
+                r.kv_committed_len += 1
+
+    def check(self):
+        """Once every forward is processed: each request's KV is exactly its committed entries
+        (distinct slots, none free), what is allocated past them is owned by it alone."""
+        assert not self.queue
+        owned = []
+        for r in self.reqs:
+            i = r.req_pool_idx
+            assert r.kv_committed_len == len(r.origin_input_ids) + len(r.output_ids) - 1
+            assert all(self.written.get((i, j)) for j in range(r.kv_committed_len))
+            owned += self.pool[i, :r.kv.kv_allocated_len].tolist()
+        assert len(set(owned)) == len(owned)
+        assert not set(owned) & set(self.alloc.free_slots)
+        assert len(owned) + len(self.alloc.free_slots) == 4095  # nothing leaked
+
+
+def _state(tmp_path, stretch_from_now=8):
+    w = _worker()
+    w.max_trie_depth = 6
+    w.ngram_corpus = SimpleNamespace(puts=[], batch_put=lambda c: w.ngram_corpus.puts.append(c))
+    state = auto.setup(w, _spec(tmp_path, DEAR), plain=PLAIN)
+    state.path_ok = True
+    # the controller's next lookup is due in `stretch_from_now` + 1 steps
+    state.controller._probe_gap, state.controller._since_lookup = stretch_from_now + 1, 0
+    return w, state
+
+
+def _worker_plain_step(state, batch):
+    """What auto.plain_step leaves after a step it ran without speculation."""
+    state.last_forward_plain = True
+    state.last_batch_rids = frozenset(r.rid for r in batch.reqs)
+    state.last_step = (LEAN, len(batch.reqs), 1)
+    for r in batch.reqs:
+        state.features.setdefault(r.rid, state.controller.no_draft(r.rid))
+
+
+def _scheduler(w, books):
+    w._fv_auto.future_map = None
+    return SimpleNamespace(model_worker=w, future_map=SimpleNamespace(
+        output_tokens_buf=torch.zeros(8, dtype=torch.int64)), enable_overlap=True,
+        server_args=SimpleNamespace(page_size=1, enable_mixed_chunk=False, pp_size=1))
+
+
+def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path):
+    w, state = _state(tmp_path, stretch_from_now=5)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]])
+    sched = _scheduler(w, books)
+    b = books.batch
+    path = []
+    for step in range(12):
+        plain_path.choose_path(sched, b)
+        path.append("plain" if b.spec_algorithm.is_none() else "spec")
+        books.prepare_and_run()
+        if b.spec_algorithm.is_none():
+            state.stretch += 1  # plain_path.step's count
+        else:
+            _worker_plain_step(state, b)
+            b.spec_info = Info(K, b.seq_lens, torch.zeros(2 * K, dtype=torch.int32),
+                               torch.ones(2, dtype=torch.int32))
+        if len(books.queue) == 2:  # overlap: the step before is processed after this launch
+            books.process_one()
+    books.process_one()
+    books.check()
+    # one step in the worker, then the 5 steps the controller expects without a lookup; back to
+    # the worker for the step its probe is due at
+    assert path[:8] == ["spec"] + ["plain"] * 5 + ["spec", "spec"]
+    assert state.controller.counters["plain_path_steps"] >= 5
+
+
+def test_entering_frees_the_slots_reserved_past_each_request_and_takes_the_hosts_lengths(
+        tmp_path):
+    w, state = _state(tmp_path)
+    books = Books([[1, 2, 3], [4, 5]])
+    b = books.batch
+    books.prepare_and_run()  # a step of the worker's without speculation, in flight
+    _worker_plain_step(state, b)
+    reserved = [books.pool[r.req_pool_idx, r.kv_committed_len + 1:r.kv.kv_allocated_len].tolist()
+                for r in books.reqs]
+    free_before = len(books.alloc.free_slots)
+    plain_path.choose_path(_scheduler(w, books), b)
+    assert b.spec_algorithm is Algo.NONE and b.spec_info is None
+    # each request: its prompt and the token in flight hold KV; the rest of its reservation is free
+    assert [r.kv.kv_allocated_len for r in books.reqs] == [4, 3]
+    assert b.seq_lens.tolist() == b.seq_lens_cpu.tolist() == [4, 3] and b.seq_lens_sum == 7
+    assert b.orig_seq_lens.tolist() == [4, 3] and b.orig_seq_lens.dtype == torch.int32
+    assert set(books.alloc.free_slots[free_before:]) == set(reserved[0] + reserved[1])
+    assert state.stretch_len == 8  # the steps before the next lookup is due
+
+
+@pytest.mark.parametrize("why", ["no plain forward before", "new request", "probe due",
+                                 "books", "logprobs"])
+def test_the_batch_stays_speculative_where_a_stretch_cannot_start(tmp_path, why, caplog):
+    w, state = _state(tmp_path, stretch_from_now=1 if why == "probe due" else 8)
+    books = Books([[1, 2, 3], [4, 5]])
+    b = books.batch
+    books.prepare_and_run()
+    _worker_plain_step(state, b)
+    if why == "no plain forward before":
+        state.last_forward_plain = False  # a prefill or a verify step was launched last
+    elif why == "new request":
+        state.last_batch_rids = frozenset({"r0"})
+    elif why == "books":
+        books.reqs[1].output_ids.append(7)  # output the committed KV does not account for
+    elif why == "logprobs":
+        b.return_logprob = True
+    plain_path.choose_path(_scheduler(w, books), b)
+    assert b.spec_algorithm is Algo.NGRAM and isinstance(b.spec_info, Info)
+    assert ("books do not add up" in caplog.text) == (why == "books")
+
+
+def test_leaving_makes_a_speculative_input_of_one_token_and_counts_the_stretch(tmp_path):
+    w, state = _state(tmp_path)
+    books = Books([[1, 2, 3], [4, 5]])
+    b = books.batch
+    sched = _scheduler(w, books)
+    books.prepare_and_run()
+    _worker_plain_step(state, b)
+    plain_path.choose_path(sched, b)
+    for _ in range(3):
+        books.prepare_and_run()
+        state.stretch += 1
+        books.process_one()
+    steps_before = state.controller.step
+    state.features.pop("r1")  # a request the controller has not seen: it is looked up
+    plain_path.choose_path(sched, b)
+    assert b.spec_algorithm is Algo.NGRAM and state.future_map is sched.future_map
+    info = b.spec_info
+    assert info.draft_token_num == K and info.fv_roots and info.new_seq_lens is b.seq_lens
+    assert info.accept_tokens.shape == (2 * K,) and info.accept_lens.tolist() == [1, 1]
+    assert state.controller.step == steps_before + 3 and state.stretch == 0
+    assert state.last_start is None  # the switch's period is not measured
+    # the corpus got each request's last max_trie_depth + 2 tokens, once
+    (contexts,) = w.ngram_corpus.puts
+    assert contexts == [([1, 2, 3] + books.reqs[0].output_ids)[-8:],
+                        ([4, 5] + books.reqs[1].output_ids)[-8:]]
+    # the worker's first step back fills each root from the future map's token buffer
+    sched.future_map.output_tokens_buf[:2] = torch.tensor([41, 42])
+    plain_path.fill_roots(w, b, state)
+    assert info.accept_tokens.view(2, K)[:, 0].tolist() == [41, 42] and not info.fv_roots
+
+
+def test_note_plain_path_counts_what_lean_steps_without_lookups_count(tmp_path):
+    spec = _spec(tmp_path, DEAR)
+    a = auto.setup(_worker(), spec, plain=PLAIN).controller
+    b = auto.setup(_worker(), spec, plain=PLAIN).controller
+    for c in (a, b):
+        c._probe_gap, c._since_lookup, c._probe_credit = 32, 3, 0.0
+    views = [auto.RequestView("x", a.no_draft("x"))]
+    b.no_draft("x")
+    n = a.steps_without_lookup(32, 256)
+    assert n == 32 - 3 - 1
+    for _ in range(n):
+        assert not a.plan_lookup(views, 32, behind=True)
+        a.note_lean(1)
+    b.note_plain_path(1, n)
+    assert (a.step, a._since_lookup, a.counters["steps"], a.counters["lean_steps"],
+            a.steps_by_mode) == (b.step, b._since_lookup, b.counters["steps"],
+                                 b.counters["lean_steps"], b.steps_by_mode)
+    assert b._probe_credit == pytest.approx(a._probe_credit)
+    assert b.counters["plain_path_steps"] == n and b.counters["plain_path_stretches"] == 1
+    # the step after the stretch is the probe's
+    assert a.plan_lookup(views, 32, behind=True) and b.plan_lookup(views, 32, behind=True)
+
+
+def test_relay_leaves_one_token_per_request_in_the_token_buffer(tmp_path):
+    w, state = _state(tmp_path)
+    sched = _scheduler(w, None)
+    buf = sched.future_map.output_tokens_buf
+    fi = torch.tensor([3, 5])
+    plain_path.relay(sched, fi, SimpleNamespace(next_token_ids=torch.tensor([7, 9],
+                                                                            dtype=torch.int32)))
+    assert buf.tolist() == [0, 0, 0, 7, 0, 9, 0, 0]
+    # a verify result (several tokens per request) is not relayed
+    plain_path.relay(sched, fi, SimpleNamespace(next_token_ids=torch.arange(8)))
+    assert buf.tolist() == [0, 0, 0, 7, 0, 9, 0, 0]
+    # nor anything where the plain path cannot run
+    state.path_ok = False
+    plain_path.relay(sched, fi, SimpleNamespace(next_token_ids=torch.tensor([1, 1])))
+    assert buf.tolist() == [0, 0, 0, 7, 0, 9, 0, 0]
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"enable_overlap": False}, "overlap scheduling is off"),
+    ({"page_size": 16}, "page size 16"),
+    ({"enable_mixed_chunk": True}, "mixed chunked prefill"),
+    ({"pp_size": 2}, "pipeline stages"),
+])
+def test_settings_that_keep_the_steps_in_the_worker(tmp_path, change, why):
+    w, state = _state(tmp_path)
+    sched = _scheduler(w, None)
+    for key, value in change.items():
+        setattr(sched if key == "enable_overlap" else sched.server_args, key, value)
+    assert plain_path.path_possible(sched, state) == (False, why)
+    assert plain_path.path_possible(_scheduler(w, None), state) == (True, "")
+
+
+def test_a_step_on_the_plain_path_runs_the_plain_runtime_and_puts_the_runner_back(tmp_path):
+    w, state = _state(tmp_path)
+    mr = w.model_runner
+    mr.spec_algorithm = Algo.NGRAM
+    seen = {}
+
+    class Target:
+        def forward_batch_generation(self, batch, **kw):
+            seen.update(backend=mr.attn_backend, algo=mr.spec_algorithm, kw=kw)
+            return "result"
+
+    w.target_worker = Target()
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a")], spec_algorithm=Algo.NONE,
+                            forward_mode=SimpleNamespace(is_decode=lambda: True))
+    assert auto.plain_step(w, batch) == "result"
+    assert seen == {"backend": "attn-plain", "algo": Algo.NONE, "kw": {}}
+    assert mr.attn_backend == "attn4" and mr.spec_algorithm is Algo.NGRAM
+    assert state.stretch == 1 and state.last_forward_plain and state.last_step == (LEAN, 1, 1)
+    assert state.last_batch_rids == frozenset({"a"})
