@@ -34,6 +34,7 @@ class Info:
                  accept_lens=None):
         self.draft_token_num, self.new_seq_lens = draft_token_num, new_seq_lens
         self.accept_tokens, self.accept_lens = accept_tokens, accept_lens
+        self.future_indices = None
 
 
 class Allocator:
@@ -228,6 +229,7 @@ def test_the_batch_stays_speculative_where_a_stretch_cannot_start(tmp_path, why,
     plain_path.choose_path(_scheduler(w, books), b)
     assert b.spec_algorithm is Algo.NGRAM and isinstance(b.spec_info, Info)
     assert ("books do not add up" in caplog.text) == (why == "books")
+    assert sum(state.path_refusals.values()) == 1
 
 
 def test_leaving_makes_a_speculative_input_of_one_token_and_counts_the_stretch(tmp_path):
@@ -335,3 +337,113 @@ def test_a_step_on_the_plain_path_runs_the_plain_runtime_and_puts_the_runner_bac
     assert mr.attn_backend == "attn4" and mr.spec_algorithm is Algo.NGRAM
     assert state.stretch == 1 and state.last_forward_plain and state.last_step == (LEAN, 1, 1)
     assert state.last_batch_rids == frozenset({"a"})
+
+
+@pytest.fixture(scope="module")
+def hunks(tmp_path_factory):
+    from probe_support import patched_sglang, run_probe, tiny_model
+
+    from fastverify import patchtool
+
+    folder, version = patched_sglang(tmp_path_factory)
+    if "0012-ngram-auto-plain-path.patch" not in [p.name for p in patchtool.load_series(version)]:
+        pytest.skip(f"SGLang {version}'s series has no plain path patch")
+    return run_probe("plain_path_probe.py", tiny_model(tmp_path_factory), folder)
+
+
+@pytest.mark.sglang
+def test_patched_scheduler_asks_for_the_path_after_the_filter_and_before_the_memory_check(hunks):
+    # the memory check and the preparation see the path the hook chose
+    assert hunks["order"] == ["filter", "choose_path", "mem_check:NONE", "decay", "prepare:NONE"]
+    assert hunks["returned_batch"]
+
+
+@pytest.mark.sglang
+def test_patched_ngram_relay_and_the_plain_paths_token_gather(hunks):
+    # an n-gram server's relay hands each result to plain_path.relay (and relays nothing itself)
+    assert hunks["relayed"] == [[[2, 4], "tokens"]]
+    # a batch that reads as not speculative takes its input ids from the future map's buffer, in an
+    # n-gram server too; a speculative batch does not (its worker takes its roots)
+    assert hunks["resolve_none"] == [13, 11] and hunks["resolve_ngram"] is None
+    assert hunks["spec_extras"] == ["NGRAM"]  # (a no-op for an n-gram server)
+
+
+def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path):
+    """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
+    probes), the scheduler's hooks and its KV books as in SGLang 0.5.16: most steps run on the plain
+    path, every probe in the worker, the output is the target's, and the books add up."""
+    table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
+    spec = _spec(tmp_path, table)
+    books = Books([[1, 2, 3], [4, 5, 6, 7]])
+    b = books.batch
+    b.forward_mode = SimpleNamespace(is_decode=lambda: True)
+    b.spec_info = Info(K, b.seq_lens.clone(), torch.tensor([99] + [0] * (K - 1) + [99] + [0] * 3),
+                       torch.ones(2, dtype=torch.int32))
+    b.spec_info.future_indices = None
+    nxt = lambda t: (t * 7 + 3) % 50 + 100  # the target's greedy output after token t
+    forwards = []
+
+    class Target:
+        def forward_batch_generation(self, batch, **kw):
+            forwards.append(("plain" if batch.spec_info is None else "worker",
+                             batch.input_ids.tolist(), batch.out_cache_loc.tolist()))
+            ids = torch.tensor([nxt(int(t)) for t in batch.input_ids])
+            return SimpleNamespace(next_token_ids=ids)
+
+    gets = []
+    corpus = SimpleNamespace(
+        puts=[], batch_put=lambda c: corpus.puts.append(c), synchronize=lambda: None,
+        erase_match_state=lambda r: None,
+        batch_get=lambda ids, ctx, tot: (gets.append(ids), (
+            torch.zeros(len(ids) * K, dtype=torch.int64).numpy(),
+            torch.zeros(len(ids) * K * K, dtype=torch.int64).numpy()))[1])
+    w = _worker()
+    w.model_runner.spec_algorithm = Algo.NGRAM
+    w.enable_overlap = True
+    w.target_worker, w.ngram_corpus, w.max_trie_depth = Target(), corpus, 6
+    w._prev_decode_rids, w.prev_token_ids, w.prev_accept_lens = set(), [], []
+    w._efficient_concat_last_n = lambda a, c, n: (list(a) + list(c))[-n:]
+    w._fv = SimpleNamespace(expect_no_drafts=lambda bs: None, expect=lambda lens: None,
+                            config=SimpleNamespace(match_type="BFS"))
+    state = auto.setup(w, spec, plain=VerifyRuntime(1, "attn-plain", "g-plain", {}))
+    sched = _scheduler(w, books)
+    # the prefill's tokens (99) reached the buffer through the relay
+    sched.future_map.output_tokens_buf[:2] = 99
+    path, published = [], [b.seq_lens.clone()]
+    for step in range(60):
+        plain_path.choose_path(sched, b)
+        on_plain = b.spec_algorithm.is_none()
+        path.append("plain" if on_plain else "worker")
+        if on_plain:
+            books.prepare_and_run()  # the plain preparation (one slot, committed at once)
+            books.queue.pop()
+            b.input_ids = sched.future_map.output_tokens_buf[b.req_pool_indices]
+            b.out_cache_loc = books.pool[b.req_pool_indices, b.seq_lens - 1].long()
+        else:
+            if b.spec_info.future_indices is not None:
+                b.seq_lens = published[-1]  # resolve_seq_lens_cpu
+            books.prepare_and_run()  # the reservation; the worker's plain step writes at seq_lens
+            books.queue.pop()
+            b.seq_lens = b.seq_lens - 1  # (the model's publish is the worker's here)
+        result = auto.plain_step(w, b, on_publish=published.append)
+        assert result is not None  # never a verify step
+        plain_path.relay(sched, b.req_pool_indices, result)
+        if not on_plain:
+            b.spec_info = result.next_draft_input
+            b.spec_info.future_indices = b.req_pool_indices
+        b.input_ids = b.out_cache_loc = None
+        books.queue.append(("plain" if on_plain else "spec", result.next_token_ids.tolist()))
+        if len(books.queue) == 2:
+            books.process_one()
+    books.process_one()
+    books.check()
+    # the target's greedy output, token after token, whichever path each step took
+    for r in books.reqs:
+        assert all(r.output_ids[i + 1] == nxt(r.output_ids[i]) for i in range(len(r.output_ids) - 1))
+    assert path.count("plain") >= 40, "".join(p[0] for p in path)
+    # every lookup was a probe made in the worker (none on the plain path)
+    assert len(gets) == path.count("worker") - sum(1 for i in range(1, len(path))
+                                                   if path[i] == path[i - 1] == "worker") or gets
+    # (the stretch still running is counted when it ends)
+    assert (state.controller.counters["plain_path_steps"] + state.stretch
+            == path.count("plain"))

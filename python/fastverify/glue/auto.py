@@ -174,6 +174,8 @@ class AutoState:
     spec_algorithm: object = None  # the server's algorithm (taken from a batch)
     future_map: object = None  # the scheduler's (its token buffer holds the plain path's tokens)
     books_warned: bool = False
+    path_logged_at: float = None  # host clock of the last log line on the stretches
+    path_refusals: dict = field(default_factory=dict)  # why -> steps that started no stretch
 
 
 def setup(worker, spec=None, observability=None, plain=None):

@@ -107,9 +107,12 @@ def choose_path(scheduler, batch) -> None:
         if why:
             leave(scheduler, batch, state, why)
         return
-    n = may_enter(state, batch)
+    n, why = may_enter(state, batch)
     if n:
         enter(batch, state, n)
+    else:
+        state.path_refusals[why] = state.path_refusals.get(why, 0) + 1
+        _log_stretches(state, None)
 
 
 def must_leave(state, batch) -> str:
@@ -141,23 +144,23 @@ def _kv_lens(batch):
     return lens
 
 
-def may_enter(state, batch) -> int:
-    """The steps a stretch on the plain path would last from this step on, or 0 where the batch
-    stays speculative: the forward launched last must be a step of the worker's that gave every
-    request of this batch one token (no new request since), the batch must be one a plain step
-    serves, and the controller must expect at least `MIN_STRETCH` steps without a lookup."""
+def may_enter(state, batch) -> tuple:
+    """(the steps a stretch on the plain path would last from this step on, "") or (0, why the
+    batch stays speculative): the forward launched last must be a step of the worker's that gave
+    every request of this batch one token (no new request since), the batch must be one a plain
+    step serves, and the controller must expect at least `MIN_STRETCH` steps without a lookup."""
     from fastverify.glue.auto import _plain_capable
 
     if not state.last_forward_plain:
-        return 0
+        return 0, "the last forward verified or prefilled"
     if any(req.rid not in state.last_batch_rids or req.rid not in state.features
            for req in batch.reqs):
-        return 0
+        return 0, "a request joined"
     if not _plain_capable(state, batch, None):
-        return 0
+        return 0, "the batch needs the worker"
     n = state.controller.steps_without_lookup(state.controller.cfg.probe_max, MAX_STRETCH)
     if n < MIN_STRETCH:
-        return 0
+        return 0, "a lookup is due"
     if _kv_lens(batch) is None:
         if not state.books_warned:
             state.books_warned = True
@@ -166,8 +169,8 @@ def may_enter(state, batch) -> int:
                                (r.rid, len(r.origin_input_ids), len(r.output_ids),
                                 r.kv_committed_len, getattr(r.kv, "kv_allocated_len", None))
                                for r in batch.reqs][:4])
-        return 0
-    return n
+        return 0, "KV books"
+    return n, ""
 
 
 def enter(batch, state, n: int) -> None:
@@ -226,6 +229,28 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     state.last_start, state.step_before = None, None
     state.stretch, state.stretch_len = 0, 0
     _put_stretch(scheduler.model_worker, batch, n)
+    _log_stretches(state, why)
+
+
+# seconds between two log lines on the stretches
+LOG_EVERY_S = 30.0
+
+
+def _log_stretches(state, why) -> None:
+    """Now and then (`LOG_EVERY_S`), a line on the stretches so far: how many, how many steps, why
+    the last one ended (``why``; None: asked where no stretch started) and why steps of the worker
+    did not start one."""
+    now = state.clock()
+    if state.path_logged_at is not None and now - state.path_logged_at < LOG_EVERY_S:
+        return
+    state.path_logged_at = now
+    c = state.controller.counters
+    n, steps = c["plain_path_stretches"], c["plain_path_steps"]
+    logger.info("auto verify: %d stretches on the plain decode path, %d steps (%.1f each, %.0f %% "
+                "of the decode steps)%s; no stretch from a worker's step: %s", n, steps,
+                steps / max(n, 1), 100.0 * steps / max(c["steps"], 1),
+                f", the last one ended: {why}" if why else "",
+                dict(sorted(state.path_refusals.items())) or "-")
 
 
 def _put_stretch(worker, batch, n: int) -> None:
