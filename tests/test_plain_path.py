@@ -447,3 +447,21 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path):
     # (the stretch still running is counted when it ends)
     assert (state.controller.counters["plain_path_steps"] + state.stretch
             == path.count("plain"))
+
+
+def test_a_probe_held_for_want_of_credit_leaves_room_for_a_stretch(tmp_path):
+    """Past the probe gap a probe that could not pay waits until the probe credit covers it: those
+    steps make no lookup either, and steps_without_lookup counts them as plan_lookup holds them."""
+    c = auto.setup(_worker(), _spec(tmp_path, DEAR), plain=PLAIN).controller
+    c._plain_and_probe = lambda bs: (1.0, 0.01)  # a plain step 1 ms, a probe adds 0.01 ms
+    c._probe_gap, c._since_lookup, c._probe_credit = 4, 3, 0.0  # the probe is due now
+    views = [auto.RequestView("x", c.no_draft("x"))]
+    n = c.steps_without_lookup(32, 256, ["x"], 1)
+    assert n == 5  # the credit grows by 0.002 ms a step
+    for _ in range(n):
+        assert not c.plan_lookup(views, 32, behind=True)
+        c.note_lean(1)
+    assert c.plan_lookup(views, 32, behind=True)
+    # never past probe_max steps since the last lookup
+    c._since_lookup, c._probe_credit = 29, -1.0
+    assert c.steps_without_lookup(32, 256, ["x"], 1) == 2

@@ -557,14 +557,30 @@ class Controller:
         self.steps_by_mode[NONE] += 1
         return d
 
-    def steps_without_lookup(self, probe_max: int, cap: int) -> int:
+    def steps_without_lookup(self, probe_max: int, cap: int, req_ids: Sequence = (),
+                             bs: int = 1) -> int:
         """How many of the next steps `plan_lookup` would run without a lookup, the requests and
-        what is known of their drafts staying as they are: the steps until the probe gap passes
-        (``probe_max`` 0: no probes, so ``cap``). Asked after a step that ran without a lookup,
-        before a stretch of steps that make none (`note_plain_path`)."""
+        what is known of their drafts staying as they are: the steps until the probe gap passes,
+        and past it the steps a probe that could not pay is held for want of probe credit (never
+        past ``probe_max`` steps since the last lookup; ``probe_max`` 0: no probes, so ``cap``).
+        Asked after a step that ran without a lookup, before a stretch of steps that make none
+        (`note_plain_path`)."""
         if probe_max <= 0:
             return cap
-        return max(min(self._probe_gap, probe_max, cap) - self._since_lookup - 1, 0)
+        due = min(self._probe_gap, probe_max) - self._since_lookup - 1
+        if due > 0:
+            return min(due, cap)
+        if self._full_match_wanted(list(req_ids)):
+            return 0  # the probe due is a real lookup
+        plain, cost = self._plain_and_probe(bs)
+        gain = self.cfg.probe_budget * plain
+        forced = probe_max - self._since_lookup - 1  # held at most until then
+        if gain > 0:
+            # the j-th step from now sees the credit of j - 1 more steps and is held while it
+            # does not cover the probe
+            short = cost - self._probe_credit
+            forced = min(forced, max(math.ceil(short / gain), 0) if short > 0 else 0)
+        return max(min(forced, cap), 0)
 
     def note_plain_path(self, bs: int, n: int) -> None:
         """``n`` steps ran without speculation and without a lookup, none of them seen by the

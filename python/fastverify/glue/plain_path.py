@@ -158,7 +158,8 @@ def may_enter(state, batch) -> tuple:
         return 0, "a request joined"
     if not _plain_capable(state, batch, None):
         return 0, "the batch needs the worker"
-    n = state.controller.steps_without_lookup(state.controller.cfg.probe_max, MAX_STRETCH)
+    n = state.controller.steps_without_lookup(state.controller.cfg.probe_max, MAX_STRETCH,
+                                              [req.rid for req in batch.reqs], len(batch.reqs))
     if n < MIN_STRETCH:
         return 0, "a lookup is due"
     if _kv_lens(batch) is None:
