@@ -1,14 +1,12 @@
-"""glue/plain_path.py (auto's stretches on SGLang's own decode path) on stand-in scheduler, batch and
-worker objects, the KV books checked against a model of SGLang 0.5.16's bookkeeping (plain and
+"""glue/plain_path.py (auto's stretches on SGLang's own decode path) on stand-in scheduler, batch
+and worker objects, the KV books checked against a model of SGLang 0.5.16's bookkeeping (plain and
 speculative decode preparation, the worker's plain step, result processing one step late)."""
 import enum
-import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fastverify.controller import Controller
 from fastverify.costs import LEAN
 from fastverify.glue import auto, plain_path
 from fastverify.glue.verify_runtime import VerifyRuntime
@@ -380,7 +378,10 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path):
     b.spec_info = Info(K, b.seq_lens.clone(), torch.tensor([99] + [0] * (K - 1) + [99] + [0] * 3),
                        torch.ones(2, dtype=torch.int32))
     b.spec_info.future_indices = None
-    nxt = lambda t: (t * 7 + 3) % 50 + 100  # the target's greedy output after token t
+
+    def nxt(t):  # the target's greedy output after token t
+        return (t * 7 + 3) % 50 + 100
+
     forwards = []
 
     class Target:
@@ -439,11 +440,11 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path):
     books.check()
     # the target's greedy output, token after token, whichever path each step took
     for r in books.reqs:
-        assert all(r.output_ids[i + 1] == nxt(r.output_ids[i]) for i in range(len(r.output_ids) - 1))
+        out = r.output_ids
+        assert all(out[i + 1] == nxt(out[i]) for i in range(len(out) - 1))
     assert path.count("plain") >= 40, "".join(p[0] for p in path)
-    # every lookup was a probe made in the worker (none on the plain path)
-    assert len(gets) == path.count("worker") - sum(1 for i in range(1, len(path))
-                                                   if path[i] == path[i - 1] == "worker") or gets
+    # the corpus was asked (probes) only on steps the worker ran
+    assert 0 < len(gets) <= path.count("worker")
     # (the stretch still running is counted when it ends)
     assert (state.controller.counters["plain_path_steps"] + state.stretch
             == path.count("plain"))

@@ -11,11 +11,11 @@ is host-bound, that wrapping cost 0.75 ms a step over the plain server's 2.2 ms
 
 Here, once a step has run without speculation and the controller expects the next steps to make no
 lookup either (`Controller.steps_without_lookup`: until its next probe is due), the running batch is
-handed to SGLang's own non-speculative path for those steps: from the scheduler's point of view it is
-a batch of a server without speculation. Its preparation allocates one KV slot per request, its
-input ids come from the future map's token buffer as a plain server's do, its result is processed
-as a plain server's, and the n-gram worker only swaps in the plain decode runtime around the forward
-(`step`). The stretch ends when the probe is due, a request joins (it is looked up once), or the
+handed to SGLang's own non-speculative path for those steps: from the scheduler's point of view
+it is a batch of a server without speculation. Its preparation allocates one KV slot per request,
+its input ids come from the future map's token buffer as a plain server's do, its result is
+processed as a plain server's, and the n-gram worker only swaps in the plain decode runtime around
+the forward (`step`). The stretch ends when the probe is due, a request joins (it is looked up once), or the
 batch cannot run plain (`auto._plain_capable`); the batch then reads as speculative again, with
 each request's last token as the root of its next step, and the worker's own logic goes on
 (`auto.plain_step`), its books advanced by the steps of the stretch in one call
@@ -284,7 +284,8 @@ def step(worker, batch, state):
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
                                                    frozenset(r.rid for r in batch.reqs))
     saved = (mr.attn_backend, mr.decode_cuda_graph_runner)
-    mr.attn_backend, mr.decode_cuda_graph_runner = state.plain.attn_backend, state.plain.graph_runner
+    plain = state.plain
+    mr.attn_backend, mr.decode_cuda_graph_runner = plain.attn_backend, plain.graph_runner
     try:
         with plain_algorithm(mr):
             result = worker.target_worker.forward_batch_generation(batch)
