@@ -15,10 +15,10 @@ handed to SGLang's own non-speculative path for those steps: from the scheduler'
 it is a batch of a server without speculation. Its preparation allocates one KV slot per request,
 its input ids come from the future map's token buffer as a plain server's do, its result is
 processed as a plain server's, and the n-gram worker only swaps in the plain decode runtime around
-the forward (`step`). The stretch ends when the probe is due, a request joins (it is looked up once), or the
-batch cannot run plain (`auto._plain_capable`); the batch then reads as speculative again, with
-each request's last token as the root of its next step, and the worker's own logic goes on
-(`auto.plain_step`), its books advanced by the steps of the stretch in one call
+the forward (`step`). The stretch ends when the probe is due, a request joins (it is looked up
+once), or the batch cannot run plain (`auto._plain_capable`); the batch then reads as
+speculative again, with each request's last token as the root of its next step, and the worker's
+own logic goes on (`auto.plain_step`), its books advanced by the steps of the stretch in one call
 (`Controller.note_plain_path`).
 
 Seams (patch 0012, both pinned versions hold the same shape):
