@@ -694,7 +694,7 @@ def cmd_env(a):
            "fastverify_commit": a.commit,
            "env": {k: v for k, v in sorted(os.environ.items())
                    if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM_", "CUDA_VISIBLE",
-                                    "FASTVERIFY_"))},
+                                    "FASTVERIFY_", "FV_WEIGHTS"))},
            "repro_command": a.repro}
     with open(a.out, "w") as fh:
         json.dump(env, fh, indent=1)

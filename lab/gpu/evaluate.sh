@@ -39,6 +39,9 @@
 #   STEPTRACE=1   every server's scheduler loop recorded step by step (lab/steptrace/; with
 #                 STEPTRACE_GPU=1 each step's device span too); lab/step_trace.py compares every
 #                 server of a profile with its plain server A: $OUT/steptrace_<profile>.txt
+#   WEIGHTS=dummy random weights of the model's shapes (--load-format dummy; no GGUF needed: the
+#                 one-transfer bundle of scripts/gpu/one_transfer.sh). Cost only: acceptance and
+#                 the greedy text mean nothing then, the servers' relative speed does
 #   OUT           results (default $HOME/eval-out): summary.json, summary.txt, eval_<profile>.png,
 #                 evaluate.tar.xz (raw records, server logs, command lines, timeline), timeline.txt
 set -u
@@ -63,6 +66,11 @@ COMMON="--model-path $MODEL --tp $TP --attention-backend triton --sampling-backe
   --cuda-graph-backend-prefill disabled --max-total-tokens 32768
   --mem-fraction-static ${MEM_FRACTION:-0.07} --decode-log-interval 40 --enable-metrics
   --sleep-on-idle --incremental-streaming-output --log-level info"
+case "${WEIGHTS:-real}" in
+  real) ;;
+  dummy) COMMON="$COMMON --load-format dummy"; export FV_WEIGHTS=dummy ;;
+  *) echo "evaluate.sh: WEIGHTS must be real or dummy, not '$WEIGHTS'" >&2; exit 2 ;;
+esac
 COMMON=$(echo $COMMON)
 
 cases() {  # name|role|server flags
@@ -122,7 +130,7 @@ for g in $PROFILES; do
   v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v:-}" ] && REPRO="$REPRO $v=\"${!v}\""
   v="FLAGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
-for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRACE_GPU; do
+for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRACE_GPU WEIGHTS; do
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done

@@ -38,7 +38,18 @@ _fv_prepare() {
   for m in "$_B"/models/*/; do
     local n; n=$(basename "$m"); mkdir -p "$HOME/models/$n"; cp -r "$m". "$HOME/models/$n/"
   done
-  # SmolLM2 weights: dequantized here from the GGUF; the checksum must equal the host build's
+  # SmolLM2 weights: dequantized here from the GGUF; the checksum must equal the host build's.
+  # FV_WEIGHTS=dummy (a one-transfer bundle, scripts/gpu/one_transfer.sh: no GGUF travels): the
+  # servers load random weights of the same shapes (--load-format dummy), so nothing is rebuilt
+  if [ "${FV_WEIGHTS:-}" = dummy ]; then
+    echo "device_env: FV_WEIGHTS=dummy: no SmolLM2 weights rebuilt (random weights, cost only)"
+    return 0
+  fi
+  if [ ! -f "$HOME/big/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    echo "device_env: no SmolLM2 GGUF in $_STORE (a one-transfer bundle?): stage every chunk," \
+         "or set FV_WEIGHTS=dummy for random weights" >&2
+    return 1
+  fi
   for n in smollm2-135m-tp2 smollm2-135m-tp1; do
     [ -d "$HOME/models/$n" ] || continue
     local want_sha=$HOME/models/$n/model.safetensors.sha256.host

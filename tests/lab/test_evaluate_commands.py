@@ -51,3 +51,11 @@ def test_plain_and_speculative_servers_capture_the_same_decode_batch_sizes():
             sizes.append(int(w))
         lists.add(tuple(sizes))
     assert lists == {tuple(range(1, 9))}
+
+
+def test_dummy_weights_reach_every_server_and_a_bad_value_is_refused():
+    cmds = _commands(SERVERS="A P auto_never", WEIGHTS="dummy")
+    assert all("--load-format dummy" in args for args in cmds.values())
+    assert not any("--load-format" in args for args in _commands(SERVERS="A").values())
+    r = _print_commands(SERVERS="A", WEIGHTS="random")
+    assert r.returncode == 2 and "WEIGHTS must be real or dummy" in r.stderr
