@@ -43,6 +43,7 @@
 #                 one-transfer bundle of scripts/gpu/one_transfer.sh). Cost only: acceptance and
 #                 the greedy text mean nothing then, the servers' relative speed does
 #   OUT           results (default $HOME/eval-out): summary.json, summary.txt, eval_<profile>.png,
+#                 stretches.txt (each auto server's last log line on its plain-path stretches),
 #                 evaluate.tar.xz (raw records, server logs, command lines, timeline), timeline.txt
 set -u
 set +m
@@ -287,6 +288,14 @@ done
       -e "Traceback|Error" "$f" \
       | grep -vE "Fail to set RLIMIT|helion|openai_harmony" | cut -c1-400 | head -40
   done; } > "$W/log_excerpts.txt" 2>&1
+# each auto server's last line on its stretches without speculation on the plain decode path (how
+# many of its decode steps ran there, and why the others did not)
+{ for f in "$W"/logs/*.log; do
+    l=$(grep -h "stretches on the plain decode path" "$f" | tail -1 | cut -c1-400)
+    [ -n "$l" ] && echo "$(basename "$f" .log): $l"
+  done; } > "$OUT/stretches.txt" 2>/dev/null
+[ -s "$OUT/stretches.txt" ] || echo "(no server logged stretches on the plain decode path)" \
+  > "$OUT/stretches.txt"
 if [ ${#RAWS[@]} -gt 0 ]; then
   python3 "$EV" analyze "${RAWS[@]}" --env "$W/env.json" --repro "$REPRO" --out-dir "$OUT" \
     > "$W/analyze.txt" 2>&1

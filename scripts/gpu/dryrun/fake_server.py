@@ -19,6 +19,12 @@ ap.add_argument("--speculative-num-draft-tokens", type=int, default=8)
 ap.add_argument("--incremental-streaming-output", action="store_true")
 a, rest = ap.parse_known_args()
 print("fake server (rehearsal only), args:", " ".join(sys.argv[1:]), flush=True)
+mode = rest[rest.index("--speculative-ngram-verify-mode") + 1:][:1] \
+    if "--speculative-ngram-verify-mode" in rest else []
+if mode == ["auto"]:
+    # the shape of auto's log line on its plain-path stretches (evaluate.sh collects the last one)
+    print("auto verify: 0 stretches on the plain decode path, 0 steps (0.0 each, 0 % of the decode "
+          "steps); no stretch from a worker's step: {'a stand-in server': 1}", flush=True)
 time.sleep(1.0)   # a start-up delay, so the health wait loop runs more than once
 served = [0]
 
