@@ -8,8 +8,11 @@ Runs patch 0012's hunks in SGLang's own code on stand-in objects: the scheduler'
 update_running_batch (where fastverify.glue.plain_path.choose_path is called, relative to the
 batch's filter, memory check and decode preparation), the n-gram branch of _relay_forward_payload,
 and resolve_forward_inputs' gather of the input ids for a batch that reads as not speculative in
-an n-gram server.
+an n-gram server; then a stretch's way through SGLang's own FutureMap of an n-gram server (live
+for n-gram in 0.5.23: it stashes the accept tokens and lengths and gathers them by future indices)
+with plain_path's own relay, leave and fill_roots.
 """
+import inspect
 import json
 import sys
 import types
@@ -18,10 +21,115 @@ import torch
 
 from sglang.srt.managers import overlap_utils  # noqa: E402
 from sglang.srt.managers import scheduler as sched_mod  # noqa: E402
+from sglang.srt.speculative.ngram_info import NgramVerifyInput  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from fastverify.glue import plain_path  # noqa: E402
 
 out = {}
 NONE, NGRAM = SpeculativeAlgorithm.NONE, SpeculativeAlgorithm.NGRAM
+K = 4
+
+
+def relay_forward_payload(scheduler, batch, future_indices, result):
+    """Scheduler._relay_forward_payload: (future_indices, result) in 0.5.16, (batch,
+    future_indices, result) in 0.5.23."""
+    fn = sched_mod.Scheduler._relay_forward_payload
+    if "batch" in inspect.signature(fn).parameters:
+        return fn(scheduler, batch, future_indices, result)
+    return fn(scheduler, future_indices, result)
+
+
+def rows(t):
+    return None if t is None else t.tolist()
+
+
+# a stretch through the n-gram server's own future map: the worker's step without speculation,
+# one step on the plain path, the way back
+fmap = overlap_utils.FutureMap(torch.device("cpu"), NGRAM,
+                               types.SimpleNamespace(req_to_token=torch.zeros(8, 64,
+                                                                              dtype=torch.int32)),
+                               needs_cpu_seq_lens=False)
+state = types.SimpleNamespace(path_ok=True, k=K, info_type=NgramVerifyInput, spec_algorithm=NGRAM,
+                              controller=types.SimpleNamespace(note_plain_path=lambda bs, n: None),
+                              stretch=0, stretch_len=4, since_prefill=0, last_start=None,
+                              step_before=None, last_forward_plain=True, path_logged_at=0.0,
+                              clock=lambda: 1.0, future_map=None)
+worker = types.SimpleNamespace(_fv_auto=state)
+server = types.SimpleNamespace(spec_algorithm=NGRAM, future_map=fmap, model_worker=worker)
+fi = torch.tensor([2, 5])
+fm = {}
+
+
+def accept_roots():
+    buf = getattr(fmap, "accept_tokens_buf", None)
+    return None if buf is None else buf[fi, 0].tolist()
+
+
+# the worker's step without speculation (a speculative batch): its next draft input and its
+# token per request
+draft = NgramVerifyInput(draft_token_num=K, new_seq_lens=torch.tensor([11, 21]),
+                         accept_tokens=torch.tensor([31, 0, 0, 0, 32, 0, 0, 0],
+                                                    dtype=torch.int32),
+                         accept_lens=torch.ones(2, dtype=torch.int32))
+spec_batch = types.SimpleNamespace(spec_algorithm=NGRAM, beam_tail=None)
+relay_forward_payload(server, spec_batch, fi, types.SimpleNamespace(
+    next_draft_input=draft, next_token_ids=torch.tensor([31, 32]), has_sampled_token_ids=True))
+fm["worker_step"] = {"tokens": rows(fmap.output_tokens_buf[fi]), "accept": accept_roots()}
+# the first step on the plain path (after choose_path's enter: no speculative input)
+fmap.new_seq_lens_buf[fi] = torch.tensor([11, 21])
+batch = types.SimpleNamespace(
+    prefill_input_ids_cpu=None, input_ids=None, spec_algorithm=NONE, spec_info=None,
+    req_pool_indices=fi, enable_overlap=True, seq_lens=torch.tensor([12, 22]),
+    seq_lens_cpu=torch.tensor([12, 22]), seq_lens_sum=34, reqs=[object(), object()])
+fmap.resolve_seq_lens_cpu(batch)
+overlap_utils.resolve_forward_inputs(batch, fmap)
+fm["plain_step"] = {"input_ids": rows(batch.input_ids), "seq_lens": rows(batch.seq_lens),
+                    "seq_lens_cpu": rows(batch.seq_lens_cpu)}
+# its result: the target's own (no draft input), one token per request; the scheduler publishes
+# the lengths of a batch without speculation itself, one more than the next step starts from
+relay_forward_payload(server, batch, fi, types.SimpleNamespace(
+    next_draft_input=None, next_token_ids=torch.tensor([41, 42]), has_sampled_token_ids=True))
+fmap.new_seq_lens_buf[fi] = batch.seq_lens + 1
+fm["plain_result"] = {"tokens": rows(fmap.output_tokens_buf[fi]), "accept": accept_roots()}
+# the way back: leave's speculative input, through the resolves of the next run_batch, and the
+# roots the worker's first step writes
+batch.input_ids = None
+plain_path.leave(server, batch, state, "probe due")
+fmap.resolve_seq_lens_cpu(batch)
+overlap_utils.resolve_forward_inputs(batch, fmap)
+plain_path.fill_roots(worker, batch, state)
+info = batch.spec_info
+fm["back"] = {"algorithm": batch.spec_algorithm.name, "future_indices": rows(info.future_indices),
+              "seq_lens": rows(batch.seq_lens), "seq_lens_cpu": rows(batch.seq_lens_cpu),
+              "roots": rows(info.accept_tokens.view(2, K)[:, 0]),
+              "accept_lens": rows(info.accept_lens), "input_ids": rows(batch.input_ids),
+              "last_forward_plain": state.last_forward_plain}
+# what the same resolves would have made of an input with future indices
+other = types.SimpleNamespace(
+    prefill_input_ids_cpu=None, input_ids=None, spec_algorithm=NGRAM, req_pool_indices=fi,
+    enable_overlap=True, seq_lens=torch.tensor([12, 22]), seq_lens_cpu=torch.tensor([12, 22]),
+    seq_lens_sum=34, spec_info=NgramVerifyInput(
+        draft_token_num=K, new_seq_lens=torch.tensor([12, 22]),
+        accept_tokens=torch.tensor([41, 0, 0, 0, 42, 0, 0, 0], dtype=torch.int32),
+        accept_lens=torch.ones(2, dtype=torch.int32)))
+other.spec_info.future_indices = fi
+fmap.resolve_seq_lens_cpu(other)
+overlap_utils.resolve_forward_inputs(other, fmap)
+fm["with_future_indices"] = {"seq_lens": rows(other.seq_lens),
+                             "roots": rows(other.spec_info.accept_tokens.view(2, K)[:, 0])}
+# were that batch not run (0.5.23's update_running_batch may skip the step), a prefill's requests
+# would merge into it: SGLang's own merge of a speculative input without future indices and one
+# with them
+joined = NgramVerifyInput(draft_token_num=K, new_seq_lens=torch.tensor([7]),
+                          accept_tokens=torch.tensor([51, 0, 0, 0], dtype=torch.int32),
+                          accept_lens=torch.ones(1, dtype=torch.int32))
+joined.future_indices = torch.tensor([6])
+info.merge_batch(joined)
+fm["merged"] = {"roots": rows(info.accept_tokens.view(-1, K)[:, 0]),
+                "new_seq_lens": rows(info.new_seq_lens),
+                "future_indices": rows(info.future_indices)}
+out["future_map"] = fm
 
 # resolve_forward_inputs: an n-gram server's future map, a decode batch without input ids
 extras = []
@@ -40,8 +148,8 @@ out["spec_extras"] = extras
 relayed = []
 sched_mod.fv_plain_path.relay = lambda s, fi, r: relayed.append((fi.tolist(), r.next_token_ids))
 fake = types.SimpleNamespace(spec_algorithm=NGRAM)
-sched_mod.Scheduler._relay_forward_payload(fake, torch.tensor([2, 4]),
-                                           types.SimpleNamespace(next_token_ids="tokens"))
+relay_forward_payload(fake, None, torch.tensor([2, 4]),
+                      types.SimpleNamespace(next_token_ids="tokens", next_draft_input=None))
 out["relayed"] = relayed
 
 # update_running_batch: the order of the hook among the batch's own calls
@@ -54,7 +162,7 @@ class Batch:
     def batch_size(self):
         return 1
 
-    def filter_batch(self):
+    def filter_batch(self, **kw):
         order.append("filter")
 
     def is_empty(self):
@@ -78,7 +186,8 @@ b = Batch()
 b.spec_algorithm, b.batch_is_full = NGRAM, True
 fake = types.SimpleNamespace(enable_hierarchical_cache=False, forward_ct=1,
                              new_token_ratio_tracker=types.SimpleNamespace(
-                                 decay_step=lambda: order.append("decay")))
+                                 decay_step=lambda: order.append("decay")),
+                             _reqs_finishing_inflight=lambda batch: [])  # (0.5.23)
 ret = sched_mod.Scheduler.update_running_batch(fake, b)
 out["order"] = order
 out["returned_batch"] = ret is b

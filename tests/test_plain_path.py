@@ -1,6 +1,9 @@
 """glue/plain_path.py (auto's stretches on SGLang's own decode path) on stand-in scheduler, batch
-and worker objects, the KV books checked against a model of SGLang 0.5.16's bookkeeping (plain and
-speculative decode preparation, the worker's plain step, result processing one step late)."""
+and worker objects, the KV books checked against a model of SGLang's bookkeeping (plain and
+speculative decode preparation, the worker's plain step, result processing one step late) in
+the layout of either pinned version: 0.5.16 keeps a request's committed KV length and pool row on
+the request, 0.5.23 on its KV record, and 0.5.23's future map relays an n-gram batch's lengths
+(and, where no attention backend needs host lengths, patch 0009, leaves it none)."""
 import enum
 from types import SimpleNamespace
 
@@ -15,6 +18,7 @@ from test_glue_auto import DEAR, PLAIN, _spec, _worker
 
 K = 4
 RESERVE = 2 * K  # the speculative preparation's reservation past the committed length
+LAYOUTS = ("0.5.16", "0.5.23")
 
 
 class Algo(enum.Enum):
@@ -48,64 +52,125 @@ class Allocator:
 
 
 class Books:
-    """SGLang's KV bookkeeping for a decode batch, as 0.5.16 keeps it (the model the plain path's
-    switches are checked against): the plain preparation allocates one slot at each request's
-    length and commits it at once; the speculative one reserves up to committed + RESERVE; the
-    worker's plain step writes the slot at the length; a speculative result commits its accepted
-    token when processed, one step late (overlap)."""
+    """SGLang's KV bookkeeping for a decode batch (the model the plain path's switches are checked
+    against): the plain preparation allocates one slot at each request's length and commits it at
+    once; the speculative one reserves up to committed + RESERVE; the worker's plain step writes the
+    slot at the length; a speculative result commits its accepted token when processed, one step
+    late (overlap). A speculative step's lengths come through the future map: the step publishes
+    them by row, run_batch gives its next input the batch's rows as future indices, and the next
+    step's resolve gathers them by those indices and leaves no host lengths (patch 0009: no
+    attention backend needs them). The scheduler publishes a plain step's lengths too, one more
+    than the next step starts from: gathered for a speculative batch, they would break the books.
 
-    def __init__(self, prompts):
+    ``layout``: where a request's committed length and pool row live (0.5.16: on the request;
+    0.5.23: on its KV record only), and in 0.5.23 the future map relays an n-gram step's accept
+    tokens and lengths as well (stashed from the step's next draft input, gathered into the next
+    input by its future indices)."""
+
+    def __init__(self, prompts, layout="0.5.16"):
+        self.layout = layout
         self.alloc = Allocator(4096)
         self.pool = torch.zeros(len(prompts), 512, dtype=torch.int32)
         self.reqs, self.written = [], {}
+        bs = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts])
+        # the future map's rows (new_seq_lens_buf; 0.5.23's accept_tokens_buf, accept_lens_buf),
+        # as the prefill left them
+        self.published = lens.clone()
+        self.accept_tokens_buf = torch.zeros(bs, K, dtype=torch.int32)
+        self.accept_tokens_buf[:, 0] = 99
+        self.accept_lens_buf = torch.ones(bs, dtype=torch.int32)
         for i, p in enumerate(prompts):
             slots = self.alloc.alloc(len(p))
             self.pool[i, :len(p)] = torch.tensor(slots, dtype=torch.int32)
             self.written.update({(i, j): True for j in range(len(p))})
             # the prefill's result is processed: its token is the first decode step's input
-            self.reqs.append(SimpleNamespace(rid=f"r{i}", origin_input_ids=list(p),
-                                             output_ids=[99],
-                                             kv_committed_len=len(p), req_pool_idx=i,
-                                             kv=SimpleNamespace(kv_allocated_len=len(p)),
-                                             is_retracted=False))
-        lens = torch.tensor([len(p) for p in prompts])
+            kv = SimpleNamespace(kv_allocated_len=len(p))
+            req = SimpleNamespace(rid=f"r{i}", origin_input_ids=list(p), output_ids=[99], kv=kv,
+                                  is_retracted=False)
+            if layout == "0.5.16":
+                req.kv_committed_len, req.req_pool_idx = len(p), i
+            else:
+                kv.kv_committed_len, kv.req_pool_idx = len(p), i
+            self.reqs.append(req)
         self.batch = SimpleNamespace(
-            reqs=self.reqs, spec_algorithm=Algo.NGRAM, spec_info=Info(), seq_lens=lens.clone(),
+            reqs=self.reqs, spec_algorithm=Algo.NGRAM, spec_info=None, seq_lens=lens.clone(),
             seq_lens_cpu=lens.clone(), orig_seq_lens=lens.to(torch.int32), seq_lens_sum=None,
-            req_pool_indices=torch.arange(len(prompts)), has_grammar=False, return_logprob=False,
+            req_pool_indices=torch.arange(bs), has_grammar=False, return_logprob=False,
             return_hidden_states=False, sampling_info=None,
             req_to_token_pool=SimpleNamespace(req_to_token=self.pool),
             token_to_kv_pool_allocator=self.alloc)
+        self.speculative_input(Info(K, lens.clone(), self.accept_tokens_buf.flatten().clone(),
+                                    self.accept_lens_buf.clone()))
         self.queue = []  # (kind, tokens) of forwards not processed yet
         self.next_token = 100
 
+    def committed(self, r):
+        return r.kv_committed_len if self.layout == "0.5.16" else r.kv.kv_committed_len
+
+    def commit(self, r, n):
+        if self.layout == "0.5.16":
+            r.kv_committed_len += n
+        else:
+            r.kv.kv_committed_len += n
+
+    def row(self, r):
+        return r.req_pool_idx if self.layout == "0.5.16" else r.kv.req_pool_idx
+
+    def speculative_input(self, info):
+        """What run_batch leaves on a speculative batch after its forward: the step's next draft
+        input with the batch's rows as its future indices (0.5.23: its accept tokens and lengths
+        stashed by row)."""
+        b = self.batch
+        info.future_indices = b.req_pool_indices
+        if self.layout == "0.5.23":
+            self.accept_tokens_buf[b.req_pool_indices] = info.accept_tokens.view(-1, K)
+            self.accept_lens_buf[b.req_pool_indices] = info.accept_lens
+        b.spec_info = info
+
+    def resolve(self):
+        """run_batch's resolve before the forward, where the batch's input has future indices: its
+        lengths from the future map, no host copy (0009); 0.5.23: its accept tokens and lengths."""
+        b = self.batch
+        fi = getattr(b.spec_info, "future_indices", None)
+        if fi is None:
+            return
+        b.seq_lens = self.published[fi]
+        b.seq_lens_cpu = b.seq_lens_sum = None
+        if self.layout == "0.5.23" and not b.spec_algorithm.is_none():
+            b.spec_info.accept_tokens = self.accept_tokens_buf[fi].flatten()
+            b.spec_info.accept_lens = self.accept_lens_buf[fi]
+
     def prepare_and_run(self):
-        """One decode step: preparation by the batch's flag, then the forward (the worker's plain
-        step or the plain path: one token per request, written at its length)."""
+        """One decode step: preparation by the batch's flag, the resolve, then the forward (the
+        worker's plain step or the plain path: one token per request, written at its length)."""
         b = self.batch
         if b.spec_algorithm.is_none():
             for r in self.reqs:  # alloc_for_decode(token_per_req=1) + the committed += 1
-                i = r.req_pool_idx
+                i = self.row(r)
                 (slot,) = self.alloc.alloc(1)
                 self.pool[i, int(b.seq_lens[i])] = slot
                 r.kv.kv_allocated_len += 1
-                r.kv_committed_len += 1
+                self.commit(r, 1)
             b.seq_lens = b.seq_lens + 1
             b.seq_lens_cpu = b.seq_lens_cpu + 1
+            self.resolve()
             at = b.seq_lens - 1
+            self.published[b.req_pool_indices] = b.seq_lens + 1  # the scheduler's own publish
             kind = "plain"
         else:
             for r in self.reqs:  # eagle_prepare_for_decode's reservation
-                i, cur = r.req_pool_idx, r.kv.kv_allocated_len
-                nxt = max(cur, r.kv_committed_len + RESERVE)
+                i, cur = self.row(r), r.kv.kv_allocated_len
+                nxt = max(cur, self.committed(r) + RESERVE)
                 self.pool[i, cur:nxt] = torch.tensor(self.alloc.alloc(nxt - cur),
                                                      dtype=torch.int32)
                 r.kv.kv_allocated_len = nxt
+            self.resolve()
             at = b.seq_lens  # the worker's plain step: the first reserved slot, lengths kept
-            b.seq_lens = b.seq_lens + 1  # (published; the next resolve reads it)
+            self.published[b.req_pool_indices] = b.seq_lens + 1  # the worker's publish
             kind = "spec"
         for r in self.reqs:
-            i = r.req_pool_idx
+            i = self.row(r)
             slot = int(self.pool[i, int(at[i])])
             assert slot not in self.alloc.free_slots, "the forward writes a free slot"
             self.written[(i, int(at[i]))] = True
@@ -118,7 +183,7 @@ class Books:
         for r, t in zip(self.reqs, tokens):
             r.output_ids.append(t)
             if kind == "spec":
-                r.kv_committed_len += 1
+                self.commit(r, 1)
 
     def check(self):
         """Once every forward is processed: each request's KV is exactly its committed entries
@@ -126,9 +191,9 @@ class Books:
         assert not self.queue
         owned = []
         for r in self.reqs:
-            i = r.req_pool_idx
-            assert r.kv_committed_len == len(r.origin_input_ids) + len(r.output_ids) - 1
-            assert all(self.written.get((i, j)) for j in range(r.kv_committed_len))
+            i = self.row(r)
+            assert self.committed(r) == len(r.origin_input_ids) + len(r.output_ids) - 1
+            assert all(self.written.get((i, j)) for j in range(self.committed(r)))
             owned += self.pool[i, :r.kv.kv_allocated_len].tolist()
         assert len(set(owned)) == len(owned)
         assert not set(owned) & set(self.alloc.free_slots)
@@ -162,9 +227,10 @@ def _scheduler(w, books):
         server_args=SimpleNamespace(page_size=1, enable_mixed_chunk=False, pp_size=1))
 
 
-def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, layout):
     w, state = _state(tmp_path, stretch_from_now=5)
-    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]])
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
     sched = _scheduler(w, books)
     b = books.batch
     path = []
@@ -176,8 +242,8 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path):
             state.stretch += 1  # plain_path.step's count
         else:
             _worker_plain_step(state, b)
-            b.spec_info = Info(K, b.seq_lens, torch.zeros(2 * K, dtype=torch.int32),
-                               torch.ones(2, dtype=torch.int32))
+            books.speculative_input(Info(K, b.seq_lens + 1, torch.zeros(2 * K, dtype=torch.int32),
+                                         torch.ones(2, dtype=torch.int32)))
         if len(books.queue) == 2:  # overlap: the step before is processed after this launch
             books.process_one()
     books.process_one()
@@ -188,14 +254,16 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path):
     assert state.controller.counters["plain_path_steps"] >= 5
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_entering_frees_the_slots_reserved_past_each_request_and_takes_the_hosts_lengths(
-        tmp_path):
+        tmp_path, layout):
     w, state = _state(tmp_path)
-    books = Books([[1, 2, 3], [4, 5]])
+    books = Books([[1, 2, 3], [4, 5]], layout)
     b = books.batch
     books.prepare_and_run()  # a step of the worker's without speculation, in flight
     _worker_plain_step(state, b)
-    reserved = [books.pool[r.req_pool_idx, r.kv_committed_len + 1:r.kv.kv_allocated_len].tolist()
+    assert b.seq_lens_cpu is None  # the resolve left no host lengths (0009)
+    reserved = [books.pool[books.row(r), books.committed(r) + 1:r.kv.kv_allocated_len].tolist()
                 for r in books.reqs]
     free_before = len(books.alloc.free_slots)
     plain_path.choose_path(_scheduler(w, books), b)
@@ -208,11 +276,52 @@ def test_entering_frees_the_slots_reserved_past_each_request_and_takes_the_hosts
     assert state.stretch_len == 8  # the steps before the next lookup is due
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_batch_not_run_after_leaving_does_not_enter_again_off_the_plain_step(tmp_path, layout,
+                                                                              monkeypatch, caplog):
+    """0.5.23's update_running_batch may skip the decode step after choose_path (its memory check
+    fails while requests finish in flight). A batch that left the plain path and was not run meets
+    the next choose_path with the plain path's last step processed and nothing in flight: entering
+    off that step would take KV lengths one too long. Here a stretch ends at its most steps while
+    the controller still expects no lookup, and the step after it is skipped: the batch stays with
+    the worker for a step (not for the books' reason), and the next stretch starts from that
+    step."""
+    monkeypatch.setattr(plain_path, "MAX_STRETCH", 3)
+    w, state = _state(tmp_path, stretch_from_now=20)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    sched = _scheduler(w, books)
+    b = books.batch
+    path = []
+    for step in range(12):
+        plain_path.choose_path(sched, b)
+        if path[-1:] == ["plain"] and not b.spec_algorithm.is_none() and "skip" not in path:
+            path.append("skip")  # no batch runs; the step before is processed
+            books.process_one()
+            continue
+        path.append("plain" if b.spec_algorithm.is_none() else "spec")
+        books.prepare_and_run()
+        if b.spec_algorithm.is_none():
+            state.stretch += 1  # plain_path.step's count
+        else:
+            _worker_plain_step(state, b)
+            books.speculative_input(Info(K, b.seq_lens + 1, torch.zeros(2 * K, dtype=torch.int32),
+                                         torch.ones(2, dtype=torch.int32)))
+        if len(books.queue) == 2:
+            books.process_one()
+    books.process_one()
+    books.check()
+    assert path[:8] == ["spec"] + ["plain"] * 3 + ["skip", "spec", "plain", "plain"]
+    # (the first step has no plain forward before it either)
+    assert state.path_refusals == {"the last forward verified or prefilled": 2}
+    assert "books do not add up" not in caplog.text
+
+
 @pytest.mark.parametrize("why", ["no plain forward before", "new request", "probe due",
                                  "books", "logprobs"])
-def test_the_batch_stays_speculative_where_a_stretch_cannot_start(tmp_path, why, caplog):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_batch_stays_speculative_where_a_stretch_cannot_start(tmp_path, why, layout, caplog):
     w, state = _state(tmp_path, stretch_from_now=1 if why == "probe due" else 8)
-    books = Books([[1, 2, 3], [4, 5]])
+    books = Books([[1, 2, 3], [4, 5]], layout)
     b = books.batch
     books.prepare_and_run()
     _worker_plain_step(state, b)
@@ -230,9 +339,10 @@ def test_the_batch_stays_speculative_where_a_stretch_cannot_start(tmp_path, why,
     assert sum(state.path_refusals.values()) == 1
 
 
-def test_leaving_makes_a_speculative_input_of_one_token_and_counts_the_stretch(tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_leaving_makes_a_speculative_input_of_one_token_and_counts_the_stretch(tmp_path, layout):
     w, state = _state(tmp_path)
-    books = Books([[1, 2, 3], [4, 5]])
+    books = Books([[1, 2, 3], [4, 5]], layout)
     b = books.batch
     sched = _scheduler(w, books)
     books.prepare_and_run()
@@ -248,6 +358,8 @@ def test_leaving_makes_a_speculative_input_of_one_token_and_counts_the_stretch(t
     assert b.spec_algorithm is Algo.NGRAM and state.future_map is sched.future_map
     info = b.spec_info
     assert info.draft_token_num == K and info.fv_roots and info.new_seq_lens is b.seq_lens
+    # no future indices: the future map's gathers leave the lengths and the roots alone
+    assert info.future_indices is None and not state.last_forward_plain
     assert info.accept_tokens.shape == (2 * K,) and info.accept_lens.tolist() == [1, 1]
     assert state.controller.step == steps_before + 3 and state.stretch == 0
     assert state.last_start is None  # the switch's period is not measured
@@ -363,21 +475,49 @@ def test_patched_ngram_relay_and_the_plain_paths_token_gather(hunks):
     # a batch that reads as not speculative takes its input ids from the future map's buffer, in an
     # n-gram server too; a speculative batch does not (its worker takes its roots)
     assert hunks["resolve_none"] == [13, 11] and hunks["resolve_ngram"] is None
-    assert hunks["spec_extras"] == ["NGRAM"]  # (a no-op for an n-gram server)
+    assert hunks["spec_extras"] == ["NGRAM"]  # only a speculative batch has its extras gathered
 
 
-def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path):
+@pytest.mark.sglang
+def test_a_stretch_through_the_servers_own_future_map(hunks):
+    fm = hunks["future_map"]
+    # the worker's step without speculation: its token reaches the token buffer (plain_path.relay);
+    # where the future map is live for n-gram (0.5.23) the n-gram stash keeps its accept tokens too
+    assert fm["worker_step"]["tokens"] == [31, 32]
+    assert fm["worker_step"]["accept"] in (None, [31, 32])
+    # a step on the plain path: input ids from the token buffer, lengths left alone (no input with
+    # future indices to resolve them by)
+    assert fm["plain_step"] == {"input_ids": [31, 32], "seq_lens": [12, 22],
+                                "seq_lens_cpu": [12, 22]}
+    # its result: the token buffer only; the n-gram buffers keep the worker's step (stale)
+    assert fm["plain_result"] == {"tokens": [41, 42], "accept": fm["worker_step"]["accept"]}
+    # back: leave's input has no future indices, so the next run_batch's resolves change nothing;
+    # fill_roots writes each root from the token buffer
+    assert fm["back"] == {"algorithm": "NGRAM", "future_indices": None, "seq_lens": [12, 22],
+                          "seq_lens_cpu": [12, 22], "roots": [41, 42], "accept_lens": [1, 1],
+                          "input_ids": None, "last_forward_plain": False}
+    # (with future indices the resolves would have taken the lengths the scheduler published for
+    # the plain step, one too many, and in 0.5.23 the stale roots)
+    assert fm["with_future_indices"]["seq_lens"] == [13, 23]
+    assert fm["with_future_indices"]["roots"] == (
+        [41, 42] if fm["worker_step"]["accept"] is None else [31, 32])
+    # a prefill's requests merging into that input before it runs (SGLang's own merge)
+    assert fm["merged"] == {"roots": [41, 42, 51], "new_seq_lens": [12, 22, 7],
+                            "future_indices": None}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
-    probes), the scheduler's hooks and its KV books as in SGLang 0.5.16: most steps run on the plain
-    path, every probe in the worker, the output is the target's, and the books add up."""
+    probes), the scheduler's hooks and its KV books and future map as in each pinned version (in
+    0.5.23 the worker's roots come through the future map's accept token buffer, which a stretch
+    leaves stale): most steps run on the plain path, every probe in the worker, the output is the
+    target's, and the books add up."""
     table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
     spec = _spec(tmp_path, table)
-    books = Books([[1, 2, 3], [4, 5, 6, 7]])
+    books = Books([[1, 2, 3], [4, 5, 6, 7]], layout)
     b = books.batch
     b.forward_mode = SimpleNamespace(is_decode=lambda: True)
-    b.spec_info = Info(K, b.seq_lens.clone(), torch.tensor([99] + [0] * (K - 1) + [99] + [0] * 3),
-                       torch.ones(2, dtype=torch.int32))
-    b.spec_info.future_indices = None
 
     def nxt(t):  # the target's greedy output after token t
         return (t * 7 + 3) % 50 + 100
@@ -410,28 +550,25 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path):
     sched = _scheduler(w, books)
     # the prefill's tokens (99) reached the buffer through the relay
     sched.future_map.output_tokens_buf[:2] = 99
-    path, published = [], [b.seq_lens.clone()]
+    path, published = [], []
     for step in range(60):
         plain_path.choose_path(sched, b)
         on_plain = b.spec_algorithm.is_none()
         path.append("plain" if on_plain else "worker")
+        # the preparation (plain: one slot, committed at once; speculative: the reservation) and
+        # the resolve; the forward's model is replaced by the real step's below
+        books.prepare_and_run()
+        books.queue.pop()
         if on_plain:
-            books.prepare_and_run()  # the plain preparation (one slot, committed at once)
-            books.queue.pop()
             b.input_ids = sched.future_map.output_tokens_buf[b.req_pool_indices]
             b.out_cache_loc = books.pool[b.req_pool_indices, b.seq_lens - 1].long()
-        else:
-            if b.spec_info.future_indices is not None:
-                b.seq_lens = published[-1]  # resolve_seq_lens_cpu
-            books.prepare_and_run()  # the reservation; the worker's plain step writes at seq_lens
-            books.queue.pop()
-            b.seq_lens = b.seq_lens - 1  # (the model's publish is the worker's here)
         result = auto.plain_step(w, b, on_publish=published.append)
         assert result is not None  # never a verify step
+        if not on_plain:  # the worker's plain step writes at seq_lens and publishes one more
+            assert published.pop().tolist() == books.published.tolist()
         plain_path.relay(sched, b.req_pool_indices, result)
         if not on_plain:
-            b.spec_info = result.next_draft_input
-            b.spec_info.future_indices = b.req_pool_indices
+            books.speculative_input(result.next_draft_input)
         b.input_ids = b.out_cache_loc = None
         books.queue.append(("plain" if on_plain else "spec", result.next_token_ids.tolist()))
         if len(books.queue) == 2:

@@ -21,17 +21,29 @@ speculative again, with each request's last token as the root of its next step, 
 own logic goes on (`auto.plain_step`), its books advanced by the steps of the stretch in one call
 (`Controller.note_plain_path`).
 
-Seams (patch 0012, both pinned versions hold the same shape):
+Seams (patch 0012, the same shape in both pinned versions):
     Scheduler.update_running_batch      choose_path(scheduler, batch): after the batch's filter,
                                         before its memory check and its decode preparation
     Scheduler._relay_forward_payload    relay(scheduler, future_indices, result): an n-gram
                                         server's result of one token per request (a prefill, a
                                         step without speculation) leaves each request's token in
                                         the future map's token buffer, where the plain path reads
-                                        its input ids
+                                        its input ids (0.5.23: after the n-gram branch's own stash
+                                        of the accept tokens and lengths; 0.5.16 stashes nothing)
     resolve_forward_inputs              the plain path's gather of the input ids from that buffer
                                         runs for a batch that reads as not speculative, not only in
                                         a server without speculation
+
+What the two versions keep where (read from the objects, not from a version string): a request's
+committed KV length and its row in the request-to-token pool are fields of the request in 0.5.16
+and of its KV record (``req.kv``) in 0.5.23 (`_committed`, `_row`). In 0.5.23 the future map
+relays an n-gram batch's accept tokens and lengths (gathered into ``spec_info`` by its
+``future_indices``) and its lengths (``resolve_seq_lens_cpu``, which leaves ``seq_lens_cpu``
+None where no attention backend needs it, patch 0009). A batch on the plain path has no
+``spec_info``, so neither gather touches it; the lengths the scheduler publishes for it (one
+more than the next step starts from) are never read, because the input `leave` makes has no
+future indices either: the first step back takes the lengths the plain path left and the roots
+`fill_roots` writes, and its own result is relayed as any speculative step's.
 
 When the batch switches (`enter`), the forward in flight is the worker's step without speculation
 (one token per request, the first of the KV slots the scheduler reserved for its drafts): what the
@@ -136,12 +148,25 @@ def _kv_lens(batch):
     allocated than that)."""
     lens = []
     for req in batch.reqs:
-        kv = req.kv_committed_len + 1
+        if getattr(req, "kv", None) is None:
+            return None
+        kv = _committed(req) + 1
         if (len(req.origin_input_ids) + len(req.output_ids) != kv
-                or req.kv is None or req.kv.kv_allocated_len < kv):
+                or req.kv.kv_allocated_len < kv):
             return None
         lens.append(kv)
     return lens
+
+
+def _committed(req) -> int:
+    """A request's committed KV length: a field of its KV record in 0.5.23, of the request itself
+    in 0.5.16 (whose KV record has no such field)."""
+    return req.kv.kv_committed_len if hasattr(req.kv, "kv_committed_len") else req.kv_committed_len
+
+
+def _row(req) -> int:
+    """A request's row in the request-to-token pool (where it is kept: see `_committed`)."""
+    return req.kv.req_pool_idx if hasattr(req.kv, "req_pool_idx") else req.req_pool_idx
 
 
 def may_enter(state, batch) -> tuple:
@@ -168,7 +193,8 @@ def may_enter(state, batch) -> tuple:
             logger.warning("auto verify: a request's KV books do not add up (%s); this batch "
                            "stays in the n-gram worker", [
                                (r.rid, len(r.origin_input_ids), len(r.output_ids),
-                                r.kv_committed_len, getattr(r.kv, "kv_allocated_len", None))
+                                _committed(r) if getattr(r, "kv", None) is not None else None,
+                                getattr(r.kv, "kv_allocated_len", None))
                                for r in batch.reqs][:4])
         return 0, "KV books"
     return n, ""
@@ -186,7 +212,7 @@ def enter(batch, state, n: int) -> None:
     for req, kv in zip(batch.reqs, lens):
         allocated = req.kv.kv_allocated_len
         if allocated > kv:
-            freed.append(pool[req.req_pool_idx, kv:allocated])
+            freed.append(pool[_row(req), kv:allocated])
             req.kv.kv_allocated_len = kv
     if freed:
         batch.token_to_kv_pool_allocator.free(torch.cat(freed))
@@ -223,6 +249,12 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     batch.spec_info = info
     batch.spec_algorithm = state.spec_algorithm
     state.future_map = scheduler.future_map
+    # until the worker runs this batch: 0.5.23's update_running_batch may skip the decode step
+    # after this call (its memory check fails while requests finish in flight), and the next
+    # choose_path must not take the plain path's last step for a forward of the worker's in flight
+    # (the KV lengths `enter` would take from the host are one too long: `_kv_lens` refuses them
+    # with a warning meant for books that do not add up)
+    state.last_forward_plain = False
     n = state.stretch
     state.controller.note_plain_path(bs, n)
     state.since_prefill += n
