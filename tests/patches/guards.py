@@ -335,6 +335,51 @@ GUARDS = [
     Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
           file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap.__init__",
           contains=("            self.output_tokens_buf = torch.empty(\n",)),
+    # 0012 in 0.5.23: the filter takes the requests finishing in flight and the memory check may
+    # skip the step (return None) after the hook; the relay takes the batch and its n-gram branch
+    # stashes the accept tokens and lengths before returning; the future map's n-gram gathers and
+    # its lengths go by the batch input's future indices, so a batch without speculative input
+    # (the plain path) or with one without future indices (leave's) is left alone.
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/scheduler.py", symbol="Scheduler.update_running_batch",
+          params=("self", "batch"),
+          contains=("        batch.filter_batch(reqs_to_exclude=finishing_reqs)\n"
+                    "        if batch.is_empty():\n            batch.batch_is_full = False\n"
+                    "            return batch\n\n"
+                    "        kv_full_retract_flag = not batch.check_decode_mem()\n",),
+          lacks=("fv_plain_path",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/scheduler.py", symbol="Scheduler._relay_forward_payload",
+          params=("self", "batch", "future_indices", "batch_result"),
+          contains=("        if self.spec_algorithm.is_ngram():\n"
+                    "            if batch_result.next_draft_input is not None:\n"
+                    "                payload = RelayPayload.from_ngram("
+                    "batch_result.next_draft_input)\n"
+                    "                self.future_map.stash(future_indices, payload)\n"
+                    "            return\n",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="resolve_forward_inputs",
+          params=("batch", "future_map"),
+          contains=("    elif batch.input_ids is None and future_map.spec_algo.is_none():\n",
+                    "        batch.input_ids = future_map.output_tokens_buf"
+                    "[batch.req_pool_indices]\n",
+                    "    if batch.enable_overlap and not batch.spec_algorithm.is_none():\n"
+                    "        future_map._resolve_spec_extras(batch)\n")),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap.__init__",
+          contains=("            self.output_tokens_buf = torch.empty(\n",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap._resolve_spec_extras",
+          params=("self", "batch"),
+          contains=("        if self.spec_algo.is_ngram():\n"
+                    "            draft_input = batch.spec_info\n"
+                    "            if draft_input is None or draft_input.future_indices is None:\n"
+                    "                return\n",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap.resolve_seq_lens_cpu",
+          params=("self", "batch", "stream_ordered"),
+          contains=("        fi = draft_input.future_indices\n        if fi is None:\n"
+                    "            return\n",)),
     # 0010: our flags checked right after parse_args in prepare_server_args, and for
     # ServerArgs built in code before the dummy-model boundary (0.5.16 __post_init__) / the
     # resolution pipeline (0.5.23).
@@ -421,6 +466,26 @@ GLUE_SEAMS = [
     Guard(patch="0007-ngram-verify-auto.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/speculative/cpp_ngram/ngram_corpus.py", symbol="NgramCorpus.synchronize",
           params=("self",)),
+    # fastverify.glue.plain_path (0012): where a request's committed KV length and pool row live
+    # (0.5.16: the request; 0.5.23: its KV record), and the n-gram input's merge and filter, which
+    # handle an input without future indices (leave's) by its tensors in 0.5.23.
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
+          file="sglang/srt/managers/schedule_batch.py", symbol="ReqKvInfo.kv_allocated_len"),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
+          file="sglang/srt/managers/schedule_batch.py", symbol="Req.__init__",
+          contains=("        self.kv_committed_len = 0\n",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/schedule_batch.py", symbol="ReqKvInfo.kv_committed_len"),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/managers/schedule_batch.py", symbol="ReqKvInfo.req_pool_idx"),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/speculative/ngram_info.py", symbol="NgramVerifyInput.merge_batch",
+          params=("self", "spec_info"),
+          contains=("        if self.future_indices is not None:\n"
+                    "            assert spec_info.future_indices is not None\n",)),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
+          file="sglang/srt/speculative/ngram_info.py", symbol="NgramVerifyInput.filter_batch",
+          params_include=("self", "new_indices")),
     # fastverify.glue.emulator_hook (0011): the decode/verify graph runner calls the model
     # runner's capture_tail_hooks as hook(graph_runner, out, forward_batch, num_tokens) after
     # the forward inside every capture (the wait is recorded into each graph), and keeps the
