@@ -87,7 +87,7 @@ class Books:
             # the prefill's result is processed: its token is the first decode step's input
             kv = SimpleNamespace(kv_allocated_len=len(p))
             req = SimpleNamespace(rid=f"r{i}", origin_input_ids=list(p), output_ids=[99], kv=kv,
-                                  is_retracted=False)
+                                  is_retracted=False, spec_verify_ct=0)
             if layout == "0.5.16":
                 req.kv_committed_len, req.req_pool_idx = len(p), i
             else:
@@ -440,9 +440,12 @@ def test_a_step_on_the_plain_path_runs_the_plain_runtime_and_puts_the_runner_bac
             return "result"
 
     w.target_worker = Target()
-    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a")], spec_algorithm=Algo.NONE,
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a", spec_verify_ct=3)],
+                            spec_algorithm=Algo.NONE,
                             forward_mode=SimpleNamespace(is_decode=lambda: True))
     assert auto.plain_step(w, batch) == "result"
+    # the step counts for SGLang's per-request accept length as one that verified nothing
+    assert batch.reqs[0].spec_verify_ct == 4
     assert seen == {"backend": "attn-plain", "algo": Algo.NONE, "kw": {}}
     assert mr.attn_backend == "attn4" and mr.spec_algorithm is Algo.NGRAM
     assert state.stretch == 1 and state.last_forward_plain and state.last_step == (LEAN, 1, 1)
@@ -585,6 +588,9 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     # (the stretch still running is counted when it ends)
     assert (state.controller.counters["plain_path_steps"] + state.stretch
             == path.count("plain"))
+    # SGLang counts the worker's steps for each request's accept length when it processes them
+    # (not modelled here); every step on the plain path is counted by the step itself
+    assert [r.spec_verify_ct for r in books.reqs] == [path.count("plain")] * 2
 
 
 def test_a_probe_held_for_want_of_credit_leaves_room_for_a_stretch(tmp_path):

@@ -325,6 +325,13 @@ def step(worker, batch, state):
         mr.attn_backend, mr.decode_cuda_graph_runner = saved
     state.stretch += 1
     state.last_forward_plain = True
+    # SGLang's accept length of a request is its tokens over its speculative steps, and the result
+    # processor counts only those of a speculative batch: a step here counts as one that verified
+    # nothing, as the worker's own steps without speculation do (else a server that never verifies
+    # reported 17 tokens a step). Counted at launch: a request that finished on the step before
+    # (its result processed after this launch) counts one step more than it kept.
+    for req in batch.reqs:
+        req.spec_verify_ct += 1
     # the step the controller's books see: one without speculation (the next step's
     # `auto._tick` takes its period as no measurement, `leave` cleared the start)
     state.last_step = (LEAN, len(batch.reqs), 1)
