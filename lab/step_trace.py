@@ -18,8 +18,9 @@ distribution and not only the mean:
 
 over the steady decode steps (a decode step followed by another of the same batch size; gaps longer
 than 0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify
-mode (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from, ``spec``:
-drafts verified), for the steps right after each prefill (the time to first token and the next
+mode (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from,
+``plain path``: a step on SGLang's own decode path, patch 0012, ``spec``: drafts verified), for
+the steps right after each prefill (the time to first token and the next
 tokens), the time of every step (steady or not) summed by category (prefills, the three steps after
 each, the other decode steps by kind), so that two servers' difference on one load splits into where
 it arose, and per batch size, sampling and kind, each row against the baseline's steps at the same
@@ -264,6 +265,8 @@ def _kind_label(row) -> str:
         return "plain"
     if row["kind"] == "lean":
         return "lean probe" if row["probe"] else "lean"
+    if row["kind"] == "path":
+        return "plain path"
     return f"spec w{row['width']}"
 
 

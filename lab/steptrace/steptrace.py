@@ -7,13 +7,14 @@ disappears in an average. This records every iteration instead, cheaply enough t
 timing intact (a few clock reads per iteration, no device synchronisation of its own):
 
 - ``R``: one ``Scheduler.run_batch`` call (the host preparing and launching a step): start, end,
-  forward mode, batch size, for an n-gram worker in auto verify mode the kind of step the controller
-  ran (``lean``/``spec``), its width, and whether drafts were looked up only to learn from
-  (``probe``); last, the seconds spent since the previous launch record in each function of
-  ``SPANS`` (batch selection, the forward, sampling, the glue's pieces); then ``greedy`` or
-  ``sampled`` (every request of the batch decodes greedily, or not: the sampler's host and device
-  work differ by several times, so steps of a greedy load and of a sampled one are not compared with
-  each other), or None where the batch does not say.
+  forward mode, batch size, for an n-gram worker in auto verify mode the kind of step the
+  controller ran (``lean``/``spec``, ``path`` for a step on SGLang's own decode path), its width,
+  and whether drafts were looked up only to learn from (``probe``); last, the seconds spent since
+  the previous launch record in each function of ``SPANS`` (batch selection, the forward,
+  sampling, the glue's pieces); then ``greedy`` or ``sampled`` (every request of the batch decodes
+  greedily, or not: the sampler's host and device work differ by several times, so steps of a
+  greedy load and of a sampled one are not compared with each other), or None where the batch does
+  not say.
 - ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it
   waiting on CUDA events (the host waiting for the step in flight).
 - ``G``: one garbage collection: generation, start, duration.
@@ -84,6 +85,14 @@ SPANS = (
     ("fastverify.glue.auto", "lookup_behind", "lookup_behind"),
     # a plain step's put (the same work as above)
     ("fastverify.glue.auto", "corpus_put_host", "corpus_put"),
+    # auto's stretches on SGLang's own decode path (patch 0012): the scheduler's choice before
+    # each decode preparation, the switches, the worker's step and the relay of its tokens
+    ("fastverify.glue.plain_path", "choose_path", "path_choice"),
+    ("fastverify.glue.plain_path", "enter", "path_enter"),
+    ("fastverify.glue.plain_path", "leave", "path_leave"),
+    ("fastverify.glue.plain_path", "step", "path_step"),
+    ("fastverify.glue.plain_path", "relay", "path_relay"),
+    ("fastverify.glue.plain_path", "fill_roots", "path_roots"),
     # a Triton kernel met with new arguments is compiled (or loaded from the on-disk cache) here
     ("triton.runtime.jit", "JITFunction._do_compile", "triton_compile"),
 )
@@ -306,6 +315,7 @@ class StepTrace:
             # before the step: a verify step changes the mode
             mode, bs = mode_name(batch), batch_size(batch)
             how = sampling_kind(batch)
+            on_path = on_plain_path(scheduler, batch)
             trace.idle_noted = False
             gpu, stream = trace.gpu, getattr(scheduler, "forward_stream", None)
             t0 = trace.clock()
@@ -317,7 +327,8 @@ class StepTrace:
             spans, trace.spans = trace.spans, {}
             # (a prefill is no auto step: the worker's last step kind is
             # still its last decode step's)
-            kind = auto_step(scheduler) if mode in AUTO_MODES else [None, None, None]
+            kind = ([PATH_KIND, 1, False] if on_path and mode == "DECODE"
+                    else auto_step(scheduler) if mode in AUTO_MODES else [None, None, None])
             trace.add(["R", t0, t1, mode, bs, *kind, spans, how])
             for rec in marks:
                 trace.add(rec)
@@ -405,6 +416,19 @@ def sampling_kind(batch) -> Optional[str]:
     if flag is None:
         return None
     return "greedy" if bool(flag) else "sampled"
+
+
+# the kind written for a step of auto's on SGLang's own decode path (glue.plain_path)
+PATH_KIND = "path"
+
+
+def on_plain_path(scheduler, batch) -> bool:
+    """Whether an auto-mode n-gram worker's batch runs this step on SGLang's own decode path (it
+    reads as not speculative there, in a server that speculates)."""
+    if getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None) is None:
+        return False
+    algo = getattr(batch, "spec_algorithm", None)
+    return algo is not None and bool(algo.is_none())
 
 
 def auto_step(scheduler) -> list:

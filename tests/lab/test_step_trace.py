@@ -285,6 +285,40 @@ def test_a_prefill_record_carries_no_auto_kind(tmp_path):
     assert [r[5:8] for r in trace.records] == [[None, None, None], ["lean", 1, False]]
 
 
+def test_a_step_on_the_plain_decode_path_is_written_as_its_own_kind(tmp_path):
+    """A batch of an auto server's that reads as not speculative runs on SGLang's own decode path
+    (patch 0012): its record says so, whatever the worker's last step was; the worker's own steps
+    keep their kind; a server without auto writes no kind for a batch that reads the same."""
+    clock = Clock()
+    Scheduler, Event = make_classes(clock)
+    state = types.SimpleNamespace(last_step=("lean", 1, 1),
+                                  controller=types.SimpleNamespace(planned=None))
+    trace = steptrace.StepTrace(str(tmp_path / "steps-9.jsonl"), clock=clock)
+    steptrace.instrument(Scheduler, Event, trace)
+
+    def algo(none):
+        return types.SimpleNamespace(is_none=lambda: none)
+
+    try:
+        s = Scheduler()
+        s.draft_worker = types.SimpleNamespace(_fv_auto=state)
+        for none in (False, True, True, False):
+            b = batch("DECODE", 2)
+            b.spec_algorithm = algo(none)
+            s.run_batch(b)
+        plain = Scheduler()
+        b = batch("DECODE", 2)
+        b.spec_algorithm = algo(True)
+        plain.run_batch(b)
+    finally:
+        gc.callbacks.remove(trace.on_gc)
+    assert [r[5:8] for r in trace.records] == [
+        ["lean", 1, False], ["path", 1, False], ["path", 1, False], ["lean", 1, False],
+        [None, None, None]]
+    rows = [{"kind": k, "probe": False, "width": 1} for k in ("path", "lean", None)]
+    assert [step_trace._kind_label(r) for r in rows] == ["plain path", "lean", "plain"]
+
+
 def test_recorder_times_garbage_collections(tmp_path):
     clock = Clock()
     trace = steptrace.StepTrace(str(tmp_path / "t.jsonl"), clock=clock)
