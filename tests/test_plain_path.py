@@ -585,6 +585,14 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     assert path.count("plain") >= 40, "".join(p[0] for p in path)
     # the corpus was asked (probes) only on steps the worker ran
     assert 0 < len(gets) <= path.count("worker")
+    # and given output once a worker's step and once a stretch, never once a step on the plain
+    # path (0.08 ms a step in the worker at bs 1 on one H200: auto-floor-smollm2-tp1); one put
+    # per request each time
+    stretches = sum(1 for a, b in zip(path, path[1:]) if a == "plain" and b == "worker")
+    assert len(corpus.puts) <= path.count("worker") + stretches < path.count("plain")
+    assert all(len(c) == 2 for c in corpus.puts)
+    # the controller saw each stretch once (note_plain_path), not its steps one by one
+    assert state.controller.counters["plain_path_stretches"] == stretches
     # (the stretch still running is counted when it ends)
     assert (state.controller.counters["plain_path_steps"] + state.stretch
             == path.count("plain"))
