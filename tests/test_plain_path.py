@@ -227,15 +227,22 @@ def _scheduler(w, books):
         server_args=SimpleNamespace(page_size=1, enable_mixed_chunk=False, pp_size=1))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, layout):
-    w, state = _state(tmp_path, stretch_from_now=5)
-    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+def _run_steps(w, state, books, n, skip_after_stretch=False) -> list:
+    """``n`` scheduler iterations of the books' batch: the path choice, the preparation and the
+    forward (a step on the plain path counted as `plain_path.step` counts it, a worker's step as
+    `_worker_plain_step` leaves it), its result processed one iteration late (overlap). With
+    ``skip_after_stretch`` the first iteration after a stretch runs no batch (0.5.23's memory check
+    skipping the decode step). Returns each iteration's path: plain, spec or skip."""
     sched = _scheduler(w, books)
     b = books.batch
     path = []
-    for step in range(12):
+    for _ in range(n):
         plain_path.choose_path(sched, b)
+        if (skip_after_stretch and path[-1:] == ["plain"] and not b.spec_algorithm.is_none()
+                and "skip" not in path):
+            path.append("skip")  # no batch runs; the step before is processed
+            books.process_one()
+            continue
         path.append("plain" if b.spec_algorithm.is_none() else "spec")
         books.prepare_and_run()
         if b.spec_algorithm.is_none():
@@ -248,6 +255,14 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, 
             books.process_one()
     books.process_one()
     books.check()
+    return path
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, layout):
+    w, state = _state(tmp_path, stretch_from_now=5)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    path = _run_steps(w, state, books, 12)
     # one step in the worker, then the 5 steps the controller expects without a lookup; back to
     # the worker for the step its probe is due at
     assert path[:8] == ["spec"] + ["plain"] * 5 + ["spec", "spec"]
@@ -289,27 +304,7 @@ def test_a_batch_not_run_after_leaving_does_not_enter_again_off_the_plain_step(t
     monkeypatch.setattr(plain_path, "MAX_STRETCH", 3)
     w, state = _state(tmp_path, stretch_from_now=20)
     books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
-    sched = _scheduler(w, books)
-    b = books.batch
-    path = []
-    for step in range(12):
-        plain_path.choose_path(sched, b)
-        if path[-1:] == ["plain"] and not b.spec_algorithm.is_none() and "skip" not in path:
-            path.append("skip")  # no batch runs; the step before is processed
-            books.process_one()
-            continue
-        path.append("plain" if b.spec_algorithm.is_none() else "spec")
-        books.prepare_and_run()
-        if b.spec_algorithm.is_none():
-            state.stretch += 1  # plain_path.step's count
-        else:
-            _worker_plain_step(state, b)
-            books.speculative_input(Info(K, b.seq_lens + 1, torch.zeros(2 * K, dtype=torch.int32),
-                                         torch.ones(2, dtype=torch.int32)))
-        if len(books.queue) == 2:
-            books.process_one()
-    books.process_one()
-    books.check()
+    path = _run_steps(w, state, books, 12, skip_after_stretch=True)
     assert path[:8] == ["spec"] + ["plain"] * 3 + ["skip", "spec", "plain", "plain"]
     # (the first step has no plain forward before it either)
     assert state.path_refusals == {"the last forward verified or prefilled": 2}
