@@ -332,7 +332,7 @@ GUARDS = [
           contains=("    elif batch.input_ids is None and future_map.spec_algo.is_none():\n",
                     "        batch.input_ids = future_map.output_tokens_buf"
                     "[batch.req_pool_indices]\n")),
-    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16",),
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap.__init__",
           contains=("            self.output_tokens_buf = torch.empty(\n",)),
     # 0012 in 0.5.23: the filter takes the requests finishing in flight and the memory check may
@@ -365,9 +365,6 @@ GUARDS = [
                     "[batch.req_pool_indices]\n",
                     "    if batch.enable_overlap and not batch.spec_algorithm.is_none():\n"
                     "        future_map._resolve_spec_extras(batch)\n")),
-    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
-          file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap.__init__",
-          contains=("            self.output_tokens_buf = torch.empty(\n",)),
     Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.23",),
           file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap._resolve_spec_extras",
           params=("self", "batch"),
