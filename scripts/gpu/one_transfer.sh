@@ -38,7 +38,7 @@ sha256sum "$D.part/stage/chunk-01/MANIFEST.json" | cut -c1-16 > "$D.part/bundle/
   echo "# one transfer: site.tar.xz only, SmolLM2 TP=1 config and tokenizer, random weights"
   (cd "$D.part/bundle" && find . -type f ! -name MANIFEST.txt | sort | xargs sha256sum)
 } > "$D.part/bundle/MANIFEST.txt"
-tracked=$(cd "$ROOT" && git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+tracked=$(cd "$ROOT" && git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 ours=$(du -sb "$D.part" | cut -f1)
 total=$(( (tracked + ours) / 1048576 ))
 if [ "$total" -ge "$LIMIT_MIB" ]; then
