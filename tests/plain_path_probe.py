@@ -51,8 +51,10 @@ fmap = overlap_utils.FutureMap(torch.device("cpu"), NGRAM,
                                                                               dtype=torch.int32)),
                                needs_cpu_seq_lens=False)
 state = types.SimpleNamespace(path_ok=True, k=K, info_type=NgramVerifyInput, spec_algorithm=NGRAM,
-                              controller=types.SimpleNamespace(note_plain_path=lambda bs, n: None),
-                              stretch=0, stretch_len=4, since_prefill=0, last_start=None,
+                              controller=types.SimpleNamespace(
+                                  note_plain_path=lambda bs, n, ends=True: None),
+                              stretch=0, stretch_len=4, noted=0, put=0, probe_now=False,
+                              since_prefill=0, last_start=None,
                               step_before=None, last_forward_plain=True, path_logged_at=0.0,
                               clock=lambda: 1.0, future_map=None)
 worker = types.SimpleNamespace(_fv_auto=state)

@@ -200,11 +200,43 @@ class Books:
         assert len(owned) + len(self.alloc.free_slots) == 4095  # nothing leaked
 
 
-def _state(tmp_path, stretch_from_now=8):
+class Corpus:
+    """SGLang's n-gram corpus as the glue uses it: puts recorded; a lookup (recorded) offers each
+    request ``draft(context)`` (a list of up to K - 1 tokens; default none) as its chain."""
+
+    def __init__(self, draft=lambda ctx: []):
+        self.puts, self.gets, self.draft = [], [], draft
+
+    def batch_put(self, contexts):
+        self.puts.append(contexts)
+
+    def synchronize(self):
+        pass
+
+    def erase_match_state(self, rids):
+        pass
+
+    def batch_get(self, rids, contexts, totals):
+        self.gets.append(list(rids))
+        tokens = torch.zeros(len(rids), K, dtype=torch.int64)
+        for i, ctx in enumerate(contexts):
+            d = list(self.draft(ctx))[:K - 1]
+            tokens[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.int64)
+        mask = torch.tril(torch.ones(K, K, dtype=torch.int64)).expand(len(rids), K, K)
+        return tokens.flatten().numpy(), mask.flatten().numpy()
+
+
+def _state(tmp_path, stretch_from_now=8, table=DEAR, corpus=None):
     w = _worker()
     w.max_trie_depth = 6
-    w.ngram_corpus = SimpleNamespace(puts=[], batch_put=lambda c: w.ngram_corpus.puts.append(c))
-    state = auto.setup(w, _spec(tmp_path, DEAR), plain=PLAIN)
+    w.ngram_corpus = corpus if corpus is not None else Corpus()
+    w.enable_overlap = True
+    w._efficient_concat_last_n = lambda a, c, n: (list(a) + list(c))[-n:]
+    w._fv = SimpleNamespace(expect_no_drafts=lambda bs: None, expect=lambda lens: None,
+                            config=SimpleNamespace(match_type="BFS"))
+    w.model_runner.spec_algorithm = Algo.NGRAM
+    w.target_worker = SimpleNamespace(forward_batch_generation=lambda batch: "result")
+    state = auto.setup(w, _spec(tmp_path, table), plain=PLAIN)
     state.path_ok = True
     # the controller's next lookup is due in `stretch_from_now` + 1 steps
     state.controller._probe_gap, state.controller._since_lookup = stretch_from_now + 1, 0
@@ -229,8 +261,8 @@ def _scheduler(w, books):
 
 def _run_steps(w, state, books, n, skip_after_stretch=False) -> list:
     """``n`` scheduler iterations of the books' batch: the path choice, the preparation and the
-    forward (a step on the plain path counted as `plain_path.step` counts it, a worker's step as
-    `_worker_plain_step` leaves it), its result processed one iteration late (overlap). With
+    forward (a step on the plain path is `plain_path.step`, its forward a stand-in, a worker's
+    step as `_worker_plain_step` leaves it), its result processed one iteration late (overlap). With
     ``skip_after_stretch`` the first iteration after a stretch runs no batch (0.5.23's memory check
     skipping the decode step). Returns each iteration's path: plain, spec or skip."""
     sched = _scheduler(w, books)
@@ -246,7 +278,7 @@ def _run_steps(w, state, books, n, skip_after_stretch=False) -> list:
         path.append("plain" if b.spec_algorithm.is_none() else "spec")
         books.prepare_and_run()
         if b.spec_algorithm.is_none():
-            state.stretch += 1  # plain_path.step's count
+            plain_path.step(w, b, state)  # the plain path's own step (its forward a stand-in)
         else:
             _worker_plain_step(state, b)
             books.speculative_input(Info(K, b.seq_lens + 1, torch.zeros(2 * K, dtype=torch.int32),
@@ -263,10 +295,23 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, 
     w, state = _state(tmp_path, stretch_from_now=5)
     books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
     path = _run_steps(w, state, books, 12)
-    # one step in the worker, then the 5 steps the controller expects without a lookup; back to
-    # the worker for the step its probe is due at
+    # one step in the worker, then the 5 steps the controller expects without a lookup, then the
+    # step its probe is due at: on the path too (nothing found), and the stretch goes on
+    assert path == ["spec"] + ["plain"] * 11
+    c = state.controller.counters
+    assert c["plain_path_probes"] == 1 and w.ngram_corpus.gets == [["r0", "r1"]]
+    assert c["plain_path_steps"] == 6 and state.noted == 6 and state.stretch == 11
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_with_the_ab_switch_a_probe_leaves_the_path_for_the_worker(tmp_path, layout,
+                                                                    monkeypatch):
+    monkeypatch.setattr(plain_path, "PROBES_IN_WORKER", True)
+    w, state = _state(tmp_path, stretch_from_now=5)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    path = _run_steps(w, state, books, 12)
     assert path[:8] == ["spec"] + ["plain"] * 5 + ["spec", "spec"]
-    assert state.controller.counters["plain_path_steps"] >= 5
+    assert state.controller.counters["plain_path_probes"] == 0
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -301,7 +346,15 @@ def test_a_batch_not_run_after_leaving_does_not_enter_again_off_the_plain_step(t
     the controller still expects no lookup, and the step after it is skipped: the batch stays with
     the worker for a step (not for the books' reason), and the next stretch starts from that
     step."""
-    monkeypatch.setattr(plain_path, "MAX_STRETCH", 3)
+    must_leave, left = plain_path.must_leave, []
+
+    def leave_once_after_3(state, batch):  # as for a batch that needs the worker for one step
+        if state.stretch == 3 and not left:
+            left.append(True)
+            return "the batch needs the worker"
+        return must_leave(state, batch)
+
+    monkeypatch.setattr(plain_path, "must_leave", leave_once_after_3)
     w, state = _state(tmp_path, stretch_from_now=20)
     books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
     path = _run_steps(w, state, books, 12, skip_after_stretch=True)
@@ -509,8 +562,8 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
     probes), the scheduler's hooks and its KV books and future map as in each pinned version (in
     0.5.23 the worker's roots come through the future map's accept token buffer, which a stretch
-    leaves stale): most steps run on the plain path, every probe in the worker, the output is the
-    target's, and the books add up."""
+    leaves stale): after the worker's first steps every step runs on the plain path, its probes
+    too, the output is the target's, and the books add up."""
     table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
     spec = _spec(tmp_path, table)
     books = Books([[1, 2, 3], [4, 5, 6, 7]], layout)
@@ -529,13 +582,7 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
             ids = torch.tensor([nxt(int(t)) for t in batch.input_ids])
             return SimpleNamespace(next_token_ids=ids)
 
-    gets = []
-    corpus = SimpleNamespace(
-        puts=[], batch_put=lambda c: corpus.puts.append(c), synchronize=lambda: None,
-        erase_match_state=lambda r: None,
-        batch_get=lambda ids, ctx, tot: (gets.append(ids), (
-            torch.zeros(len(ids) * K, dtype=torch.int64).numpy(),
-            torch.zeros(len(ids) * K * K, dtype=torch.int64).numpy()))[1])
+    corpus = Corpus()
     w = _worker()
     w.model_runner.spec_algorithm = Algo.NGRAM
     w.enable_overlap = True
@@ -577,20 +624,26 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     for r in books.reqs:
         out = r.output_ids
         assert all(out[i + 1] == nxt(out[i]) for i in range(len(out) - 1))
-    assert path.count("plain") >= 40, "".join(p[0] for p in path)
-    # the corpus was asked (probes) only on steps the worker ran
-    assert 0 < len(gets) <= path.count("worker")
-    # and given output once a worker's step and once a stretch, never once a step on the plain
-    # path (0.08 ms a step in the worker at bs 1 on one H200: auto-floor-smollm2-tp1); one put
-    # per request each time
-    stretches = sum(1 for a, b in zip(path, path[1:]) if a == "plain" and b == "worker")
-    assert len(corpus.puts) <= path.count("worker") + stretches < path.count("plain")
-    assert all(len(c) == 2 for c in corpus.puts)
-    # the controller saw each stretch once (note_plain_path), not its steps one by one
-    assert state.controller.counters["plain_path_stretches"] == stretches
-    # (the stretch still running is counted when it ends)
-    assert (state.controller.counters["plain_path_steps"] + state.stretch
-            == path.count("plain"))
+    # the worker's first steps (a request it has not looked up, the steps after the prefill),
+    # then one stretch: its probes (every 1, 2, 4, ... steps, at most probe_max apart) run on it
+    first = path.index("plain")
+    assert first <= 4 and path[first:] == ["plain"] * (60 - first), "".join(p[0] for p in path)
+    c = state.controller.counters
+    assert c["plain_path_probes"] >= 3 and c["plain_path_stretches"] == 0
+    # every lookup was a probe, one batch_get each (the worker's and the path's)
+    # every lookup was the first lookup of the new requests (in the worker, behind the step in
+    # flight) or a probe, one batch_get each
+    assert len(corpus.gets) == c["behind_lookups"] + c["probe_lookups"]
+    # the corpus was given output once a worker's step and once a probe on the path, never once a
+    # step on the plain path (0.08 ms a step in the worker at bs 1 on one H200:
+    # auto-floor-smollm2-tp1); one put per request each time
+    assert len(corpus.puts) <= path.count("worker") + c["plain_path_probes"] < path.count("plain")
+    assert all(len(x) == 2 for x in corpus.puts)
+    # the controller saw the stretch's steps between two probes in one call (note_plain_path),
+    # each probe as the worker's note_probe; the steps since the last lookup are counted when the
+    # next lookup is due or the stretch ends
+    assert c["plain_path_steps"] + state.stretch - state.noted == path.count("plain")
+    assert c["steps"] == state.controller.step == c["lean_steps"] + c["behind_lookups"]
     # SGLang counts the worker's steps for each request's accept length when it processes them
     # (not modelled here); every step on the plain path is counted by the step itself
     assert [r.spec_verify_ct for r in books.reqs] == [path.count("plain")] * 2
@@ -612,3 +665,29 @@ def test_a_probe_held_for_want_of_credit_leaves_room_for_a_stretch(tmp_path):
     # never past probe_max steps since the last lookup
     c._since_lookup, c._probe_credit = 29, -1.0
     assert c.steps_without_lookup(32, 256, ["x"], 1) == 2
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_probes_on_the_path_that_find_paying_drafts_send_the_batch_back_to_the_worker(
+        tmp_path, layout, caplog, monkeypatch):
+    """The output starts to repeat itself: the corpus' drafts are what the requests go on to
+    write (an oracle: the books hand each of the two requests every other token). The probes on
+    the path are scored as they would have been in the worker; once the gain model expects a
+    verify to pay, the next lookup is a real one and the batch goes back to the worker for it."""
+    # a verify of 8 tokens 2.5x a decode step: it pays only where drafts are mostly accepted,
+    # which the gain model does not expect before it has seen any
+    table = {"decode_ms": {"1": 10, "64": 12}, "verify_ms": {"1": 10, "8": 25, "256": 900}}
+    w, state = _state(tmp_path, stretch_from_now=2, table=table,
+                      corpus=Corpus(draft=lambda ctx: [ctx[-1] + 2 * j for j in range(1, K)]))
+    assert not state.controller._full_match_wanted(["r0", "r1"])
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    caplog.set_level("INFO", logger="fastverify.plain_path")
+    monkeypatch.setattr(plain_path, "LOG_EVERY_S", 0.0)  # a line at every stretch's end
+    path = _run_steps(w, state, books, 40)
+    c = state.controller.counters
+    back = path.index("spec", 1)
+    assert path[1:back] == ["plain"] * (back - 1) and c["plain_path_probes"] >= 1
+    assert c["plain_path_stretches"] == 1
+    assert "the last one ended: a lookup is due" in caplog.text
+    # the requests' drafts were scored: the gain model expects drafts that match in full to pay
+    assert state.controller._full_match_wanted(["r0", "r1"])

@@ -17,6 +17,8 @@
 #   SERVERS       servers of each profile (default "A P tree chain_w auto_w"; table: cases())
 #   FLAGS_SERVER_<name>  extra flags of that server in every profile, after its own (for example
 #                 FLAGS_SERVER_chain_w="--enable-verify-timing": its verify passes timed)
+#   ENV_SERVER_<name>    environment of that server ("K=V ..."), e.g. an A/B switch for
+#                 auto_never_b, the second auto_never
 #   TP            ranks per server (default: the number of GPUs); the SmolLM2 model padded for it
 #   EVAL_ARGS     extra arguments of `evaluate.py run` for every profile (--max-new-tokens,
 #                 --per-set, ...); EVAL_ARGS_<profile> for one profile, after EVAL_ARGS
@@ -84,6 +86,7 @@ chain_w|fixed|$NG --speculative-ngram-verify-mode chain --speculative-ngram-veri
 auto|auto|$NG --speculative-ngram-verify-mode auto
 auto_w|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
 auto_never|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 --speculative-ngram-auto-cost-table $ROOT/lab/gpu/cost_never_speculate.json
+auto_never_b|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 --speculative-ngram-auto-cost-table $ROOT/lab/gpu/cost_never_speculate.json
 EOF
 }
 group_flags() {  # the extra server flags of a profile
@@ -135,7 +138,7 @@ for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRA
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
-for v in $(compgen -v FLAGS_SERVER_); do REPRO="$REPRO $v=\"${!v}\""; done
+for v in $(compgen -v FLAGS_SERVER_) $(compgen -v ENV_SERVER_); do REPRO="$REPRO $v=\"${!v}\""; done
 REPRO="$REPRO bash lab/gpu/evaluate.sh"
 mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw"; : > "$W/timeline.txt"
 log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP"
@@ -169,7 +172,8 @@ launch_group() {  # index profile
   while IFS='|' read -r n r port args; do
     local key="$2.$n"
     cp -r "$HOME/jitcache" "$HOME/jit-$key"
-    cmd="${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $args --port $port"
+    local own="ENV_SERVER_$n"
+    cmd="${!own:-} ${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $args --port $port"
     cmd="$cmd --nccl-port $((port + 5))"
     echo "$key: TVM_FFI_CACHE_DIR=$HOME/jit-$key $cmd" >> "$W/commands.txt"
     CMD[$key]=$cmd; PORT[$key]=$port; ROLE[$key]=$r

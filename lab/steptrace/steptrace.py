@@ -86,11 +86,13 @@ SPANS = (
     # a plain step's put (the same work as above)
     ("fastverify.glue.auto", "corpus_put_host", "corpus_put"),
     # auto's stretches on SGLang's own decode path (patch 0012): the scheduler's choice before
-    # each decode preparation, the switches, the worker's step and the relay of its tokens
+    # each decode preparation, the switches, the worker's step, its probes and the relay of its
+    # tokens
     ("fastverify.glue.plain_path", "choose_path", "path_choice"),
     ("fastverify.glue.plain_path", "enter", "path_enter"),
     ("fastverify.glue.plain_path", "leave", "path_leave"),
     ("fastverify.glue.plain_path", "step", "path_step"),
+    ("fastverify.glue.plain_path", "_probe", "path_probe"),
     ("fastverify.glue.plain_path", "relay", "path_relay"),
     ("fastverify.glue.plain_path", "fill_roots", "path_roots"),
     # a Triton kernel met with new arguments is compiled (or loaded from the on-disk cache) here

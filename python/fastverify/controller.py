@@ -71,6 +71,9 @@ from fastverify.gains import DraftFeatures, GainModel
 SHAPES = ("ragged", "uniform")
 NONE, CHAIN, TREE = "none", "chain", "tree"
 PLAN_PROBE, PLAN_WANTED = "probe", "wanted"  # why Controller.plan_lookup looked drafts up
+# Controller.lookup_on_plain_path's other answers: a real lookup is due (the batch goes back to the
+# worker), or the probe due waits (the step stays on the plain path without one)
+LOOKUP, HELD = "lookup", "held"
 # Controller._wanted: an unchanged question is answered again after this many steps
 WANTED_REFRESH_STEPS = 4
 
@@ -253,7 +256,8 @@ class Controller:
         self._suppressed = 0
         self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0,
                          "lean_steps": 0, "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0,
-                         "plain_path_steps": 0, "plain_path_stretches": 0}
+                         "plain_path_steps": 0, "plain_path_stretches": 0,
+                         "plain_path_probes": 0}
         # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
         self.planned: Optional[str] = None
         self._since_lookup = 0
@@ -582,11 +586,15 @@ class Controller:
             forced = min(forced, max(math.ceil(short / gain), 0) if short > 0 else 0)
         return max(min(forced, cap), 0)
 
-    def note_plain_path(self, bs: int, n: int) -> None:
+    def note_plain_path(self, bs: int, n: int, ends: bool = True) -> None:
         """``n`` steps ran without speculation and without a lookup, none of them seen by the
         controller (the server's own decode path, ``glue.plain_path``): counted as ``n`` calls of
         `note_lean` and of `plan_lookup` answering False would count them (steps, probe credit, the
-        steps since the last lookup), in one call."""
+        steps since the last lookup), in one call. ``ends``: the stretch on that path ends here (it
+        also goes on past a probe or a held one, `lookup_on_plain_path`, whose steps are counted
+        there)."""
+        if ends:
+            self.counters["plain_path_stretches"] += 1
         if n <= 0:
             return
         self.step += n
@@ -601,8 +609,27 @@ class Controller:
         self.counters["requests"] += n * bs
         self.counters["lean_steps"] += n
         self.counters["plain_path_steps"] += n
-        self.counters["plain_path_stretches"] += 1
         self.steps_by_mode[NONE] += n
+
+    def lookup_on_plain_path(self, requests: Sequence[RequestView], probe_max: int,
+                             refill: bool = False) -> str:
+        """A stretch on the server's own decode path (``glue.plain_path``) has reached the step its
+        next lookup is due at (`steps_without_lookup` gave 0, the stretch's steps counted by
+        `note_plain_path`). LOOKUP where that lookup is a real one (drafts of these requests, or
+        drafts that matched in full, would be verified): the batch goes back to the worker, whose
+        `plan_lookup` makes it, nothing is counted here. Otherwise what `plan_lookup` answers for
+        this step, and the step stays on the path: PLAN_PROBE (a probe: the caller looks drafts up
+        behind the step and reports them with `note_probe`, which counts the step) or HELD (the
+        probe waits for credit, or for the steps after a prefill to pass: the step is counted here
+        as `note_lean` counts it)."""
+        if self._wanted(requests) or self._full_match_wanted([r.req_id for r in requests]):
+            return LOOKUP
+        if self.plan_lookup(requests, probe_max, behind=True, refill=refill):
+            if self.planned != PLAN_PROBE:  # cannot happen: a wanted lookup was ruled out above
+                return LOOKUP
+            return PLAN_PROBE
+        self.note_lean(len(requests))
+        return HELD
 
     def observe(self, req_id, features: DraftFeatures, chain_accept: int,
                 tree_accept: Optional[int] = None) -> None:

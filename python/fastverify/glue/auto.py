@@ -167,6 +167,12 @@ class AutoState:
     path_ok: bool = None
     stretch: int = 0
     stretch_len: int = 0
+    # of the stretch's steps: those the controller has counted (`Controller.note_plain_path`, or
+    # this step's lean or probe count) and those whose output the corpus was given
+    noted: int = 0
+    put: int = 0
+    # this step on the plain path probes (looks drafts up behind its forward: `plain_path.step`)
+    probe_now: bool = False
     # the forward launched last gave every request one token without speculation (the worker's
     # plain step or the plain path's)
     last_forward_plain: bool = False

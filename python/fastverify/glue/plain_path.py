@@ -15,11 +15,16 @@ handed to SGLang's own non-speculative path for those steps: from the scheduler'
 it is a batch of a server without speculation. Its preparation allocates one KV slot per request,
 its input ids come from the future map's token buffer as a plain server's do, its result is
 processed as a plain server's, and the n-gram worker only swaps in the plain decode runtime around
-the forward (`step`). The stretch ends when the probe is due, a request joins (it is looked up
-once), or the batch cannot run plain (`auto._plain_capable`); the batch then reads as
-speculative again, with each request's last token as the root of its next step, and the worker's
-own logic goes on (`auto.plain_step`), its books advanced by the steps of the stretch in one call
-(`Controller.note_plain_path`).
+the forward (`step`). When the controller's next lookup comes due, the stretch's steps are counted
+in one call (`Controller.note_plain_path`) and the controller says what that lookup is
+(`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
+path, on the host behind the step's forward, after the corpus was given the stretch's output
+(`_probe`), and one held for want of probe credit waits there; the stretch then goes on to the
+next lookup. It ends when a lookup is a real one (drafts would be verified: a probe found them
+worth it, or even full matches would be), a request joins (it is looked up once), or the batch
+cannot run plain (`auto._plain_capable`); the batch then reads as speculative again, with each
+request's last token as the root of its next step, and the worker's own logic goes on
+(`auto.plain_step`).
 
 Seams (patch 0012, the same shape in both pinned versions):
     Scheduler.update_running_batch      choose_path(scheduler, batch): after the batch's filter,
@@ -62,15 +67,20 @@ rank takes the same decisions: they depend on the controller's state and the bat
 from __future__ import annotations
 
 import logging
+import os
 
+from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import LEAN
 
 logger = logging.getLogger("fastverify.plain_path")
 
 # a stretch is made only where at least this many steps are expected to go without a lookup
 MIN_STRETCH = 2
-# and it ends after this many steps at most (the controller's answers are asked again)
+# the controller is asked again after this many steps without a lookup at most
 MAX_STRETCH = 256
+# A/B switch of one experiment (benchmark/results/h200/, the probes on the path): "1" makes every
+# probe leave the path for the worker, as before
+PROBES_IN_WORKER = os.environ.get("FASTVERIFY_AB_PROBES_IN_WORKER", "") == "1"
 
 
 def _state(scheduler):
@@ -116,6 +126,8 @@ def choose_path(scheduler, batch) -> None:
         return
     if batch.spec_algorithm.is_none():
         why = must_leave(state, batch)
+        if not why and state.stretch >= state.stretch_len:
+            why = _lookup_due(state, batch)
         if why:
             leave(scheduler, batch, state, why)
         return
@@ -132,13 +144,49 @@ def must_leave(state, batch) -> str:
     stays)."""
     from fastverify.glue.auto import _plain_capable
 
-    if state.stretch >= state.stretch_len:
-        return "probe due"
     if any(req.rid not in state.features for req in batch.reqs):
         return "request joined"
     if not _plain_capable(state, batch, None):
         return "batch needs the worker"
     return ""
+
+
+def _lookup_due(state, batch) -> str:
+    """The stretch reached the step its next lookup was due at: its steps so far are counted, and
+    the controller is asked again. Returns why the batch leaves the path ("" while it stays: the
+    stretch goes on to the next lookup, or this step probes or holds its probe on the path)."""
+    from fastverify.glue.auto import REFILL_STEPS
+
+    ctl, bs = state.controller, len(batch.reqs)
+    _note(state, bs, ends=False)
+    rids = [req.rid for req in batch.reqs]
+    n = ctl.steps_without_lookup(ctl.cfg.probe_max, MAX_STRETCH, rids, bs)
+    if n > 0:
+        state.stretch_len = state.stretch + n
+        return ""
+    if PROBES_IN_WORKER:
+        return "probe due"
+    views = [RequestView(rid, state.features[rid]) for rid in rids]
+    answer = ctl.lookup_on_plain_path(views, ctl.cfg.probe_max,
+                                      refill=state.since_prefill + 1 <= REFILL_STEPS)
+    if answer == LOOKUP:
+        return "a lookup is due"
+    # this step is counted now (held: as a lean step) or by its probe (`_probe`)
+    state.probe_now = answer == PLAN_PROBE
+    if answer == HELD:
+        ctl.counters["plain_path_steps"] += 1
+    state.noted += 1
+    state.since_prefill += 1
+    state.stretch_len = state.stretch + 1
+    return ""
+
+
+def _note(state, bs: int, ends: bool) -> None:
+    """The stretch's steps not counted yet go to the controller's books in one call."""
+    n = state.stretch - state.noted
+    state.controller.note_plain_path(bs, n, ends=ends)
+    state.since_prefill += max(n, 0)
+    state.noted = state.stretch
 
 
 def _kv_lens(batch):
@@ -229,6 +277,8 @@ def enter(batch, state, n: int) -> None:
     batch.spec_info = None
     batch.spec_algorithm = type(batch.spec_algorithm).NONE
     state.stretch, state.stretch_len = 0, n
+    state.noted = state.put = 0
+    state.probe_now = False
 
 
 def leave(scheduler, batch, state, why: str = "") -> None:
@@ -255,13 +305,13 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     # (the KV lengths `enter` would take from the host are one too long: `_kv_lens` refuses them
     # with a warning meant for books that do not add up)
     state.last_forward_plain = False
-    n = state.stretch
-    state.controller.note_plain_path(bs, n)
-    state.since_prefill += n
+    _note(state, bs, ends=True)
     # the first step back is measured from scratch (its period holds the switch)
     state.last_start, state.step_before = None, None
+    _put_stretch(scheduler.model_worker, batch, state.stretch - state.put)
     state.stretch, state.stretch_len = 0, 0
-    _put_stretch(scheduler.model_worker, batch, n)
+    state.noted = state.put = 0
+    state.probe_now = False
     _log_stretches(state, why)
 
 
@@ -280,16 +330,18 @@ def _log_stretches(state, why) -> None:
     c = state.controller.counters
     n, steps = c["plain_path_stretches"], c["plain_path_steps"]
     logger.info("auto verify: %d stretches on the plain decode path, %d steps (%.1f each, %.0f %% "
-                "of the decode steps)%s; no stretch from a worker's step: %s", n, steps,
-                steps / max(n, 1), 100.0 * steps / max(c["steps"], 1),
+                "of the decode steps, %d probes on it)%s; no stretch from a worker's step: %s", n,
+                steps, steps / max(n, 1), 100.0 * steps / max(c["steps"], 1),
+                c["plain_path_probes"],
                 f", the last one ended: {why}" if why else "",
                 dict(sorted(state.path_refusals.items())) or "-")
 
 
 def _put_stretch(worker, batch, n: int) -> None:
-    """The corpus learns the output of a stretch of ``n`` steps in one put per request: its last
-    ``max_trie_depth + n - 1`` tokens on the host (the corpus inserts the n-grams starting at every
-    position of what it is given; the step in flight's token comes with the next put)."""
+    """The corpus learns the output of ``n`` steps of a stretch (those since its last put) in one put
+    per request: its last ``max_trie_depth + n - 1`` tokens on the host (the corpus inserts the
+    n-grams starting at every position of what it is given; the step in flight's token comes with
+    the next put)."""
     if n <= 0:
         return
     depth = int(worker.max_trie_depth)
@@ -313,6 +365,7 @@ def step(worker, batch, state):
     from fastverify.glue.verify_runtime import plain_algorithm
 
     mr = worker.model_runner
+    before = state.stretch
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
                                                    frozenset(r.rid for r in batch.reqs))
     saved = (mr.attn_backend, mr.decode_cuda_graph_runner)
@@ -335,7 +388,32 @@ def step(worker, batch, state):
     # the step the controller's books see: one without speculation (the next step's
     # `auto._tick` takes its period as no measurement, `leave` cleared the start)
     state.last_step = (LEAN, len(batch.reqs), 1)
+    if state.probe_now:
+        state.probe_now = False
+        _probe(worker, batch, state, before)
     return result
+
+
+def _probe(worker, batch, state, before: int) -> None:
+    """A probe on the plain path, on the host while the GPU runs the step just launched: the corpus
+    is given the stretch's output since its last put (``before``: the stretch's steps launched
+    before this one), the drafts of earlier probes are scored against the output the host has, and
+    drafts are looked up on the host's tokens, recorded to be scored later and reported
+    (`Controller.note_probe`, which counts this step). The stretch then runs until the next lookup
+    the controller expects; none where the drafts found make speculation look worthwhile (the next
+    step goes back to the worker, which looks up for real)."""
+    from fastverify.glue.auto import _sync_requests, probe_behind
+
+    _put_stretch(worker, batch, before - state.put)
+    state.put = before
+    _sync_requests(state, batch)
+    views = probe_behind(worker, state, batch)
+    ctl = state.controller
+    ctl.note_probe(views)
+    ctl.counters["plain_path_probes"] += 1
+    ctl.counters["plain_path_steps"] += 1
+    state.stretch_len = state.stretch + ctl.steps_without_lookup(
+        ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs], len(batch.reqs))
 
 
 def fill_roots(worker, batch, state) -> None:
