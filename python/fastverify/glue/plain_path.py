@@ -338,8 +338,8 @@ def _log_stretches(state, why) -> None:
 
 
 def _put_stretch(worker, batch, n: int) -> None:
-    """The corpus learns the output of ``n`` steps of a stretch (those since its last put) in one put
-    per request: its last ``max_trie_depth + n - 1`` tokens on the host (the corpus inserts the
+    """The corpus learns the output of ``n`` steps of a stretch (those since its last put) in one
+    put per request: its last ``max_trie_depth + n - 1`` tokens on the host (the corpus inserts the
     n-grams starting at every position of what it is given; the step in flight's token comes with
     the next put)."""
     if n <= 0:
