@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from fastverify.costs import LEAN
+from fastverify.gains import DraftFeatures
 from fastverify.glue import auto, plain_path
 from fastverify.glue.verify_runtime import VerifyRuntime
 
-from test_glue_auto import DEAR, PLAIN, _spec, _worker
+from test_glue_auto import CHEAP, DEAR, PLAIN, _spec, _worker
 
 K = 4
 RESERVE = 2 * K  # the speculative preparation's reservation past the committed length
@@ -364,11 +365,18 @@ def test_a_batch_not_run_after_leaving_does_not_enter_again_off_the_plain_step(t
     assert "books do not add up" not in caplog.text
 
 
-@pytest.mark.parametrize("why", ["no plain forward before", "new request", "probe due",
+@pytest.mark.parametrize("why", ["no plain forward before", "new request", "real lookup due",
                                  "books", "logprobs"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_batch_stays_speculative_where_a_stretch_cannot_start(tmp_path, why, layout, caplog):
-    w, state = _state(tmp_path, stretch_from_now=1 if why == "probe due" else 8)
+    # "real lookup due": the next lookup comes after this step, and verifying is cheap and drafts
+    # have been accepted in full: drafts matching in full would be verified
+    w, state = (_state(tmp_path, stretch_from_now=1, table=CHEAP) if why == "real lookup due"
+                else _state(tmp_path))
+    if why == "real lookup due":
+        for _ in range(8):
+            for rid in ("r0", "r1"):
+                state.controller.observe(rid, DraftFeatures(K - 1, 1, False), K - 1)
     books = Books([[1, 2, 3], [4, 5]], layout)
     b = books.batch
     books.prepare_and_run()
@@ -384,7 +392,27 @@ def test_the_batch_stays_speculative_where_a_stretch_cannot_start(tmp_path, why,
     plain_path.choose_path(_scheduler(w, books), b)
     assert b.spec_algorithm is Algo.NGRAM and isinstance(b.spec_info, Info)
     assert ("books do not add up" in caplog.text) == (why == "books")
-    assert sum(state.path_refusals.values()) == 1
+    assert state.path_refusals == {{
+        "no plain forward before": "the last forward verified or prefilled",
+        "new request": "a request joined", "real lookup due": "a lookup is due",
+        "books": "KV books", "logprobs": "the batch needs the worker"}[why]: 1}
+
+
+@pytest.mark.parametrize("due", [0, 1])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stretch_starts_where_the_lookup_due_can_only_be_a_probe(tmp_path, layout, due):
+    """The steps right after a request joined: the probe gap is back to 1, so a lookup is due at
+    once or after one step, but with verifying dear it can only be a probe: the stretch starts
+    anyway and the probe is made on the path (at once: this step probes)."""
+    w, state = _state(tmp_path, stretch_from_now=due)
+    books = Books([[1, 2, 3], [4, 5]], layout)
+    b = books.batch
+    books.prepare_and_run()
+    _worker_plain_step(state, b)
+    plain_path.choose_path(_scheduler(w, books), b)
+    assert b.spec_algorithm is Algo.NONE and b.spec_info is None
+    assert state.probe_now == (due == 0) and state.stretch_len == 1 and not state.path_refusals
+    assert state.noted == (1 if due == 0 else 0)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -611,6 +611,12 @@ class Controller:
         self.counters["plain_path_steps"] += n
         self.steps_by_mode[NONE] += n
 
+    def lookup_is_real(self, requests: Sequence[RequestView]) -> bool:
+        """Would a lookup made now for `requests` be a real one: are their drafts (their last known
+        features), or drafts that matched in full, expected to be worth verifying? False: the next
+        lookup can only be a probe (`plan_lookup`'s PLAN_PROBE), or held."""
+        return self._wanted(requests) or self._full_match_wanted([r.req_id for r in requests])
+
     def lookup_on_plain_path(self, requests: Sequence[RequestView], probe_max: int,
                              refill: bool = False) -> str:
         """A stretch on the server's own decode path (``glue.plain_path``) has reached the step its
@@ -622,7 +628,7 @@ class Controller:
         behind the step and reports them with `note_probe`, which counts the step) or HELD (the
         probe waits for credit, or for the steps after a prefill to pass: the step is counted here
         as `note_lean` counts it)."""
-        if self._wanted(requests) or self._full_match_wanted([r.req_id for r in requests]):
+        if self.lookup_is_real(requests):
             return LOOKUP
         if self.plan_lookup(requests, probe_max, behind=True, refill=refill):
             if self.planned != PLAN_PROBE:  # cannot happen: a wanted lookup was ruled out above

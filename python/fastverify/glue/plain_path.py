@@ -9,9 +9,10 @@ and outputs, puts the corpus and keeps the controller's books. On one H200 at TP
 is host-bound, that wrapping cost 0.75 ms a step over the plain server's 2.2 ms
 (benchmark/results/h200/auto-floor-smollm2-tp1/).
 
-Here, once a step has run without speculation and the controller expects the next steps to make no
-lookup either (`Controller.steps_without_lookup`: until its next probe is due), the running batch is
-handed to SGLang's own non-speculative path for those steps: from the scheduler's point of view
+Here, once a step has run without speculation and the controller's next lookup is not a real one
+(`Controller.lookup_is_real`: neither the requests' last drafts nor drafts that matched in full
+would be verified), the running batch is handed to SGLang's own non-speculative path for the steps
+that follow: from the scheduler's point of view
 it is a batch of a server without speculation. Its preparation allocates one KV slot per request,
 its input ids come from the future map's token buffer as a plain server's do, its result is
 processed as a plain server's, and the n-gram worker only swaps in the plain decode runtime around
@@ -74,7 +75,8 @@ from fastverify.costs import LEAN
 
 logger = logging.getLogger("fastverify.plain_path")
 
-# a stretch is made only where at least this many steps are expected to go without a lookup
+# with the A/B switch below, a stretch is made only where at least this many steps are expected
+# to go without a lookup (its probe left the path for the worker)
 MIN_STRETCH = 2
 # the controller is asked again after this many steps without a lookup at most
 MAX_STRETCH = 256
@@ -132,11 +134,15 @@ def choose_path(scheduler, batch) -> None:
             leave(scheduler, batch, state, why)
         return
     n, why = may_enter(state, batch)
-    if n:
-        enter(batch, state, n)
-    else:
+    if why:
         state.path_refusals[why] = state.path_refusals.get(why, 0) + 1
         _log_stretches(state, None)
+        return
+    enter(batch, state, n)
+    if n == 0:  # this first step is the one the next lookup is due at: a probe, or one held
+        why = _lookup_due(state, batch)
+        if why:  # (not met: may_enter ruled a real lookup out)
+            leave(scheduler, batch, state, why)
 
 
 def must_leave(state, batch) -> str:
@@ -218,10 +224,11 @@ def _row(req) -> int:
 
 
 def may_enter(state, batch) -> tuple:
-    """(the steps a stretch on the plain path would last from this step on, "") or (0, why the
-    batch stays speculative): the forward launched last must be a step of the worker's that gave
-    every request of this batch one token (no new request since), the batch must be one a plain
-    step serves, and the controller must expect at least `MIN_STRETCH` steps without a lookup."""
+    """(the steps before the next lookup the controller expects, "": a stretch on the plain path
+    starts at this step) or (0, why the batch stays speculative): the forward launched last must be
+    a step of the worker's that gave every request of this batch one token (no new request since),
+    the batch must be one a plain step serves, and the next lookup must not be a real one (a probe,
+    or one held, is made on the path: `_lookup_due`)."""
     from fastverify.glue.auto import _plain_capable
 
     if not state.last_forward_plain:
@@ -231,9 +238,11 @@ def may_enter(state, batch) -> tuple:
         return 0, "a request joined"
     if not _plain_capable(state, batch, None):
         return 0, "the batch needs the worker"
-    n = state.controller.steps_without_lookup(state.controller.cfg.probe_max, MAX_STRETCH,
-                                              [req.rid for req in batch.reqs], len(batch.reqs))
-    if n < MIN_STRETCH:
+    ctl = state.controller
+    n = ctl.steps_without_lookup(ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs],
+                                 len(batch.reqs))
+    if n < MIN_STRETCH and (PROBES_IN_WORKER or ctl.lookup_is_real(
+            [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs])):
         return 0, "a lookup is due"
     if _kv_lens(batch) is None:
         if not state.books_warned:
