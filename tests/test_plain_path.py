@@ -257,7 +257,8 @@ def _scheduler(w, books):
     w._fv_auto.future_map = None
     return SimpleNamespace(model_worker=w, future_map=SimpleNamespace(
         output_tokens_buf=torch.zeros(8, dtype=torch.int64)), enable_overlap=True,
-        server_args=SimpleNamespace(page_size=1, enable_mixed_chunk=False, pp_size=1))
+        server_args=SimpleNamespace(page_size=1, enable_mixed_chunk=False, pp_size=1),
+        metrics_reporter=SimpleNamespace(spec_num_forward_ct=0, spec_num_accept_tokens=0))
 
 
 def _run_steps(w, state, books, n, skip_after_stretch=False) -> list:
@@ -269,6 +270,7 @@ def _run_steps(w, state, books, n, skip_after_stretch=False) -> list:
     sched = _scheduler(w, books)
     b = books.batch
     path = []
+    _run_steps.reporter = sched.metrics_reporter
     for _ in range(n):
         plain_path.choose_path(sched, b)
         if (skip_after_stretch and path[-1:] == ["plain"] and not b.spec_algorithm.is_none()
@@ -302,6 +304,23 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, 
     c = state.controller.counters
     assert c["plain_path_probes"] == 1 and w.ngram_corpus.gets == [["r0", "r1"]]
     assert c["plain_path_steps"] == 6 and state.noted == 6 and state.stretch == 11
+    # each step on the path counts in the scheduler's speculative statistics as a step that
+    # verified nothing (SGLang's decode log line divides by the forwards counted in its interval)
+    reporter = _run_steps.reporter
+    assert reporter.spec_num_forward_ct == reporter.spec_num_accept_tokens == 2 * 11
+
+
+@pytest.mark.sglang
+def test_the_schedulers_speculative_statistics_have_the_names_the_plain_path_counts_in():
+    import inspect
+
+    from sglang.srt.managers.scheduler_components import metrics_reporter
+
+    source = inspect.getsource(metrics_reporter)
+    for name in ("spec_num_forward_ct", "spec_num_accept_tokens"):
+        assert f"self.{name} = 0" in source
+    # and the decode log line divides by the forwards (what a zero count stopped the server on)
+    assert "self.spec_num_accept_tokens / self.spec_num_forward_ct" in source
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -132,6 +132,8 @@ def choose_path(scheduler, batch) -> None:
             why = _lookup_due(state, batch)
         if why:
             leave(scheduler, batch, state, why)
+        else:
+            _count_spec_step(scheduler, len(batch.reqs))
         return
     n, why = may_enter(state, batch)
     if why:
@@ -143,6 +145,21 @@ def choose_path(scheduler, batch) -> None:
         why = _lookup_due(state, batch)
         if why:  # (not met: may_enter ruled a real lookup out)
             leave(scheduler, batch, state, why)
+            return
+    _count_spec_step(scheduler, len(batch.reqs))
+
+
+def _count_spec_step(scheduler, bs: int) -> None:
+    """A step on the plain path counts in the scheduler's speculative decode statistics as a step
+    that verified nothing: ``bs`` forwards, one token each. SGLang counts only speculative batches
+    there, and its decode log line divides by the forwards counted since the last line: a log
+    interval run wholly on the plain path (40 steps, longer than any stretch while probes left the
+    path) stopped the scheduler with a ZeroDivisionError. Counted before the step runs, as the
+    per-request count in `step` is (both versions keep these two sums under these names)."""
+    reporter = getattr(scheduler, "metrics_reporter", None)
+    if reporter is not None and hasattr(reporter, "spec_num_forward_ct"):
+        reporter.spec_num_forward_ct += bs
+        reporter.spec_num_accept_tokens += bs
 
 
 def must_leave(state, batch) -> str:
@@ -423,6 +440,7 @@ def _probe(worker, batch, state, before: int) -> None:
     ctl.counters["plain_path_steps"] += 1
     state.stretch_len = state.stretch + ctl.steps_without_lookup(
         ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs], len(batch.reqs))
+    _log_stretches(state, None)  # (a stretch may go on for as long as its requests run)
 
 
 def fill_roots(worker, batch, state) -> None:
