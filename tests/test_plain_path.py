@@ -738,3 +738,21 @@ def test_probes_on_the_path_that_find_paying_drafts_send_the_batch_back_to_the_w
     assert "the last one ended: a lookup is due" in caplog.text
     # the requests' drafts were scored: the gain model expects drafts that match in full to pay
     assert state.controller._full_match_wanted(["r0", "r1"])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stretch_whose_batch_emptied_is_counted_when_the_next_batch_comes(tmp_path, layout):
+    """SGLang drops a running batch whose requests all finished before it asks choose_path: a
+    stretch that ends so is closed by the next batch's first choice (its steps counted)."""
+    w, state = _state(tmp_path, stretch_from_now=20)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    path = _run_steps(w, state, books, 6)
+    assert path == ["spec"] + ["plain"] * 5 and state.stretch == 5 and state.path_bs == 2
+    steps = state.controller.step
+    # the next requests' batch, after their prefill (speculative, not looked up yet)
+    nxt = Books([[9, 9, 9]], layout)
+    plain_path.choose_path(_scheduler(w, nxt), nxt.batch)
+    c = state.controller.counters
+    assert state.controller.step == steps + 5 and c["plain_path_steps"] == 5
+    assert c["plain_path_stretches"] == 1 and state.stretch == state.noted == 0
+    assert nxt.batch.spec_algorithm is Algo.NGRAM  # (its request is looked up in the worker first)

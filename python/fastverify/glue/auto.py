@@ -171,6 +171,7 @@ class AutoState:
     # this step's lean or probe count) and those whose output the corpus was given
     noted: int = 0
     put: int = 0
+    path_bs: int = 0  # the batch size of the stretch's last step
     # this step on the plain path probes (looks drafts up behind its forward: `plain_path.step`)
     probe_now: bool = False
     # the forward launched last gave every request one token without speculation (the worker's

@@ -135,6 +135,8 @@ def choose_path(scheduler, batch) -> None:
         else:
             _count_spec_step(scheduler, len(batch.reqs))
         return
+    if state.stretch:
+        _emptied(state)
     n, why = may_enter(state, batch)
     if why:
         state.path_refusals[why] = state.path_refusals.get(why, 0) + 1
@@ -160,6 +162,17 @@ def _count_spec_step(scheduler, bs: int) -> None:
     if reporter is not None and hasattr(reporter, "spec_num_forward_ct"):
         reporter.spec_num_forward_ct += bs
         reporter.spec_num_accept_tokens += bs
+
+
+def _emptied(state) -> None:
+    """A speculative batch meets a stretch still open: the batch of that stretch emptied on the
+    plain path (its requests all finished, and SGLang drops an empty running batch before asking
+    `choose_path`). Its steps not counted yet go to the controller's books and the stretch ends
+    there; the corpus is not given the rest of its output (the requests that wrote it are gone)."""
+    _note(state, state.path_bs, ends=True)
+    state.stretch = state.stretch_len = state.noted = state.put = 0
+    state.probe_now = False
+    _log_stretches(state, "its requests finished")
 
 
 def must_leave(state, batch) -> str:
@@ -391,7 +404,7 @@ def step(worker, batch, state):
     from fastverify.glue.verify_runtime import plain_algorithm
 
     mr = worker.model_runner
-    before = state.stretch
+    before, state.path_bs = state.stretch, len(batch.reqs)
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
                                                    frozenset(r.rid for r in batch.reqs))
     saved = (mr.attn_backend, mr.decode_cuda_graph_runner)
