@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastverify.costs import LEAN
+from fastverify.costs import LEAN, PATH_PROBE, PROBE
 from fastverify.gains import DraftFeatures
 from fastverify.glue import auto, plain_path
 from fastverify.glue.verify_runtime import VerifyRuntime
@@ -207,9 +207,11 @@ class Corpus:
 
     def __init__(self, draft=lambda ctx: []):
         self.puts, self.gets, self.draft = [], [], draft
+        self.events, self.step = [], None  # ("put" or "get", the harness' step)
 
     def batch_put(self, contexts):
         self.puts.append(contexts)
+        self.events.append(("put", self.step))
 
     def synchronize(self):
         pass
@@ -219,6 +221,7 @@ class Corpus:
 
     def batch_get(self, rids, contexts, totals):
         self.gets.append(list(rids))
+        self.events.append(("get", self.step))
         tokens = torch.zeros(len(rids), K, dtype=torch.int64)
         for i, ctx in enumerate(contexts):
             d = list(self.draft(ctx))[:K - 1]
@@ -271,7 +274,9 @@ def _run_steps(w, state, books, n, skip_after_stretch=False) -> list:
     b = books.batch
     path = []
     _run_steps.reporter = sched.metrics_reporter
-    for _ in range(n):
+    for i in range(n):
+        if isinstance(w.ngram_corpus, Corpus):
+            w.ngram_corpus.step = i
         plain_path.choose_path(sched, b)
         if (skip_after_stretch and path[-1:] == ["plain"] and not b.spec_algorithm.is_none()
                 and "skip" not in path):
@@ -304,6 +309,11 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, 
     c = state.controller.counters
     assert c["plain_path_probes"] == 1 and w.ngram_corpus.gets == [["r0", "r1"]]
     assert c["plain_path_steps"] == 6 and state.noted == 6 and state.stretch == 11
+    # the corpus got the stretch's output as the step before the probe was launched, so that the
+    # probe's lookup does not wait for that insert
+    assert w.ngram_corpus.events == [("put", 5), ("get", 6)]
+    # the probe's host time is measured and reaches the controller's costs (the probe credit)
+    assert state.controller.costs.samples(PATH_PROBE, 2, 1) == 1
     # each step on the path counts in the scheduler's speculative statistics as a step that
     # verified nothing (SGLang's decode log line divides by the forwards counted in its interval)
     reporter = _run_steps.reporter
@@ -756,3 +766,19 @@ def test_a_stretch_whose_batch_emptied_is_counted_when_the_next_batch_comes(tmp_
     assert state.controller.step == steps + 5 and c["plain_path_steps"] == 5
     assert c["plain_path_stretches"] == 1 and state.stretch == state.noted == 0
     assert nxt.batch.spec_algorithm is Algo.NGRAM  # (its request is looked up in the worker first)
+
+
+def test_the_probe_cost_is_the_larger_of_the_workers_and_the_plain_paths(tmp_path):
+    """A probe on the plain path adds its host time to its step (where the host sets the pace):
+    measured there (PATH_PROBE), it is what the probe credit weighs, unless the worker's probe steps
+    measure more over plain ones."""
+    c = auto.setup(_worker(), _spec(tmp_path, DEAR), plain=PLAIN).controller
+    assert c.probe_cost(1) == 0.0  # nothing measured yet
+    costs = c.costs
+    for _ in range(3):
+        costs.record(PATH_PROBE, 1, 1, 0.6)
+    assert c.probe_cost(1) == pytest.approx(0.6) and c.probe_cost(2) == 0.0
+    for ms in (10.0, 10.0, 10.0):
+        costs.record(LEAN, 1, 1, ms)
+        costs.record(PROBE, 1, 1, ms + 0.9)
+    assert c.probe_cost(1) == pytest.approx(0.9)

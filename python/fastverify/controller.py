@@ -65,7 +65,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from fastverify.costs import LEAN, PROBE, SPEC, CostTable
+from fastverify.costs import LEAN, PATH_PROBE, PROBE, SPEC, CostTable
 from fastverify.gains import DraftFeatures, GainModel
 
 SHAPES = ("ragged", "uniform")
@@ -412,8 +412,9 @@ class Controller:
     def probe_cost(self, bs: int) -> float:
         """What a probe adds to a plain step at batch size `bs` (ms): the mean period of steps that
         probed (PROBE) less that of plain steps (LEAN), both measured (`StepCosts.mean_ms`,
-        `min_samples` each); 0 until then (the first probes measure it) and with a cost table that
-        measures no whole steps. A probe's lookup runs on the host while the GPU decodes, so it
+        `min_samples` each), or the mean host time of the probes made on the plain path
+        (PATH_PROBE), the larger where both are measured; 0 until then (the first probes measure
+        it) and with a cost table that measures no whole steps. A probe's lookup runs on the host while the GPU decodes, so it
         costs nothing until the host's share of the step outgrows the GPU's, and then first in the
         steps where the host had little to spare: the mean, not the median (2x H200, 24-layer dummy
         model: at batch size 4 0-0.8 ms of a 4.6 ms step by the host the machine came with; at batch
@@ -422,9 +423,8 @@ class Controller:
         if mean_ms is None:
             return 0.0
         probe, plain = mean_ms(PROBE, bs, 1), mean_ms(LEAN, bs, 1)
-        if probe is None or plain is None:
-            return 0.0
-        return max(probe - plain, 0.0)
+        worker = probe - plain if probe is not None and plain is not None else 0.0
+        return max(worker, mean_ms(PATH_PROBE, bs, 1) or 0.0, 0.0)
 
     def _plain_and_probe(self, bs: int) -> tuple:
         """(a plain step's cost, `probe_cost`) at batch size `bs`, kept until the costs

@@ -229,7 +229,10 @@ def calibrate(time_pass: Callable[[str, int], float], decode_bs: Sequence[int],
 LEAN, SPEC = "lean", "spec"
 # a step without speculation that looked drafts up behind its launch, only to score them
 PROBE = "probe"
-STEP_KINDS = (LEAN, SPEC, PROBE)
+# not a period: the host time of a probe made beside a step on the server's own decode path
+# (glue.plain_path), all of which the step waits for where the host sets the pace
+PATH_PROBE = "path_probe"
+STEP_KINDS = (LEAN, SPEC, PROBE, PATH_PROBE)
 
 
 def _median(xs) -> float:

@@ -71,7 +71,7 @@ import logging
 import os
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
-from fastverify.costs import LEAN
+from fastverify.costs import LEAN, PATH_PROBE
 
 logger = logging.getLogger("fastverify.plain_path")
 
@@ -430,6 +430,12 @@ def step(worker, batch, state):
     if state.probe_now:
         state.probe_now = False
         _probe(worker, batch, state, before)
+    elif state.stretch >= state.stretch_len and before > state.put:
+        # the next step asks the controller for its lookup: the corpus gets the stretch's output
+        # now, so that a probe there does not wait for the insert (the lookup waits for the
+        # corpus' pending puts; on one H200, a probe that put first took 1.2 ms, median)
+        _put_stretch(worker, batch, before - state.put)
+        state.put = before
     return result
 
 
@@ -440,15 +446,26 @@ def _probe(worker, batch, state, before: int) -> None:
     drafts are looked up on the host's tokens, recorded to be scored later and reported
     (`Controller.note_probe`, which counts this step). The stretch then runs until the next lookup
     the controller expects; none where the drafts found make speculation look worthwhile (the next
-    step goes back to the worker, which looks up for real)."""
+    step goes back to the worker, which looks up for real). The corpus was given the output up to
+    the step before as that step was launched (`step`); one token more is not worth waiting for its
+    insert (an n-gram that ends at the last token the host has continues nowhere yet), more is put
+    here. The probe's host time is measured (PATH_PROBE: `Controller.probe_cost`, what the probe
+    credit weighs) and the controller's copy of the measured costs refreshed (rank 0's, as at the
+    worker's steps: every rank probes at the same step)."""
     from fastverify.glue.auto import _sync_requests, probe_behind
 
-    _put_stretch(worker, batch, before - state.put)
-    state.put = before
+    t0 = state.clock()
+    if before - state.put > 1:
+        _put_stretch(worker, batch, before - state.put)
+        state.put = before
     _sync_requests(state, batch)
     views = probe_behind(worker, state, batch)
     ctl = state.controller
     ctl.note_probe(views)
+    if state.costs is not None:
+        state.costs.record(PATH_PROBE, len(batch.reqs), 1, 1000.0 * (state.clock() - t0))
+        shared = state.sync_costs(state.costs) if state.sync_costs else state.costs
+        ctl.costs = shared.snapshot()
     ctl.counters["plain_path_probes"] += 1
     ctl.counters["plain_path_steps"] += 1
     state.stretch_len = state.stretch + ctl.steps_without_lookup(
