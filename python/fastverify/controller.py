@@ -414,7 +414,8 @@ class Controller:
         probed (PROBE) less that of plain steps (LEAN), both measured (`StepCosts.mean_ms`,
         `min_samples` each), or the mean host time of the probes made on the plain path
         (PATH_PROBE), the larger where both are measured; 0 until then (the first probes measure
-        it) and with a cost table that measures no whole steps. A probe's lookup runs on the host while the GPU decodes, so it
+        it) and with a cost table that measures no whole steps. A probe's lookup runs on the host
+        while the GPU decodes, so it
         costs nothing until the host's share of the step outgrows the GPU's, and then first in the
         steps where the host had little to spare: the mean, not the median (2x H200, 24-layer dummy
         model: at batch size 4 0-0.8 ms of a 4.6 ms step by the host the machine came with; at batch
