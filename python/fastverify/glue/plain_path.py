@@ -68,21 +68,14 @@ rank takes the same decisions: they depend on the controller's state and the bat
 from __future__ import annotations
 
 import logging
-import os
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import LEAN, PATH_PROBE
 
 logger = logging.getLogger("fastverify.plain_path")
 
-# with the A/B switch below, a stretch is made only where at least this many steps are expected
-# to go without a lookup (its probe left the path for the worker)
-MIN_STRETCH = 2
 # the controller is asked again after this many steps without a lookup at most
 MAX_STRETCH = 256
-# A/B switch of one experiment (benchmark/results/h200/, the probes on the path): "1" makes every
-# probe leave the path for the worker, as before
-PROBES_IN_WORKER = os.environ.get("FASTVERIFY_AB_PROBES_IN_WORKER", "") == "1"
 
 
 def _state(scheduler):
@@ -200,8 +193,6 @@ def _lookup_due(state, batch) -> str:
     if n > 0:
         state.stretch_len = state.stretch + n
         return ""
-    if PROBES_IN_WORKER:
-        return "probe due"
     views = [RequestView(rid, state.features[rid]) for rid in rids]
     answer = ctl.lookup_on_plain_path(views, ctl.cfg.probe_max,
                                       refill=state.since_prefill + 1 <= REFILL_STEPS)
@@ -271,8 +262,8 @@ def may_enter(state, batch) -> tuple:
     ctl = state.controller
     n = ctl.steps_without_lookup(ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs],
                                  len(batch.reqs))
-    if n < MIN_STRETCH and (PROBES_IN_WORKER or ctl.lookup_is_real(
-            [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs])):
+    if n == 0 and ctl.lookup_is_real([RequestView(req.rid, state.features[req.rid])
+                                      for req in batch.reqs]):
         return 0, "a lookup is due"
     if _kv_lens(batch) is None:
         if not state.books_warned:
