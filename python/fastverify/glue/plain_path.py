@@ -10,22 +10,22 @@ is host-bound, that wrapping cost 0.75 ms a step over the plain server's 2.2 ms
 (benchmark/results/h200/auto-floor-smollm2-tp1/).
 
 Here, once a step has run without speculation and the controller's next lookup is not a real one
-(`Controller.lookup_is_real`: neither the requests' last drafts nor drafts that matched in full
-would be verified), the running batch is handed to SGLang's own non-speculative path for the steps
-that follow: from the scheduler's point of view
-it is a batch of a server without speculation. Its preparation allocates one KV slot per request,
-its input ids come from the future map's token buffer as a plain server's do, its result is
-processed as a plain server's, and the n-gram worker only swaps in the plain decode runtime around
-the forward (`step`). When the controller's next lookup comes due, the stretch's steps are counted
-in one call (`Controller.note_plain_path`) and the controller says what that lookup is
+due at once (`Controller.lookup_is_real`: neither the requests' last drafts nor drafts that matched
+in full would be verified), the running batch is handed to SGLang's own non-speculative path for
+the steps that follow: from the scheduler's point of view it is a batch of a server without
+speculation. Its preparation allocates one KV slot per request, its input ids come from the future
+map's token buffer as a plain server's do, its result is processed as a plain server's, and the
+n-gram worker only swaps in the plain decode runtime around the forward (`step`). When the
+controller's next lookup comes due, the stretch's steps are counted in one call
+(`Controller.note_plain_path`) and the controller says what that lookup is
 (`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
-path, on the host behind the step's forward, after the corpus was given the stretch's output
-(`_probe`), and one held for want of probe credit waits there; the stretch then goes on to the
-next lookup. It ends when a lookup is a real one (drafts would be verified: a probe found them
-worth it, or even full matches would be), a request joins (it is looked up once), or the batch
-cannot run plain (`auto._plain_capable`); the batch then reads as speculative again, with each
-request's last token as the root of its next step, and the worker's own logic goes on
-(`auto.plain_step`).
+path, on the host behind the step's forward, the corpus given the stretch's output as the step
+before was launched (`step`, `_probe`), and one held for want of probe credit waits there; the
+stretch then goes on to the next lookup. It ends when a lookup is a real one (drafts would be
+verified: a probe found them worth it, or even full matches would be), a request joins (it is
+looked up once), or the batch cannot run plain (`auto._plain_capable`); the batch then reads as
+speculative again, with each request's last token as the root of its next step, and the worker's
+own logic goes on (`auto.plain_step`).
 
 Seams (patch 0012, the same shape in both pinned versions):
     Scheduler.update_running_batch      choose_path(scheduler, batch): after the batch's filter,
