@@ -193,5 +193,23 @@ fake = types.SimpleNamespace(enable_hierarchical_cache=False, forward_ct=1,
 ret = sched_mod.Scheduler.update_running_batch(fake, b)
 out["order"] = order
 out["returned_batch"] = ret is b
+# the n-gram worker's step: a batch on the plain path goes to plain_path.worker_step before the
+# worker's stream bookkeeping for a verify pass; any other batch does that bookkeeping, then auto's
+# plain_step (both stand-ins here)
+from sglang.srt.speculative import ngram_worker as nw  # noqa: E402
+
+calls = []
+nw.record_stream_for_v2_verify = lambda *a: calls.append("record_stream")
+plain_path.step = lambda worker, batch, state: calls.append("path_step") or "path result"
+nw.fv_auto.plain_step = lambda *a, **k: calls.append("plain_step") or "worker result"
+worker = object.__new__(nw.NGRAMWorker)
+worker._fv_auto, worker.device = types.SimpleNamespace(), "cpu"
+seen = {}
+for algo in (NONE, NGRAM):
+    calls.clear()
+    got = nw.NGRAMWorker.forward_batch_generation(
+        worker, types.SimpleNamespace(spec_algorithm=algo, reqs=[1, 2]))
+    seen[algo.name] = [got, list(calls)]
+out["worker_entry"] = seen
 print("PROBE " + json.dumps(out))
 sys.stdout.flush()

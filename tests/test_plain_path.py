@@ -538,13 +538,18 @@ def test_a_step_on_the_plain_path_runs_the_plain_runtime_and_puts_the_runner_bac
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a", spec_verify_ct=3)],
                             spec_algorithm=Algo.NONE,
                             forward_mode=SimpleNamespace(is_decode=lambda: True))
-    assert auto.plain_step(w, batch) == "result"
+    assert plain_path.worker_step(w, batch) == "result"
     # the step counts for SGLang's per-request accept length as one that verified nothing
     assert batch.reqs[0].spec_verify_ct == 4
     assert seen == {"backend": "attn-plain", "algo": Algo.NONE, "kw": {}}
     assert mr.attn_backend == "attn4" and mr.spec_algorithm is Algo.NGRAM
     assert state.stretch == 1 and state.last_forward_plain and state.last_step == (LEAN, 1, 1)
     assert state.last_batch_rids == frozenset({"a"})
+    # any other batch, or a worker without auto, goes on in the worker
+    batch.spec_algorithm = Algo.NGRAM
+    assert plain_path.worker_step(w, batch) is None
+    batch.spec_algorithm = Algo.NONE
+    assert plain_path.worker_step(SimpleNamespace(), batch) is None
 
 
 @pytest.fixture(scope="module")
@@ -574,6 +579,13 @@ def test_patched_ngram_relay_and_the_plain_paths_token_gather(hunks):
     # n-gram server too; a speculative batch does not (its worker takes its roots)
     assert hunks["resolve_none"] == [13, 11] and hunks["resolve_ngram"] is None
     assert hunks["spec_extras"] == ["NGRAM"]  # only a speculative batch has its extras gathered
+
+
+@pytest.mark.sglang
+def test_the_patched_worker_hands_a_batch_on_the_plain_path_over_first(hunks):
+    # no stream bookkeeping for a verify pass on the plain path; the worker's own steps keep it
+    assert hunks["worker_entry"] == {"NONE": ["path result", ["path_step"]],
+                                     "NGRAM": ["worker result", ["record_stream", "plain_step"]]}
 
 
 @pytest.mark.sglang
@@ -654,7 +666,10 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
         if on_plain:
             b.input_ids = sched.future_map.output_tokens_buf[b.req_pool_indices]
             b.out_cache_loc = books.pool[b.req_pool_indices, b.seq_lens - 1].long()
-        result = auto.plain_step(w, b, on_publish=published.append)
+        # the patched worker's step: the plain path's first, then auto's
+        result = plain_path.worker_step(w, b)
+        if result is None:
+            result = auto.plain_step(w, b, on_publish=published.append)
         assert result is not None  # never a verify step
         if not on_plain:  # the worker's plain step writes at seq_lens and publishes one more
             assert published.pop().tolist() == books.published.tolist()

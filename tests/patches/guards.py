@@ -335,6 +335,15 @@ GUARDS = [
     Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16", "0.5.23"),
           file="sglang/srt/managers/overlap_utils.py", symbol="FutureMap.__init__",
           contains=("            self.output_tokens_buf = torch.empty(\n",)),
+    # the worker's step begins with its stream bookkeeping for a verify pass, which a batch on the
+    # plain path skips (plain_path.worker_step is asked first)
+    Guard(patch="0012-ngram-auto-plain-path.patch", versions=("0.5.16", "0.5.23"),
+          file="sglang/srt/speculative/ngram_worker.py",
+          symbol="NGRAMWorker.forward_batch_generation",
+          params_include=("self", "batch", "on_publish"),
+          contains=("        fwd_stream = torch.get_device_module(self.device).current_stream()\n"
+                    "        record_stream_for_v2_verify(batch, None, fwd_stream)\n",),
+          lacks=("fv_plain_path",)),
     # 0012 in 0.5.23: the filter takes the requests finishing in flight and the memory check may
     # skip the step (return None) after the hook; the relay takes the batch and its n-gram branch
     # stashes the accept tokens and lengths before returning; the future map's n-gram gathers and

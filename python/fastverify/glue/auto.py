@@ -284,11 +284,8 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None:
         return None
-    if batch.spec_algorithm.is_none():
-        # a stretch on the server's own decode path (glue.plain_path)
-        from fastverify.glue import plain_path
-
-        return plain_path.step(worker, batch, state)
+    # (a batch on the server's own decode path never gets here: glue.plain_path.worker_step runs
+    # it first in the worker's step)
     state.last_forward_plain = False
     if state.future_map is not None:
         from fastverify.glue import plain_path
