@@ -550,6 +550,7 @@ def test_a_step_on_the_plain_path_runs_the_plain_runtime_and_puts_the_runner_bac
     assert plain_path.worker_step(w, batch) is None
     batch.spec_algorithm = Algo.NONE
     assert plain_path.worker_step(SimpleNamespace(), batch) is None
+    assert plain_path.worker_step(w, SimpleNamespace(reqs=[])) is None  # (no algorithm to read)
 
 
 @pytest.fixture(scope="module")

@@ -396,8 +396,10 @@ def worker_step(worker, batch):
     worker's stream bookkeeping for a verify pass (it marks the batch's tensors as used on the
     forward stream, since a verify rebinds them mid-step; a plain step rebinds none, and a plain
     server does no such bookkeeping): 0.03 ms a step of the worker's entry on one H200, in a launch
-    whose host set the pace. None for any other batch (the worker goes on)."""
-    if not batch.spec_algorithm.is_none():
+    whose host set the pace. None for any other batch (the worker goes on), or anything without a
+    speculative algorithm to read."""
+    algorithm = getattr(batch, "spec_algorithm", None)
+    if algorithm is None or not algorithm.is_none():
         return None
     state = getattr(worker, "_fv_auto", None)
     return None if state is None else step(worker, batch, state)
