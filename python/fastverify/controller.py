@@ -415,11 +415,11 @@ class Controller:
         `min_samples` each), or the mean host time of the probes made on the plain path
         (PATH_PROBE), the larger where both are measured; 0 until then (the first probes measure
         it) and with a cost table that measures no whole steps. A probe's lookup runs on the host
-        while the GPU decodes, so it
-        costs nothing until the host's share of the step outgrows the GPU's, and then first in the
-        steps where the host had little to spare: the mean, not the median (2x H200, 24-layer dummy
-        model: at batch size 4 0-0.8 ms of a 4.6 ms step by the host the machine came with; at batch
-        size 1 the median probe step was 0.06 ms longer, the mean 0.25 ms)."""
+        while the GPU decodes, so it costs nothing until the host's share of the step outgrows the
+        GPU's, and then first in the steps where the host had little to spare: the mean, not the
+        median (2x H200, 24-layer dummy model: at batch size 4 0-0.8 ms of a 4.6 ms step by the
+        host the machine came with; at batch size 1 the median probe step was 0.06 ms longer, the
+        mean 0.25 ms)."""
         mean_ms = getattr(self.costs, "mean_ms", None)
         if mean_ms is None:
             return 0.0

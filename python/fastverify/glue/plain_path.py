@@ -166,8 +166,7 @@ def _emptied(state) -> None:
     `choose_path`). Its steps not counted yet go to the controller's books and the stretch ends
     there; the corpus is not given the rest of its output (the requests that wrote it are gone)."""
     _note(state, state.path_bs, ends=True)
-    state.stretch = state.stretch_len = state.noted = state.put = 0
-    state.probe_now = False
+    _new_stretch(state, 0)
     _log_stretches(state, "its requests finished")
 
 
@@ -309,6 +308,12 @@ def enter(batch, state, n: int) -> None:
     state.spec_algorithm = batch.spec_algorithm
     batch.spec_info = None
     batch.spec_algorithm = type(batch.spec_algorithm).NONE
+    _new_stretch(state, n)
+
+
+def _new_stretch(state, n: int) -> None:
+    """The stretch's books from scratch: no step run, counted or put yet, ``n`` steps to its next
+    lookup (0 where no stretch runs)."""
     state.stretch, state.stretch_len = 0, n
     state.noted = state.put = 0
     state.probe_now = False
@@ -341,10 +346,8 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     _note(state, bs, ends=True)
     # the first step back is measured from scratch (its period holds the switch)
     state.last_start, state.step_before = None, None
-    _put_stretch(scheduler.model_worker, batch, state.stretch - state.put)
-    state.stretch, state.stretch_len = 0, 0
-    state.noted = state.put = 0
-    state.probe_now = False
+    _put_upto(scheduler.model_worker, batch, state, state.stretch)
+    _new_stretch(state, 0)
     _log_stretches(state, why)
 
 
@@ -389,6 +392,13 @@ def _put_stretch(worker, batch, n: int) -> None:
             prompt = req.origin_input_ids if prompt is None else prompt
             contexts.append(list(prompt[-(span - len(out)):]) + list(out))
     worker.ngram_corpus.batch_put(contexts)
+
+
+def _put_upto(worker, batch, state, upto: int) -> None:
+    """The corpus gets the output of the stretch's steps from its last put up to step ``upto``
+    (`_put_stretch`), and that put is noted."""
+    _put_stretch(worker, batch, upto - state.put)
+    state.put = upto
 
 
 def worker_step(worker, batch):
@@ -442,8 +452,7 @@ def step(worker, batch, state):
         # the next step asks the controller for its lookup: the corpus gets the stretch's output
         # now, so that a probe there does not wait for the insert (the lookup waits for the
         # corpus' pending puts; on one H200, a probe that put first took 1.2 ms, median)
-        _put_stretch(worker, batch, before - state.put)
-        state.put = before
+        _put_upto(worker, batch, state, before)
     return result
 
 
@@ -464,8 +473,7 @@ def _probe(worker, batch, state, before: int) -> None:
 
     t0 = state.clock()
     if before - state.put > 1:
-        _put_stretch(worker, batch, before - state.put)
-        state.put = before
+        _put_upto(worker, batch, state, before)
     _sync_requests(state, batch)
     views = probe_behind(worker, state, batch)
     ctl = state.controller
