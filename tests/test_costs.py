@@ -146,3 +146,36 @@ def test_a_period_is_kept_only_between_two_steps_of_one_class():
     assert not steady_period((SPEC, 1, 4), (SPEC, 1, 8))
     assert not steady_period((LEAN, 1, 1), (LEAN, 2, 1))  # the batch changed
     assert not steady_period(None, (LEAN, 1, 1))  # after a prefill
+
+
+def test_no_speculation_costs_a_step_on_the_servers_own_decode_path_once_one_is_measured():
+    """Where auto runs its stretches without speculation on SGLang's own decode path, choosing no
+    speculation buys a step there, not the n-gram worker's wrapped plain step (LEAN), which cost
+    more: measured as a plain step while the path ran most steps, it made verifies of drafts that
+    accepted ~0.2 tokens look worthwhile."""
+    from fastverify.controller import CHAIN, NONE, Option, choose, evaluate
+    from fastverify.costs import LEAN, PATH, SPEC, StepCosts, steady_period
+
+    table = CostTable(((1, 0.9), (4, 0.9)), ((1, 1.0), (2, 1.1), (8, 1.2)), "t")
+    c = StepCosts(table, window=8, min_samples=3)
+    for _ in range(3):
+        c.record(LEAN, 1, 1, 2.2)  # the worker's plain step
+        c.record(SPEC, 1, 2, 2.5)  # a verify of one draft token
+    chain1, none = Option(CHAIN, 1, 2), Option(NONE)
+
+    def best():
+        return choose([evaluate(o, c, [0.2]) for o in (none, chain1)], none, 0.03).option
+
+    assert c.decode_ms(1) == pytest.approx(2.2) and best() == chain1  # 1.2 / 2.5 > 1 / 2.2
+    c.record(PATH, 1, 1, 1.7)  # one step on the path: its host part serves every batch size
+    assert c.decode_ms(1) == pytest.approx(1.7) and c.decode_ms(4) == pytest.approx(1.7)
+    assert best() == none  # 1 / 1.7 > 1.2 / 2.5
+    for _ in range(3):
+        c.record(PATH, 4, 1, 1.9)
+    assert c.decode_ms(4) == pytest.approx(1.9) and c.step_ms(LEAN, 1, 1) == pytest.approx(2.2)
+    # the frozen copy the controller reads has them too
+    assert c.snapshot().decode_ms(4) == pytest.approx(1.9)
+    # a step on the path is of a plain step's class: the worker's plain step before a stretch and
+    # the stretch's first step are measured
+    assert steady_period((LEAN, 2, 1), (PATH, 2, 1)) and steady_period((PATH, 2, 1), (PATH, 2, 1))
+    assert not steady_period((PATH, 2, 1), (SPEC, 2, 2))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastverify.costs import LEAN, PATH_PROBE, PROBE
+from fastverify.costs import LEAN, PATH, PATH_PROBE, PROBE
 from fastverify.gains import DraftFeatures
 from fastverify.glue import auto, plain_path
 from fastverify.glue.verify_runtime import VerifyRuntime
@@ -320,6 +320,41 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, 
     assert reporter.spec_num_forward_ct == reporter.spec_num_accept_tokens == 2 * 11
 
 
+def test_the_steps_on_the_plain_path_are_what_no_speculation_costs(tmp_path, monkeypatch):
+    """Each step on the plain path is timed at its start, as the worker's steps are: the period of
+    the step before (between two steps of a plain step's class) is recorded as PATH, what the
+    controller's no speculation costs (`StepCosts.decode_ms`). A probe's step is not (its host time
+    is measured apart, PATH_PROBE), nor the step after it (its period may hold the probe's)."""
+    w, state = _state(tmp_path, stretch_from_now=5)
+    now = [0.0]
+
+    def clock():  # 1.7 ms between two readings
+        now[0] += 0.0017
+        return now[0]
+
+    state.clock = clock
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
+    ticks = []
+    monkeypatch.setattr(auto, "_tick", lambda st, tick=auto._tick: (ticks.append(1), tick(st)))
+    path = _run_steps(w, state, books, 12)
+    assert path == ["spec"] + ["plain"] * 11 and len(ticks) == 11
+    assert state.controller.counters["plain_path_probes"] == 1
+    periods = state.costs._periods[(PATH, 2, 1)]
+    # of the 11 steps (the 6th probes): the 2nd-5th and 8th-10th. The first one's tick has no
+    # start before it (the worker's step is a stand-in here), the second no class before it; the
+    # probe's step is left out (its own clock readings fall in its period), and so is the one after
+    # it; the last one's period ends at no next step
+    assert periods == pytest.approx([1.7] * 7)
+    assert state.costs.decode_ms(2) == pytest.approx(1.7)
+    # the controller reads them once the costs are shared (at a probe, or every cost_sync_steps)
+    assert state.controller.costs.samples(PATH, 2, 1) >= 1
+    # after a stretch the first step back in the worker knows every request's last step gave one
+    # token (its lookup need not wait for the step in flight)
+    state.last_start = None
+    auto._tick(state)
+    assert state.lean_before
+
+
 @pytest.mark.sglang
 def test_the_schedulers_speculative_statistics_have_the_names_the_plain_path_counts_in():
     import inspect
@@ -543,7 +578,7 @@ def test_a_step_on_the_plain_path_runs_the_plain_runtime_and_puts_the_runner_bac
     assert batch.reqs[0].spec_verify_ct == 4
     assert seen == {"backend": "attn-plain", "algo": Algo.NONE, "kw": {}}
     assert mr.attn_backend == "attn4" and mr.spec_algorithm is Algo.NGRAM
-    assert state.stretch == 1 and state.last_forward_plain and state.last_step == (LEAN, 1, 1)
+    assert state.stretch == 1 and state.last_forward_plain and state.last_step == (PATH, 1, 1)
     assert state.last_batch_rids == frozenset({"a"})
     # any other batch, or a worker without auto, goes on in the worker
     batch.spec_algorithm = Algo.NGRAM
@@ -743,6 +778,13 @@ def test_probes_on_the_path_that_find_paying_drafts_send_the_batch_back_to_the_w
     w, state = _state(tmp_path, stretch_from_now=2, table=table,
                       corpus=Corpus(draft=lambda ctx: [ctx[-1] + 2 * j for j in range(1, K)]))
     assert not state.controller._full_match_wanted(["r0", "r1"])
+    now = [0.0]
+
+    def clock():  # a step on the path costs what the table's decode step does (10 ms)
+        now[0] += 0.010
+        return now[0]
+
+    state.clock = clock
     books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
     caplog.set_level("INFO", logger="fastverify.plain_path")
     monkeypatch.setattr(plain_path, "LOG_EVERY_S", 0.0)  # a line at every stretch's end

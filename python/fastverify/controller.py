@@ -725,6 +725,10 @@ class Controller:
             "rates_tok_per_ms": {lbl: round(r, 5) for lbl, r in d.rates.items()},
             "pass_ms": round(d.pass_ms, 4),
             "decode_ms": round(self.costs.decode_ms(len(requests)), 4),
+            # what a step at each speculating option's width costs, as the rates above read it
+            "step_ms": {o.label: round(self.costs.verify_step_ms(len(requests), o.width,
+                                                                 len(requests) * o.width), 4)
+                        for o in self.options if o.kind != NONE},
             "speculating": sum(d.speculate) if d.option.kind != NONE else 0,
             "mean_expected_chain_accept":
                 round(sum(c[k - 1] for c, _ in per_req) / max(len(per_req), 1), 4),

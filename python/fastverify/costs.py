@@ -9,7 +9,7 @@ controller's rate (controller.py).
   one-stream view of the same table: `CostTable.single_stream`.
 - `StepCosts`: the whole step as the server's host clock sees it (graph replay plus the
   host's part around it), per kind of step (LEAN: no lookup, SPEC: drafts looked up, PROBE:
-  looked up behind a plain step).
+  looked up behind a plain step, PATH: a step on the server's own decode path).
 """
 from __future__ import annotations
 
@@ -232,7 +232,10 @@ PROBE = "probe"
 # not a period: the host time of a probe made beside a step on the server's own decode path
 # (glue.plain_path), all of which the step waits for where the host sets the pace
 PATH_PROBE = "path_probe"
-STEP_KINDS = (LEAN, SPEC, PROBE, PATH_PROBE)
+# a step on the server's own decode path (glue.plain_path): no speculation, no lookup, none of the
+# n-gram worker's step around the forward
+PATH = "path"
+STEP_KINDS = (LEAN, SPEC, PROBE, PATH_PROBE, PATH)
 
 
 def _median(xs) -> float:
@@ -279,9 +282,10 @@ class StepCosts:
     is the median of its last `window` periods once it has `min_samples`; otherwise the table's GPU
     time plus the kind's host part, the median of (measured - table) over the kind's recent steps at
     any size (0 before the first measurement). Medians, so the occasional period that contains a
-    prefill or an idle gap does not move the estimate. LEAN is width 1 by definition, and so is
+    prefill or an idle gap does not move the estimate. LEAN is width 1 by definition, and so are
     PROBE (a LEAN step that also looked drafts up behind its launch: what a probe adds to a plain
-    step, `Controller.probe_cost`).
+    step, `Controller.probe_cost`) and PATH (a step on the server's own decode path: what no
+    speculation costs once measured, `decode_ms`).
     """
 
     def __init__(self, table: CostTable, window: int = 32, min_samples: int = 3):
@@ -360,10 +364,17 @@ class StepCosts:
             self._estimates[key] = ms
         return ms
 
-    # the cost interface of evaluate(): no speculation = a LEAN step, a chain
-    # of width w = a SPEC step
+    # the cost interface of evaluate(): no speculation = a step on the server's own decode path
+    # once one has been measured, else a LEAN step; a chain of width w = a SPEC step
     def decode_ms(self, bs: int) -> float:
-        return self.step_ms(LEAN, bs, 1)
+        """What a step without speculation costs: where auto runs its stretches without speculation
+        on the server's own decode path (glue.plain_path), that is the step choosing no speculation
+        buys, and its period (PATH) is the cost once one has been measured (at another batch size:
+        the table's pass plus PATH's host part); before, a LEAN step in the n-gram worker. On one
+        H200 at TP=1 (SmolLM2-135M, real weights), auto's LEAN estimate was 2.2 ms at bs 1 and
+        3.1 ms at bs 4 while a plain server's step took 1.8 and 1.9 ms: a verify looked
+        worthwhile at accept lengths of 1.1-1.2, where every fixed mode lost 25-35 %."""
+        return self.step_ms(PATH if self._host[PATH] else LEAN, bs, 1)
 
     def verify_step_ms(self, bs: int, width: int, tokens: int) -> float:
         return self.step_ms(SPEC, bs, width)

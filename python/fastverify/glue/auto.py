@@ -84,8 +84,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from fastverify.controller import NONE, PLAN_PROBE, Controller, RequestView
-from fastverify.costs import (LEAN, PROBE, SPEC, CostTable, CostTableError, StepCosts, calibrate,
-                              load_cost_table, steady_period)
+from fastverify.costs import (LEAN, PATH, PROBE, SPEC, CostTable, CostTableError, StepCosts,
+                              calibrate, load_cost_table, steady_period)
 from fastverify.gains import DraftFeatures, ShadowTracker
 from fastverify.glue.config import MODE_FLAG, WIDTHS_FLAG, verify_config
 
@@ -217,11 +217,12 @@ def setup(worker, spec=None, observability=None, plain=None):
 
 
 def _tick(state: AutoState) -> None:
-    """Start of a decode step: the previous step's period goes to the cost model where the step
-    before it was of its class (`costs.steady_period`: under overlap scheduling a period at a change
-    of class measures the other step); rank 0's model is shared."""
+    """Start of a decode step (the worker's, or one on the server's own decode path:
+    `plain_path.step`): the previous step's period goes to the cost model where the step before it
+    was of its class (`costs.steady_period`: under overlap scheduling a period at a change of class
+    measures the other step); rank 0's model is shared."""
     now = state.clock()
-    state.lean_before = state.last_step is not None and state.last_step[0] in (LEAN, PROBE)
+    state.lean_before = state.last_step is not None and state.last_step[0] in (LEAN, PROBE, PATH)
     if (state.last_start is not None and state.last_step is not None
             and steady_period(state.step_before, state.last_step)):
         kind, bs, width = state.last_step

@@ -15,7 +15,8 @@ in full would be verified), the running batch is handed to SGLang's own non-spec
 the steps that follow: from the scheduler's point of view it is a batch of a server without
 speculation. Its preparation allocates one KV slot per request, its input ids come from the future
 map's token buffer as a plain server's do, its result is processed as a plain server's, and the
-n-gram worker only swaps in the plain decode runtime around the forward (`step`). When the
+n-gram worker only swaps in the plain decode runtime around the forward and times the step (`step`:
+its period is what the controller's no speculation costs, `StepCosts.decode_ms`). When the
 controller's next lookup comes due, the stretch's steps are counted in one call
 (`Controller.note_plain_path`) and the controller says what that lookup is
 (`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
@@ -73,7 +74,7 @@ from __future__ import annotations
 import logging
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
-from fastverify.costs import LEAN, PATH_PROBE
+from fastverify.costs import PATH, PATH_PROBE
 
 logger = logging.getLogger("fastverify.plain_path")
 
@@ -419,8 +420,12 @@ def step(worker, batch, state):
     """The n-gram worker's step for a batch on the plain path: SGLang's plain decode pass with the
     plain decode runtime (its attention backend and DECODE graphs) in place and the model runner
     reading as not speculative; the result is the target's own."""
+    from fastverify.glue.auto import _tick
     from fastverify.glue.verify_runtime import plain_algorithm
 
+    # the step before's period is measured, and this one's will be (PATH, what no speculation
+    # costs: `StepCosts.decode_ms`)
+    _tick(state)
     mr = worker.model_runner
     before, state.path_bs = state.stretch, len(batch.reqs)
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
@@ -442,9 +447,9 @@ def step(worker, batch, state):
     # (its result processed after this launch) counts one step more than it kept.
     for req in batch.reqs:
         req.spec_verify_ct += 1
-    # the step the controller's books see: one without speculation (the next step's
-    # `auto._tick` takes its period as no measurement, `leave` cleared the start)
-    state.last_step = (LEAN, len(batch.reqs), 1)
+    # the step whose period the next step measures (none after a probe: `_probe`; the first step
+    # back in the worker takes none either: `leave` cleared the start)
+    state.last_step = (PATH, len(batch.reqs), 1)
     if state.probe_now:
         state.probe_now = False
         _probe(worker, batch, state, before)
@@ -484,6 +489,8 @@ def _probe(worker, batch, state, before: int) -> None:
         ctl.costs = shared.snapshot()
     ctl.counters["plain_path_probes"] += 1
     ctl.counters["plain_path_steps"] += 1
+    # this step's period holds the probe (measured apart, above): not a PATH step's cost
+    state.last_start = None
     state.stretch_len = state.stretch + ctl.steps_without_lookup(
         ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs], len(batch.reqs))
     _log_stretches(state, None)  # (a stretch may go on for as long as its requests run)
