@@ -18,7 +18,7 @@
 #   FLAGS_SERVER_<name>  extra flags of that server in every profile, after its own (for example
 #                 FLAGS_SERVER_chain_w="--enable-verify-timing": its verify passes timed)
 #   ENV_SERVER_<name>    environment of that server ("K=V ..."), e.g. an A/B switch for
-#                 auto_never_b, the second auto_never
+#                 auto_w_b or auto_never_b, the second auto_w or auto_never
 #   TP            ranks per server (default: the number of GPUs); the SmolLM2 model padded for it
 #   EVAL_ARGS     extra arguments of `evaluate.py run` for every profile (--max-new-tokens,
 #                 --per-set, ...); EVAL_ARGS_<profile> for one profile, after EVAL_ARGS
@@ -86,6 +86,7 @@ chain_w|fixed|$NG --speculative-ngram-verify-mode chain --speculative-ngram-veri
 auto|auto|$NG --speculative-ngram-verify-mode auto
 auto_w|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
 auto_never|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 --speculative-ngram-auto-cost-table $ROOT/lab/gpu/cost_never_speculate.json
+auto_w_b|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
 auto_never_b|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 --speculative-ngram-auto-cost-table $ROOT/lab/gpu/cost_never_speculate.json
 EOF
 }
