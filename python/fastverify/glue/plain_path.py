@@ -72,18 +72,14 @@ rank takes the same decisions: they depend on the controller's state and the bat
 from __future__ import annotations
 
 import logging
-import os
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
-from fastverify.costs import LEAN, PATH, PATH_PROBE
+from fastverify.costs import PATH, PATH_PROBE
 
 logger = logging.getLogger("fastverify.plain_path")
 
 # the controller is asked again after this many steps without a lookup at most
 MAX_STRETCH = 256
-# A/B switch of one experiment (removed after it): steps on the path not timed, no speculation
-# priced as the worker's plain step
-AB_UNTIMED = os.environ.get("FASTVERIFY_AB_PATH_UNTIMED") == "1"
 
 
 def _state(scheduler):
@@ -429,8 +425,7 @@ def step(worker, batch, state):
 
     # the step before's period is measured, and this one's will be (PATH, what no speculation
     # costs: `StepCosts.decode_ms`)
-    if not AB_UNTIMED:
-        _tick(state)
+    _tick(state)
     mr = worker.model_runner
     before, state.path_bs = state.stretch, len(batch.reqs)
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
@@ -454,7 +449,7 @@ def step(worker, batch, state):
         req.spec_verify_ct += 1
     # the step whose period the next step measures (none after a probe: `_probe`; the first step
     # back in the worker takes none either: `leave` cleared the start)
-    state.last_step = (PATH if not AB_UNTIMED else LEAN, len(batch.reqs), 1)
+    state.last_step = (PATH, len(batch.reqs), 1)
     if state.probe_now:
         state.probe_now = False
         _probe(worker, batch, state, before)
