@@ -320,11 +320,12 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, 
     assert reporter.spec_num_forward_ct == reporter.spec_num_accept_tokens == 2 * 11
 
 
-def test_the_steps_on_the_plain_path_are_what_no_speculation_costs(tmp_path, monkeypatch):
-    """Each step on the plain path is timed at its start, as the worker's steps are: the period of
-    the step before (between two steps of a plain step's class) is recorded as PATH, what the
-    controller's no speculation costs (`StepCosts.decode_ms`). A probe's step is not (its host time
-    is measured apart, PATH_PROBE), nor the step after it (its period may hold the probe's)."""
+@pytest.mark.parametrize("every", [plain_path.TIME_EVERY, 1])
+def test_the_steps_on_the_plain_path_are_what_no_speculation_costs(tmp_path, monkeypatch, every):
+    """One step in TIME_EVERY of a stretch on the plain path is timed from its start to the next
+    step's, and recorded as PATH: what the controller's no speculation costs
+    (`StepCosts.decode_ms`). A probe's step is not (its host time is measured apart, PATH_PROBE)."""
+    monkeypatch.setattr(plain_path, "TIME_EVERY", every)
     w, state = _state(tmp_path, stretch_from_now=5)
     now = [0.0]
 
@@ -334,22 +335,19 @@ def test_the_steps_on_the_plain_path_are_what_no_speculation_costs(tmp_path, mon
 
     state.clock = clock
     books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
-    ticks = []
-    monkeypatch.setattr(auto, "_tick", lambda st, tick=auto._tick: (ticks.append(1), tick(st)))
     path = _run_steps(w, state, books, 12)
-    assert path == ["spec"] + ["plain"] * 11 and len(ticks) == 11
+    assert path == ["spec"] + ["plain"] * 11
     assert state.controller.counters["plain_path_probes"] == 1
     periods = state.costs._periods[(PATH, 2, 1)]
-    # of the 11 steps (the 6th probes): the 2nd-5th and 8th-10th. The first one's tick has no
-    # start before it (the worker's step is a stand-in here), the second no class before it; the
-    # probe's step is left out (its own clock readings fall in its period), and so is the one after
-    # it; the last one's period ends at no next step
-    assert periods == pytest.approx([1.7] * 7)
-    assert state.costs.decode_ms(2) == pytest.approx(1.7)
-    # the controller reads them once the costs are shared (at a probe, or every cost_sync_steps)
+    # the stretch's steps 0-10, the 6th (5) probes: every 8th from the 2nd (1, 9), or each one but
+    # the probe's (whose own clock readings fall in its period) and the last (no step after it)
+    assert periods == pytest.approx([1.7] * (2 if every == 8 else 9))
+    if every == 1:  # enough periods at this batch size for their median
+        assert state.costs.decode_ms(2) == pytest.approx(1.7)
+    # the controller reads them once the costs are shared (at a probe, or at the worker's steps)
     assert state.controller.costs.samples(PATH, 2, 1) >= 1
-    # after a stretch the first step back in the worker knows every request's last step gave one
-    # token (its lookup need not wait for the step in flight)
+    # the first step back in the worker knows every request's last step gave one token (its
+    # lookup need not wait for the step in flight)
     state.last_start = None
     auto._tick(state)
     assert state.lean_before

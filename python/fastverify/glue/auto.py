@@ -172,6 +172,8 @@ class AutoState:
     noted: int = 0
     put: int = 0
     path_bs: int = 0  # the batch size of the stretch's last step
+    # (host clock, batch size, stretch step) at the start of the plain path's step being timed
+    path_timing: tuple = None
     # this step on the plain path probes (looks drafts up behind its forward: `plain_path.step`)
     probe_now: bool = False
     # the forward launched last gave every request one token without speculation (the worker's
@@ -217,10 +219,10 @@ def setup(worker, spec=None, observability=None, plain=None):
 
 
 def _tick(state: AutoState) -> None:
-    """Start of a decode step (the worker's, or one on the server's own decode path:
-    `plain_path.step`): the previous step's period goes to the cost model where the step before it
-    was of its class (`costs.steady_period`: under overlap scheduling a period at a change of class
-    measures the other step); rank 0's model is shared."""
+    """Start of a decode step of the worker's: the previous step's period goes to the cost model
+    where the step before it was of its class (`costs.steady_period`: under overlap scheduling a
+    period at a change of class measures the other step); rank 0's model is shared. (A step on the
+    server's own decode path is timed apart, one in `plain_path.TIME_EVERY`: `plain_path._time`.)"""
     now = state.clock()
     state.lean_before = state.last_step is not None and state.last_step[0] in (LEAN, PROBE, PATH)
     if (state.last_start is not None and state.last_step is not None

@@ -15,8 +15,8 @@ in full would be verified), the running batch is handed to SGLang's own non-spec
 the steps that follow: from the scheduler's point of view it is a batch of a server without
 speculation. Its preparation allocates one KV slot per request, its input ids come from the future
 map's token buffer as a plain server's do, its result is processed as a plain server's, and the
-n-gram worker only swaps in the plain decode runtime around the forward and times the step (`step`:
-its period is what the controller's no speculation costs, `StepCosts.decode_ms`). When the
+n-gram worker only swaps in the plain decode runtime around the forward and, one step in eight,
+times it (`_time`: its period is what the controller's no speculation costs). When the
 controller's next lookup comes due, the stretch's steps are counted in one call
 (`Controller.note_plain_path`) and the controller says what that lookup is
 (`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
@@ -80,6 +80,8 @@ logger = logging.getLogger("fastverify.plain_path")
 
 # the controller is asked again after this many steps without a lookup at most
 MAX_STRETCH = 256
+# one step in this many of a stretch is timed (`_time`)
+TIME_EVERY = 8
 
 
 def _state(scheduler):
@@ -420,14 +422,11 @@ def step(worker, batch, state):
     """The n-gram worker's step for a batch on the plain path: SGLang's plain decode pass with the
     plain decode runtime (its attention backend and DECODE graphs) in place and the model runner
     reading as not speculative; the result is the target's own."""
-    from fastverify.glue.auto import _tick
     from fastverify.glue.verify_runtime import plain_algorithm
 
-    # the step before's period is measured, and this one's will be (PATH, what no speculation
-    # costs: `StepCosts.decode_ms`)
-    _tick(state)
-    mr = worker.model_runner
     before, state.path_bs = state.stretch, len(batch.reqs)
+    _time(state, before, state.path_bs)
+    mr = worker.model_runner
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
                                                    frozenset(r.rid for r in batch.reqs))
     saved = (mr.attn_backend, mr.decode_cuda_graph_runner)
@@ -447,8 +446,8 @@ def step(worker, batch, state):
     # (its result processed after this launch) counts one step more than it kept.
     for req in batch.reqs:
         req.spec_verify_ct += 1
-    # the step whose period the next step measures (none after a probe: `_probe`; the first step
-    # back in the worker takes none either: `leave` cleared the start)
+    # the step before the first step back in the worker (which measures no period: `leave`
+    # cleared the start) gave every request one token
     state.last_step = (PATH, len(batch.reqs), 1)
     if state.probe_now:
         state.probe_now = False
@@ -459,6 +458,24 @@ def step(worker, batch, state):
         # corpus' pending puts; on one H200, a probe that put first took 1.2 ms, median)
         _put_upto(worker, batch, state, before)
     return result
+
+
+def _time(state, k: int, bs: int) -> None:
+    """At the start of the stretch's step ``k`` (0: its first) at batch size ``bs``: the period of
+    the step timed ends here where this is the step after it in the same stretch at the same batch
+    size, and is recorded as a step on the path (PATH, what no speculation costs:
+    `StepCosts.decode_ms`); the stretch's 2nd, 10th, 18th, ... steps are timed (`TIME_EVERY`), so
+    that the other steps pay one comparison: timing each step cost 0.01-0.015 ms of a 1.5 ms step
+    on one H200 at TP=1. A period is never one that held a prefill (a request joining ends the
+    stretch), a probe (`_probe` drops the timing) or the worker's steps (the next stretch starts at
+    step 0 and finds no step timed before it)."""
+    timed = state.path_timing
+    if timed is not None:
+        state.path_timing = None
+        if timed[2] + 1 == k and timed[1] == bs:
+            state.costs.record(PATH, bs, 1, 1000.0 * (state.clock() - timed[0]))
+    if (k - 1) % TIME_EVERY == 0:
+        state.path_timing = (state.clock(), bs, k)
 
 
 def _probe(worker, batch, state, before: int) -> None:
@@ -490,7 +507,7 @@ def _probe(worker, batch, state, before: int) -> None:
     ctl.counters["plain_path_probes"] += 1
     ctl.counters["plain_path_steps"] += 1
     # this step's period holds the probe (measured apart, above): not a PATH step's cost
-    state.last_start = None
+    state.path_timing = None
     state.stretch_len = state.stretch + ctl.steps_without_lookup(
         ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs], len(batch.reqs))
     _log_stretches(state, None)  # (a stretch may go on for as long as its requests run)
