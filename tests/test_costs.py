@@ -179,3 +179,35 @@ def test_no_speculation_costs_a_step_on_the_servers_own_decode_path_once_one_is_
     # the stretch's first step are measured
     assert steady_period((LEAN, 2, 1), (PATH, 2, 1)) and steady_period((PATH, 2, 1), (PATH, 2, 1))
     assert not steady_period((PATH, 2, 1), (SPEC, 2, 2))
+
+
+def test_a_spell_from_the_plain_path_is_priced_with_what_leaving_it_costs():
+    """What an excursion from the server's own decode path took beyond its steps' decided costs
+    (SWITCH, recorded by the glue) is added to the first step of a spell in the rate of every
+    option that speculates, once measured `min_samples` times at the batch size (median, never
+    below 0); not to the step's own cost, and not once a spell runs."""
+    from fastverify.controller import CHAIN, NONE, Option, choose, evaluate
+    from fastverify.costs import PATH, SPEC, SWITCH, StepCosts
+
+    table = CostTable(((1, 0.9), (4, 0.9)), ((1, 1.0), (2, 1.1), (8, 1.2)), "t")
+    c = StepCosts(table, window=8, min_samples=3)
+    for _ in range(3):
+        c.record(PATH, 4, 1, 1.9)
+        c.record(SPEC, 4, 8, 3.6)
+    assert c.switch_ms(4) == 0.0
+    c.record(SWITCH, 4, 1, -0.5)  # an excursion may take less than its steps were priced at
+    c.record(SWITCH, 4, 1, 2.0)
+    assert c.switch_ms(4) == 0.0  # not measured enough yet
+    c.record(SWITCH, 4, 1, 2.4)
+    assert c.switch_ms(4) == pytest.approx(2.0) and c.switch_ms(1) == 0.0
+    chain7, none = Option(CHAIN, 7, 8), Option(NONE)
+    gains = [1.6] * 4  # 10.4 tokens in 3.6 ms against 4 in 1.9 ms; with 2.0 ms more, fewer
+    e = evaluate(chain7, c, gains)
+    assert e.rate == pytest.approx(10.4 / 3.6) and e.pass_ms == pytest.approx(3.6)
+    e = evaluate(chain7, c, gains, switch_ms=c.switch_ms(4))
+    assert e.rate == pytest.approx(10.4 / 5.6) and e.pass_ms == pytest.approx(3.6)
+    assert choose([evaluate(o, c, gains, switch_ms=2.0) for o in (none, chain7)], none,
+                  0.03).option == none
+    for _ in range(3):
+        c.record(SWITCH, 4, 1, -1.0)
+    assert c.switch_ms(4) == 0.0  # never below 0

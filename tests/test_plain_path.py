@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastverify.costs import LEAN, PATH, PATH_PROBE, PROBE
+from fastverify.costs import LEAN, PATH, PATH_PROBE, PROBE, SPEC, SWITCH
 from fastverify.gains import DraftFeatures
 from fastverify.glue import auto, plain_path
 from fastverify.glue.verify_runtime import VerifyRuntime
@@ -351,6 +351,58 @@ def test_the_steps_on_the_plain_path_are_what_no_speculation_costs(tmp_path, mon
     state.last_start = None
     auto._tick(state)
     assert state.lean_before
+
+
+def test_an_excursion_for_a_lookup_is_measured_against_its_steps_decided_costs(tmp_path):
+    """A batch that leaves the plain path because a lookup is due and comes back at the same batch
+    size: the time it took less the costs of its steps in the worker as the controller decided them
+    is recorded (SWITCH). A prefill in between, or another batch size, voids it; a batch that leaves
+    for any other reason starts none."""
+    w, state = _state(tmp_path, stretch_from_now=20)
+    ctl = state.controller
+    now = [0.0]
+    state.clock = lambda: now[0]
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
+    assert _run_steps(w, state, books, 3) == ["spec", "plain", "plain"]
+    sched, b = _scheduler(w, books), books.batch
+
+    def excursion(why, *, prefill=False, bs=2):
+        plain_path.leave(sched, b, state, why)
+        b.spec_algorithm = Algo.NGRAM  # (what leave sets from the batch the stretch began with)
+        steps = [ctl.note_lean(2), ctl.note_lean(2)]  # the worker's two steps, as decided
+        if prefill:
+            auto.not_a_decode_step(state)
+        now[0] += 0.030
+        plain_path._excursion_ends(state, bs)
+        return sum(d.pass_ms for d in steps)
+
+    priced = excursion(plain_path.LOOKUP_DUE)
+    assert state.costs._periods[(SWITCH, 2, 1)] == pytest.approx([30.0 - priced])
+    for why, kw in (("request joined", {}), (plain_path.LOOKUP_DUE, {"prefill": True}),
+                    (plain_path.LOOKUP_DUE, {"bs": 1})):
+        excursion(why, **kw)
+        assert len(state.costs._periods[(SWITCH, 2, 1)]) == 1, why
+        assert ctl.excursion_ends() is None and state.excursion is None
+    # once measured, the controller adds it to a spell's first step, not to a spell running
+    for _ in range(2):
+        excursion(plain_path.LOOKUP_DUE)
+    costs = state.costs.snapshot()
+    for _ in range(3):
+        costs.record(SPEC, 2, K, 12.0)
+    ctl.costs = costs
+    switch = costs.switch_ms(2)
+    assert switch == pytest.approx(30.0 - priced)
+    views = [auto.RequestView(r, DraftFeatures(K - 1, 1, False)) for r in ("r0", "r1")]
+    # drafts expected to accept 3 tokens each: every option that speculates takes both requests
+    ctl.gain.expected = lambda rid, f, step: ([3.0] * ctl.cfg.max_chain, 3.0)
+    chain = next(o for o in ctl.options if o.kind == "chain" and o.width == K)
+    ctl.current = ctl.options[0]
+    _, evals = ctl._evaluate(views, ctl.step + 1)
+    e = next(x for x in evals if x.option == chain)
+    assert e.rate == pytest.approx(e.tokens / (12.0 + switch)) and e.pass_ms == 12.0
+    ctl.current = chain
+    _, evals = ctl._evaluate(views, ctl.step + 1)
+    assert next(x for x in evals if x.option == chain).rate == pytest.approx(e.tokens / 12.0)
 
 
 @pytest.mark.sglang

@@ -101,8 +101,11 @@ class Evaluation:
 
 
 def evaluate(option: Option, costs: CostTable, gains: Sequence[float],
-             shape: str = "ragged") -> Evaluation:
-    """Expected batch rate of `option` given per-request E[accepted | option] (`gains`)."""
+             shape: str = "ragged", switch_ms: float = 0.0) -> Evaluation:
+    """Expected batch rate of `option` given per-request E[accepted | option] (`gains`).
+    ``switch_ms``: what starting a spell of speculation adds to its first step (from no
+    speculation: `StepCosts.switch_ms`), in the rate of an option that speculates; not in its
+    ``pass_ms`` (the step's own cost) nor in who takes part (a per-request gate on the step)."""
     bs = len(gains)
     t_dec = costs.decode_ms(bs)
     if option.kind == NONE or bs == 0:
@@ -115,7 +118,7 @@ def evaluate(option: Option, costs: CostTable, gains: Sequence[float],
     tokens_in_pass = bs * option.width if shape == "uniform" else n * option.width + (bs - n)
     t = costs.verify_step_ms(bs, option.width, tokens_in_pass)
     emitted = bs + sum(g for g, s in zip(gains, spec) if s)
-    return Evaluation(option, emitted / t, t, emitted, spec)
+    return Evaluation(option, emitted / (t + max(switch_ms, 0.0)), t, emitted, spec)
 
 
 def choose(evals: Sequence[Evaluation], current: Optional[Option], hysteresis: float) -> Evaluation:
@@ -250,6 +253,9 @@ class Controller:
                               cfg.prior_strength, prior_floor=cfg.prior_floor)
         self.current: Optional[Option] = None
         self.step = 0
+        # the steps' own costs as decided (Decision.pass_ms) since the batch left the server's own
+        # decode path for a lookup, None outside such an excursion (`excursion_begins`)
+        self._excursion: Optional[float] = None
         self._log = log
         self._clock = clock
         self._last_log = -math.inf
@@ -299,18 +305,24 @@ class Controller:
         (`plan_lookup` with each request's last features, then `decide` with the new drafts', the
         same on a steady load)."""
         key = (step, self.gain.version, self._costs_key(), self._calibration_key(),
-               tuple((r.req_id, r.features) for r in requests))
+               self._switching(), tuple((r.req_id, r.features) for r in requests))
         if key == self._evaluated[0]:
             return self._evaluated[1]
         out = self._evaluate_now(requests, step)
         self._evaluated = (key, out)
         return out
 
+    def _switching(self) -> bool:
+        """Would speculating now start a spell (no speculation before it)?"""
+        return self.current is None or self.current.kind == NONE
+
     def _evaluate_now(self, requests: Sequence[RequestView], step: int) -> tuple:
         per_req = [self.gain.expected(r.req_id, r.features, step) for r in requests]
         f = self._calibration_key()
         if f < 1.0:
             per_req = [([x * f for x in c], t * f) for c, t in per_req]
+        switch_ms = getattr(self.costs, "switch_ms", None)
+        switch = switch_ms(len(requests)) if switch_ms is not None and self._switching() else 0.0
         evals = []
         for o in self.options:
             if o.kind == NONE:
@@ -319,7 +331,7 @@ class Controller:
                 g = [c[o.k - 1] for c, _ in per_req]
             else:
                 g = [t for _, t in per_req]
-            evals.append(evaluate(o, self.costs, g, self.cfg.shape))
+            evals.append(evaluate(o, self.costs, g, self.cfg.shape, switch))
         return per_req, evals
 
     def decide(self, requests: Sequence[RequestView], behind: bool = False) -> Decision:
@@ -344,7 +356,7 @@ class Controller:
         d = Decision(o, chosen.speculate, {e.option.label: e.rate for e in evals},
                      chosen.pass_ms, self.step, gains)
         self._back_off(chosen.option.kind != NONE)
-        self.last = d
+        self._priced(d)
         self.counters["steps"] += 1
         self.counters["requests"] += len(requests)
         self.counters["gated_requests"] += (sum(1 for s in chosen.speculate if not s)
@@ -555,12 +567,31 @@ class Controller:
         self.current = self.options[0]
         t = self._plain_and_probe(bs)[0]
         d = Decision(self.current, (False,) * bs, {NONE: bs / t}, t, self.step)
-        self.last = d
+        self._priced(d)
         self.counters["steps"] += 1
         self.counters["requests"] += bs
         self.counters["lean_steps"] += 1
         self.steps_by_mode[NONE] += 1
         return d
+
+    def _priced(self, d: Decision) -> None:
+        """The step's decision is the last one, and its own cost counts in an excursion's."""
+        self.last = d
+        if self._excursion is not None:
+            self._excursion += d.pass_ms
+
+    def excursion_begins(self) -> None:
+        """A batch on the server's own decode path leaves it because a lookup is due
+        (`lookup_on_plain_path` answered LOOKUP): the costs of its steps in the worker, as decided,
+        are summed until it comes back (`excursion_ends`)."""
+        self._excursion = 0.0
+
+    def excursion_ends(self) -> Optional[float]:
+        """The batch is back on the path (or the excursion is void: a prefill came in between):
+        the summed costs of its steps in the worker (ms), None where no excursion was open. The
+        caller sets them against the time the excursion took (`StepCosts.switch_ms`)."""
+        out, self._excursion = self._excursion, None
+        return out
 
     def steps_without_lookup(self, probe_max: int, cap: int, req_ids: Sequence = (),
                              bs: int = 1) -> int:

@@ -26,7 +26,10 @@ stretch then goes on to the next lookup. It ends when a lookup is a real one (dr
 verified: a probe found them worth it, or even full matches would be), a request joins (it is
 looked up once), or the batch cannot run plain (`auto._plain_capable`); the batch then reads as
 speculative again, with each request's last token as the root of its next step, and the worker's
-own logic goes on (`auto.plain_step`).
+own logic goes on (`auto.plain_step`). An excursion for a real lookup is timed until the batch is
+back on the path, against the costs of its steps in the worker as the controller decided them: what
+it took beyond them is what starting a spell of speculation costs (`_excursion_ends`,
+`StepCosts.switch_ms`).
 
 Seams (patch 0012, the same shape in both pinned versions):
     Scheduler.update_running_batch      choose_path(scheduler, batch): after the batch's filter,
@@ -74,7 +77,7 @@ from __future__ import annotations
 import logging
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
-from fastverify.costs import PATH, PATH_PROBE
+from fastverify.costs import PATH, PATH_PROBE, SWITCH
 
 logger = logging.getLogger("fastverify.plain_path")
 
@@ -82,6 +85,8 @@ logger = logging.getLogger("fastverify.plain_path")
 MAX_STRETCH = 256
 # one step in this many of a stretch is timed (`_time`)
 TIME_EVERY = 8
+# why a stretch ends where the controller's next lookup is a real one
+LOOKUP_DUE = "a lookup is due"
 
 
 def _state(scheduler):
@@ -202,7 +207,7 @@ def _lookup_due(state, batch) -> str:
     answer = ctl.lookup_on_plain_path(views, ctl.cfg.probe_max,
                                       refill=state.since_prefill + 1 <= REFILL_STEPS)
     if answer == LOOKUP:
-        return "a lookup is due"
+        return LOOKUP_DUE
     # this step is counted now (held: as a lean step) or by its probe (`_probe`)
     state.probe_now = answer == PLAN_PROBE
     if answer == HELD:
@@ -286,9 +291,11 @@ def may_enter(state, batch) -> tuple:
 def enter(batch, state, n: int) -> None:
     """The batch reads as a plain server's from this step on, for up to ``n`` steps: the KV slots
     reserved past each request's length are freed, the lengths are the host's, and the batch has
-    no speculative input."""
+    no speculative input. Where the batch comes back from an excursion for a lookup, what the
+    excursion took beyond its steps' decided costs is recorded (`_excursion_ends`)."""
     import torch
 
+    _excursion_ends(state, len(batch.reqs))
     lens = _kv_lens(batch)
     pool = batch.req_to_token_pool.req_to_token
     freed = []
@@ -351,7 +358,23 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     state.last_start, state.step_before = None, None
     _put_upto(scheduler.model_worker, batch, state, state.stretch)
     _new_stretch(state, 0)
+    if why == LOOKUP_DUE:
+        state.controller.excursion_begins()
+        state.excursion = (state.clock(), bs)
     _log_stretches(state, why)
+
+
+def _excursion_ends(state, bs: int) -> None:
+    """The batch is back on the path: where it left for a lookup (`leave`) at the same batch size
+    and nothing voided the excursion since (a prefill: `auto.not_a_decode_step`), the time it took
+    less the costs of its steps in the worker as the controller decided them is recorded (SWITCH:
+    what starting a spell costs beyond its steps, `StepCosts.switch_ms`). Each rank records its own;
+    the controller reads rank 0's, shared as the other costs are."""
+    priced = state.controller.excursion_ends()
+    left, state.excursion = state.excursion, None
+    if left is None or priced is None or left[1] != bs or state.costs is None:
+        return
+    state.costs.record(SWITCH, bs, 1, 1000.0 * (state.clock() - left[0]) - priced)
 
 
 # seconds between two log lines on the stretches
