@@ -760,6 +760,8 @@ class Controller:
             "step_ms": {o.label: round(self.costs.verify_step_ms(len(requests), o.width,
                                                                  len(requests) * o.width), 4)
                         for o in self.options if o.kind != NONE},
+            # what starting a spell adds to its first step (none while one runs)
+            "switch_ms": round(getattr(self.costs, "switch_ms", lambda bs: 0.0)(len(requests)), 4),
             "speculating": sum(d.speculate) if d.option.kind != NONE else 0,
             "mean_expected_chain_accept":
                 round(sum(c[k - 1] for c, _ in per_req) / max(len(per_req), 1), 4),
