@@ -391,8 +391,8 @@ class StepCosts:
         never below 0; 0 before (and where no stretch runs on the path). On one H200 at TP=1
         (SmolLM2-135M, real weights), where the host sets the pace, a spell of one verify at bs 3
         took 3.3-3.8 ms and the worker's plain step after it 1.9-2.1 ms, against 1.3-1.5 ms a step
-        on the path, and at c=4 the requests that verified ran at 0.80x plain, the others at
-        0.95x."""
+        on the path, and in one launch the requests that verified at c=4 ran at 0.79x plain, the
+        others at 0.92x."""
         q = self._periods.get(self._key(SWITCH, bs, 1))
         return max(_median(q), 0.0) if q is not None and len(q) >= self.min_samples else 0.0
 
