@@ -605,3 +605,23 @@ def test_first_lookup_deferred_only_when_it_could_only_probe():
     for step in range(6):
         cheap.observe("old", DraftFeatures(7, 1), step, 7)  # recent full matches were accepted
     assert cheap.defer_first_lookup(["new"]) is False
+
+
+def test_a_request_whose_drafts_were_verified_logs_what_they_were_expected_to_accept():
+    """The decision log samples one step in 30 s; whether the gain model held for the requests
+    auto speculated for is logged once per request, as it finishes."""
+    logged = []
+    table = CostTable(((1, 10.0),), ((1, 10.0), (8, 12.0)))
+    c = Controller(AutoConfig(max_chain=3, tree_width=0), table, log=logged.append)
+    c.note_verified(3.5, 1.0, "a")
+    c.note_verified(3.0, 2.0, "a")
+    c.note_verified(2.0, 2.0)  # (no request named: the calibration only)
+    c.finish("b")  # nothing verified for it: no record
+    assert logged == []
+    c.finish("a")
+    assert logged == [{"request": "a", "verified_drafts": 2, "expected_tokens": 6.5,
+                       "accepted_tokens": 3.0}]
+    c.finish("a")  # once
+    assert len(logged) == 1
+    # the calibration counts all three
+    assert c._verified[0] == pytest.approx(8.5) and c._verified[1] == pytest.approx(5.0)

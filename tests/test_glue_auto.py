@@ -820,3 +820,24 @@ def test_patched_shadow_score_of_a_verified_draft_is_what_its_verify_accepted(st
             checked += 1
             partial += real < r["keep"]
     assert checked >= 8 and partial >= 2  # drafts that failed part-way were checked too
+
+
+def test_a_finished_request_logs_what_its_verified_drafts_were_expected_to_accept(tmp_path):
+    """`_sync_requests` scores a verified draft (tagged with what it was expected to accept and how
+    many of its tokens were verified) for the calibration and for its request; when the request
+    leaves the batch the controller logs the request's sums."""
+    state = auto.setup(_worker(), _spec(tmp_path, CHEAP), plain=PLAIN)
+    logged = []
+    state.controller._log = logged.append
+    req = SimpleNamespace(rid="a", origin_input_ids=[1, 2], origin_input_ids_unpadded=[1, 2],
+                          output_ids=[3], sampling_params=SimpleNamespace(top_k=1))
+    auto._sync_requests(state, SimpleNamespace(reqs=[req]))
+    # a draft of 3 tokens after position 1, all verified, expected to accept 2.5: two accepted
+    state.shadow.record("a", 1, auto.DraftFeatures(3, 1), [7, 8, 9])
+    state.shadow.tag_last("a", (2.5, 3))
+    req.output_ids = [3, 7, 8, 5, 6]
+    auto._sync_requests(state, SimpleNamespace(reqs=[req]))
+    assert logged == []
+    auto._sync_requests(state, SimpleNamespace(reqs=[]))  # it finished
+    assert logged == [{"request": "a", "verified_drafts": 1, "expected_tokens": 2.5,
+                       "accepted_tokens": 2.0}]

@@ -281,6 +281,9 @@ class Controller:
         # expected / accepted tokens of the drafts verified since the last spell began
         self._cal_half_life = cfg.calibration_half_life
         self._spell = [0.0, 0.0]
+        # per request still running whose drafts were verified: [drafts, expected, accepted] draft
+        # tokens (`note_verified`), logged as it finishes (`finish`)
+        self._verified_by_request: dict = {}
 
     @property
     def costs(self):
@@ -698,9 +701,15 @@ class Controller:
                 self._cal_half_life = base
         self._spell = [0.0, 0.0]
 
-    def note_verified(self, expected: float, accepted: float) -> None:
+    def note_verified(self, expected: float, accepted: float, req_id=None) -> None:
         """A verified draft resolved: it was expected to have `expected` draft tokens accepted
-        (`Decision.gains`) and had `accepted` (at most the tokens verified)."""
+        (`Decision.gains`) and had `accepted` (at most the tokens verified). With ``req_id`` it is
+        also summed for that request, whose sums are logged when it finishes (`finish`)."""
+        if req_id is not None:
+            r = self._verified_by_request.setdefault(req_id, [0, 0.0, 0.0])
+            r[0] += 1
+            r[1] += max(float(expected), 0.0)
+            r[2] += max(float(accepted), 0.0)
         v = self._age_verified()
         v[0] += max(float(expected), 0.0)
         v[1] += max(float(accepted), 0.0)
@@ -720,8 +729,15 @@ class Controller:
         return min(1.0, (v[1] + prior) / (v[0] + prior) / self.cfg.calibration_band)
 
     def finish(self, req_id) -> None:
+        """A request left the batch. Where its drafts were verified, one log record of what they
+        were expected to accept and what they did (whether the gain model held for the requests it
+        chose to speculate for: the decision log samples one step in 30 s)."""
         self.gain.drop(req_id)
         self._sampled.discard(req_id)
+        r = self._verified_by_request.pop(req_id, None)
+        if r is not None and self._log is not None:
+            self._log({"request": str(req_id), "verified_drafts": r[0],
+                       "expected_tokens": round(r[1], 2), "accepted_tokens": round(r[2], 2)})
 
     def note_sampling(self, req_id, sampled: bool) -> None:
         """Whether a request samples (temperature > 0) or decodes greedily, told once when it joins:

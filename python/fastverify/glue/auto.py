@@ -211,7 +211,8 @@ def setup(worker, spec=None, observability=None, plain=None):
     logger.info("auto verify: widths %s, cost table %s: decode %s ms, verify %s ms",
                 (1,) + cfg.chain_widths, costs.source, costs.decode, costs.verify)
     step_costs = StepCosts(costs)
-    ctl = Controller(cfg, step_costs, log=lambda rec: logger.info("auto verify decision %s", rec))
+    ctl = Controller(cfg, step_costs, log=lambda rec: logger.info(
+        "auto verify %s %s", "request" if "request" in rec else "decision", rec))
     state = AutoState(ctl, ShadowTracker(), cfg.max_chain + 1,
                       gauges=_make_gauges() if getattr(obs, "enable_metrics", False) else None,
                       metrics_every=max(int(getattr(obs, "decode_log_interval", 40) or 40), 1),
@@ -280,7 +281,7 @@ def _sync_requests(state: AutoState, batch) -> None:
         for f, ca, _, verified in state.shadow.advance_tagged(req.rid, req.output_ids):
             state.controller.observe(req.rid, f, ca)
             if verified is not None:  # (expected, verified draft tokens): calibration
-                state.controller.note_verified(verified[0], min(ca, verified[1]))
+                state.controller.note_verified(verified[0], min(ca, verified[1]), req.rid)
 
 
 def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
