@@ -356,8 +356,8 @@ def test_the_steps_on_the_plain_path_are_what_no_speculation_costs(tmp_path, mon
 def test_an_excursion_for_a_lookup_is_measured_against_its_steps_decided_costs(tmp_path):
     """A batch that leaves the plain path because a lookup is due and comes back at the same batch
     size: the time it took less the costs of its steps in the worker as the controller decided them
-    is recorded (SWITCH). A prefill in between, or another batch size, voids it; a batch that leaves
-    for any other reason starts none."""
+    is recorded (SWITCH). A prefill in between, another batch size or more than SWITCH_MAX_STEPS
+    steps in the worker void it; a batch that leaves for any other reason starts none."""
     w, state = _state(tmp_path, stretch_from_now=20)
     ctl = state.controller
     now = [0.0]
@@ -366,10 +366,10 @@ def test_an_excursion_for_a_lookup_is_measured_against_its_steps_decided_costs(t
     assert _run_steps(w, state, books, 3) == ["spec", "plain", "plain"]
     sched, b = _scheduler(w, books), books.batch
 
-    def excursion(why, *, prefill=False, bs=2):
+    def excursion(why, *, prefill=False, bs=2, n=2):
         plain_path.leave(sched, b, state, why)
         b.spec_algorithm = Algo.NGRAM  # (what leave sets from the batch the stretch began with)
-        steps = [ctl.note_lean(2), ctl.note_lean(2)]  # the worker's two steps, as decided
+        steps = [ctl.note_lean(2) for _ in range(n)]  # the worker's steps, as decided
         if prefill:
             auto.not_a_decode_step(state)
         now[0] += 0.030
@@ -379,7 +379,8 @@ def test_an_excursion_for_a_lookup_is_measured_against_its_steps_decided_costs(t
     priced = excursion(plain_path.LOOKUP_DUE)
     assert state.costs._periods[(SWITCH, 2, 1)] == pytest.approx([30.0 - priced])
     for why, kw in (("request joined", {}), (plain_path.LOOKUP_DUE, {"prefill": True}),
-                    (plain_path.LOOKUP_DUE, {"bs": 1})):
+                    (plain_path.LOOKUP_DUE, {"bs": 1}),
+                    (plain_path.LOOKUP_DUE, {"n": plain_path.SWITCH_MAX_STEPS + 1})):
         excursion(why, **kw)
         assert len(state.costs._periods[(SWITCH, 2, 1)]) == 1, why
         assert ctl.excursion_ends() is None and state.excursion is None

@@ -253,9 +253,9 @@ class Controller:
                               cfg.prior_strength, prior_floor=cfg.prior_floor)
         self.current: Optional[Option] = None
         self.step = 0
-        # the steps' own costs as decided (Decision.pass_ms) since the batch left the server's own
-        # decode path for a lookup, None outside such an excursion (`excursion_begins`)
-        self._excursion: Optional[float] = None
+        # [the steps' own costs as decided (Decision.pass_ms), the steps] since the batch left the
+        # server's own decode path for a lookup, None outside such an excursion (`excursion_begins`)
+        self._excursion: Optional[list] = None
         self._log = log
         self._clock = clock
         self._last_log = -math.inf
@@ -581,20 +581,22 @@ class Controller:
         """The step's decision is the last one, and its own cost counts in an excursion's."""
         self.last = d
         if self._excursion is not None:
-            self._excursion += d.pass_ms
+            self._excursion[0] += d.pass_ms
+            self._excursion[1] += 1
 
     def excursion_begins(self) -> None:
         """A batch on the server's own decode path leaves it because a lookup is due
         (`lookup_on_plain_path` answered LOOKUP): the costs of its steps in the worker, as decided,
         are summed until it comes back (`excursion_ends`)."""
-        self._excursion = 0.0
+        self._excursion = [0.0, 0]
 
-    def excursion_ends(self) -> Optional[float]:
+    def excursion_ends(self) -> Optional[tuple]:
         """The batch is back on the path (or the excursion is void: a prefill came in between):
-        the summed costs of its steps in the worker (ms), None where no excursion was open. The
-        caller sets them against the time the excursion took (`StepCosts.switch_ms`)."""
+        (the summed costs of its steps in the worker as decided, ms; how many steps), None where no
+        excursion was open. The caller sets them against the time the excursion took
+        (`StepCosts.switch_ms`)."""
         out, self._excursion = self._excursion, None
-        return out
+        return None if out is None else (out[0], out[1])
 
     def steps_without_lookup(self, probe_max: int, cap: int, req_ids: Sequence = (),
                              bs: int = 1) -> int:

@@ -87,6 +87,8 @@ MAX_STRETCH = 256
 TIME_EVERY = 8
 # why a stretch ends where the controller's next lookup is a real one
 LOOKUP_DUE = "a lookup is due"
+# an excursion of more steps in the worker than this measures no switch (`_excursion_ends`)
+SWITCH_MAX_STEPS = 8
 
 
 def _state(scheduler):
@@ -365,16 +367,19 @@ def leave(scheduler, batch, state, why: str = "") -> None:
 
 
 def _excursion_ends(state, bs: int) -> None:
-    """The batch is back on the path: where it left for a lookup (`leave`) at the same batch size
-    and nothing voided the excursion since (a prefill: `auto.not_a_decode_step`), the time it took
-    less the costs of its steps in the worker as the controller decided them is recorded (SWITCH:
-    what starting a spell costs beyond its steps, `StepCosts.switch_ms`). Each rank records its own;
-    the controller reads rank 0's, shared as the other costs are."""
+    """The batch is back on the path: where it left for a lookup (`leave`) at the same batch size,
+    nothing voided the excursion since (a prefill: `auto.not_a_decode_step`) and it ran at most
+    `SWITCH_MAX_STEPS` steps in the worker, the time it took less the costs of those steps as the
+    controller decided them is recorded (SWITCH: what starting a spell costs beyond its steps,
+    `StepCosts.switch_ms`). A longer spell would add its estimates' errors over every step to it
+    (a spell of verifies that pays runs for hundreds of steps). Each rank records its own; the
+    controller reads rank 0's, shared as the other costs are."""
     priced = state.controller.excursion_ends()
     left, state.excursion = state.excursion, None
-    if left is None or priced is None or left[1] != bs or state.costs is None:
+    if (left is None or priced is None or left[1] != bs or priced[1] > SWITCH_MAX_STEPS
+            or state.costs is None):
         return
-    state.costs.record(SWITCH, bs, 1, 1000.0 * (state.clock() - left[0]) - priced)
+    state.costs.record(SWITCH, bs, 1, 1000.0 * (state.clock() - left[0]) - priced[0])
 
 
 # seconds between two log lines on the stretches
