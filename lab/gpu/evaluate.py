@@ -207,6 +207,15 @@ def cells_of(sets, concurrency, ignore_eos):
             for e in ignore_eos for c in concurrency for s in sets]
 
 
+def units_of(prompts, c, interleave):
+    """The groups of a cell's prompts that every server runs in turn: all of them at once
+    ("pass"), or waves of ``c`` ("wave": each server gets the same few prompts within a second or
+    so of the others, where a pass of a server's whole set runs seconds apart from the others')."""
+    if interleave == "pass":
+        return [list(prompts)]
+    return [list(prompts[i:i + c]) for i in range(0, len(prompts), c)]
+
+
 def run_pass(server, prompts, c, max_new_tokens, ignore_eos):
     """Every prompt once, at most c in flight; records in prompt order."""
     work = queue.Queue()
@@ -246,7 +255,7 @@ def cmd_run(a):
            "config": {"sets": sets, "per_set": a.per_set, "concurrency": conc, "ignore_eos": eos,
                       "max_new_tokens": a.max_new_tokens, "min_rounds": a.min_rounds,
                       "max_rounds": a.max_rounds, "time_budget_s": a.time_budget_s,
-                      "flush": a.flush},
+                      "flush": a.flush, "interleave": a.interleave},
            "prompts": prompts,
            "servers": [{"name": s.name, "role": s.role, "url": s.url, **s.facts()}
                        for s in servers],
@@ -270,17 +279,20 @@ def cmd_run(a):
             break
         t_r = time.time()
         for cell in cells:
-            for s in round_order(servers, r):
-                if time.time() > deadline + a.grace_s:
-                    raw["stopped"] = f"time: deadline passed in round {r}"
+            for u, unit in enumerate(units_of(by_set[cell["set"]], cell["c"], a.interleave)):
+                for s in round_order(servers, r + u):
+                    if time.time() > deadline + a.grace_s:
+                        raw["stopped"] = f"time: deadline passed in round {r}"
+                        break
+                    ok = s.flush() if a.flush == "each" else None
+                    t_p = time.time()
+                    recs = run_pass(s, unit, cell["c"], a.max_new_tokens, cell["ignore_eos"])
+                    raw["passes"].append({"round": r, "server": s.name, **cell, "flushed": ok,
+                                          "t_start": t_p, "duration_s": time.time() - t_p,
+                                          "requests": recs,
+                                          **({"wave": u} if a.interleave == "wave" else {})})
+                if raw["stopped"]:
                     break
-                ok = s.flush() if a.flush == "each" else None
-                t_p = time.time()
-                recs = run_pass(s, by_set[cell["set"]], cell["c"], a.max_new_tokens,
-                                cell["ignore_eos"])
-                raw["passes"].append({"round": r, "server": s.name, **cell, "flushed": ok,
-                                      "t_start": t_p, "duration_s": time.time() - t_p,
-                                      "requests": recs})
             if raw["stopped"]:
                 break
         if raw["stopped"]:
@@ -727,8 +739,13 @@ def main(argv=None):
     r.add_argument("--ignore-eos", default="off,on", help="off, on or off,on")
     r.add_argument("--max-new-tokens", type=int, default=128)
     r.add_argument("--flush", choices=("each", "never"), default="each",
-                   help="each: every server flushed before each pass (default); never: the "
-                        "memorised case (drafts from the server's earlier outputs)")
+                   help="each: every server flushed before each pass (default; with "
+                        "--interleave wave, before each wave); never: the memorised case (drafts "
+                        "from the server's earlier outputs)")
+    r.add_argument("--interleave", choices=("pass", "wave"), default="pass",
+                   help="pass: each server runs a cell's whole prompt set in turn (default); "
+                        "wave: each runs the next c prompts in turn, the order reversed every "
+                        "wave, so that the requests paired across servers run seconds closer")
     r.add_argument("--min-rounds", type=int, default=4)
     r.add_argument("--max-rounds", type=int, default=8)
     r.add_argument("--time-budget-s", type=float, default=400,

@@ -21,7 +21,8 @@
 #                 auto_w_b or auto_never_b, the second auto_w or auto_never
 #   TP            ranks per server (default: the number of GPUs); the SmolLM2 model padded for it
 #   EVAL_ARGS     extra arguments of `evaluate.py run` for every profile (--max-new-tokens,
-#                 --per-set, ...); EVAL_ARGS_<profile> for one profile, after EVAL_ARGS
+#                 --per-set, --interleave wave: the servers take turns every c prompts rather
+#                 than every prompt set, ...); EVAL_ARGS_<profile> for one profile, after EVAL_ARGS
 #   STAGGER=1     start the profiles one after the other (each healthy before the next starts),
 #                 so that no server calibrates while another one captures graphs on the same GPU
 #   DEADLINE_S    (default 570) the whole command, with ANALYZE_S (default 35) kept for analysis

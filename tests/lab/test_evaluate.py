@@ -321,3 +321,42 @@ def test_run_against_stub_servers_rounds_flushes_and_order(tmp_path):
     assert one["output_ids"] == list(range(9)) and one["output_tokens"] == 9
     assert one["accept_length"] == pytest.approx(9 / 5)
     assert raw["servers"][0]["emulator_metrics"] == ["sglang:pass_cost_emulated 1"]
+
+
+def test_waves_interleave_the_servers_per_few_prompts(tmp_path):
+    """--interleave wave: each server runs the next c prompts in turn (flushed before each wave),
+    the order reversed every wave; the requests are recorded as with passes, so the analysis pairs
+    them the same way."""
+    assert ev.units_of([1, 2, 3, 4, 5], 2, "wave") == [[1, 2], [3, 4], [5]]
+    assert ev.units_of([1, 2, 3], 4, "pass") == [[1, 2, 3]]
+    srvs = [ThreadingHTTPServer(("127.0.0.1", 0), _Stub) for _ in range(2)]
+    for s in srvs:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    _Stub.flushes.clear()
+    _Stub.generates.clear()
+    out = tmp_path / "raw.json"
+    try:
+        argv = ["run", "--server", f"A,plain,http://127.0.0.1:{srvs[0].server_port}",
+                "--server", f"X,fixed,http://127.0.0.1:{srvs[1].server_port}", "--per-set", "3",
+                "--sets", "grounded", "--max-new-tokens", "9", "--min-rounds", "1",
+                "--max-rounds", "1", "--concurrency", "1", "--ignore-eos", "on",
+                "--interleave", "wave", "--out", str(out)]
+        assert ev.main(argv) == 0
+    finally:
+        for s in srvs:
+            s.shutdown()
+    raw = json.loads(out.read_text())
+    assert raw["config"]["interleave"] == "wave"
+    waves = [(p["server"], p["wave"], [q["prompt_id"] for q in p["requests"]])
+             for p in raw["passes"]]
+    ids = [p["id"] for p in raw["prompts"]]
+    assert waves == [("A", 0, ids[:1]), ("X", 0, ids[:1]), ("X", 1, ids[1:2]),
+                     ("A", 1, ids[1:2]), ("A", 2, ids[2:3]), ("X", 2, ids[2:3])]
+    assert len(_Stub.flushes) == len(waves) + 2  # each wave, and once after the warm-up
+    # after each server's warm-up request, the generate calls alternate prompt by prompt
+    ports = [port for port, k in _Stub.generates if k == 9]
+    a, x = (s.server_port for s in srvs)
+    assert ports == [a, x] + [a, x, x, a, a, x]
+    assert ev.main(["analyze", str(out), "--out-dir", str(tmp_path / "sum")]) == 0
+    summary = json.loads((tmp_path / "sum" / "summary.json").read_text())
+    assert summary
