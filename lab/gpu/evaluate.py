@@ -8,6 +8,8 @@
            cache and n-gram corpus keep every earlier pass: after the warm-up's flush, one
            unrecorded pass of every cell teaches each server the outputs, and its drafts of the
            recorded passes come from its own earlier outputs of the same prompts).
+           --interleave wave: the servers take turns every c prompts of a cell (a wave, each
+           flushed before it), the order reversed every wave, instead of every prompt set.
   analyze  raw records (one per group) -> summary.json, summary.txt (the printed table), one PNG
            per group
   env      the machine: GPU, driver, versions, NCCL/TORCH env (env.json, merged into the summary)
@@ -568,7 +570,9 @@ def report(summary):
         lines.append(f"## profile {g['group']}  server flags: {g.get('group_flags') or '(none)'}")
         lines.append(f"# rounds {g['rounds_done']} (stopped: {g.get('stopped')}); round s "
                      f"{', '.join(f'{x:.0f}' for x in g.get('round_s') or [])}; max_new_tokens "
-                     f"{cfg['max_new_tokens']}; prompts per set {cfg['per_set']}; greedy")
+                     f"{cfg['max_new_tokens']}; prompts per set {cfg['per_set']}; greedy"
+                     + ("; servers take turns every c prompts (--interleave wave)"
+                        if cfg.get("interleave") == "wave" else ""))
         if cfg.get("flush") == "never":
             lines.append("# MEMORISED: no flush between passes; each server's drafts come from its "
                          "own earlier outputs of the same prompts (speculation's best case)")

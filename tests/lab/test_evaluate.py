@@ -358,5 +358,4 @@ def test_waves_interleave_the_servers_per_few_prompts(tmp_path):
     a, x = (s.server_port for s in srvs)
     assert ports == [a, x] + [a, x, x, a, a, x]
     assert ev.main(["analyze", str(out), "--out-dir", str(tmp_path / "sum")]) == 0
-    summary = json.loads((tmp_path / "sum" / "summary.json").read_text())
-    assert summary
+    assert "servers take turns every c prompts" in (tmp_path / "sum" / "summary.txt").read_text()
