@@ -497,6 +497,8 @@ def _time(state, k: int, bs: int) -> None:
     on one H200 at TP=1. A period is never one that held a prefill (a request joining ends the
     stretch), a probe (`_probe` drops the timing) or the worker's steps (the next stretch starts at
     step 0 and finds no step timed before it)."""
+    if state.costs is None:
+        return
     timed = state.path_timing
     if timed is not None:
         state.path_timing = None
