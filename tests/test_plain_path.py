@@ -383,7 +383,7 @@ def test_an_excursion_for_a_lookup_is_measured_against_its_steps_decided_costs(t
                     (plain_path.LOOKUP_DUE, {"n": plain_path.SWITCH_MAX_STEPS + 1})):
         excursion(why, **kw)
         assert len(state.costs._periods[(SWITCH, 2, 1)]) == 1, why
-        assert ctl.excursion_ends() is None and state.excursion is None
+        assert ctl._excursion is None
     # once measured, the controller adds it to a spell's first step, not to a spell running
     for _ in range(2):
         excursion(plain_path.LOOKUP_DUE)

@@ -253,8 +253,9 @@ class Controller:
                               cfg.prior_strength, prior_floor=cfg.prior_floor)
         self.current: Optional[Option] = None
         self.step = 0
-        # [the steps' own costs as decided (Decision.pass_ms), the steps] since the batch left the
-        # server's own decode path for a lookup, None outside such an excursion (`excursion_begins`)
+        # [host clock at its start, batch size, the steps' own costs as decided (Decision.pass_ms),
+        # the steps] of the batch's excursion from the server's own decode path for a lookup, None
+        # outside one (`excursion_begins`)
         self._excursion: Optional[list] = None
         self._log = log
         self._clock = clock
@@ -581,22 +582,30 @@ class Controller:
         """The step's decision is the last one, and its own cost counts in an excursion's."""
         self.last = d
         if self._excursion is not None:
-            self._excursion[0] += d.pass_ms
-            self._excursion[1] += 1
+            self._excursion[2] += d.pass_ms
+            self._excursion[3] += 1
 
-    def excursion_begins(self) -> None:
-        """A batch on the server's own decode path leaves it because a lookup is due
-        (`lookup_on_plain_path` answered LOOKUP): the costs of its steps in the worker, as decided,
-        are summed until it comes back (`excursion_ends`)."""
-        self._excursion = [0.0, 0]
+    def excursion_begins(self, now_s: float, bs: int) -> None:
+        """A batch of ``bs`` requests on the server's own decode path leaves it because a lookup is
+        due (`lookup_on_plain_path` answered LOOKUP), at host clock ``now_s``: the costs of its
+        steps in the worker, as decided, are summed until it comes back (`excursion_ends`)."""
+        self._excursion = [now_s, bs, 0.0, 0]
 
-    def excursion_ends(self) -> Optional[tuple]:
-        """The batch is back on the path (or the excursion is void: a prefill came in between):
-        (the summed costs of its steps in the worker as decided, ms; how many steps), None where no
-        excursion was open. The caller sets them against the time the excursion took
-        (`StepCosts.switch_ms`)."""
-        out, self._excursion = self._excursion, None
-        return None if out is None else (out[0], out[1])
+    def excursion_void(self) -> None:
+        """Whatever happens before the batch comes back measures no switch (a prefill came in
+        between)."""
+        self._excursion = None
+
+    def excursion_ends(self, now_s: float, bs: int, max_steps: int) -> Optional[float]:
+        """The batch is back on the path at host clock ``now_s`` with ``bs`` requests: what its
+        excursion took beyond the costs of its steps in the worker as decided (ms; what starting a
+        spell costs, `StepCosts.switch_ms`). None where no excursion was open, the batch size
+        changed, or it ran more than ``max_steps`` steps (a longer spell would add its estimates'
+        errors over every step)."""
+        e, self._excursion = self._excursion, None
+        if e is None or e[1] != bs or e[3] > max_steps:
+            return None
+        return 1000.0 * (now_s - e[0]) - e[2]
 
     def steps_without_lookup(self, probe_max: int, cap: int, req_ids: Sequence = (),
                              bs: int = 1) -> int:

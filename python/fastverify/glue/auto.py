@@ -174,8 +174,6 @@ class AutoState:
     path_bs: int = 0  # the batch size of the stretch's last step
     # (host clock, batch size, stretch step) at the start of the plain path's step being timed
     path_timing: tuple = None
-    # (host clock, batch size) where the batch left the plain path for a lookup (`plain_path.leave`)
-    excursion: tuple = None
     # this step on the plain path probes (looks drafts up behind its forward: `plain_path.step`)
     probe_now: bool = False
     # the forward launched last gave every request one token without speculation (the worker's
@@ -251,9 +249,7 @@ def not_a_decode_step(state: AutoState) -> None:
     steps without speculation look dearer than they are, every time requests joined)."""
     state.since_prefill = 0
     state.last_start = None
-    if state.excursion is not None:  # no measure of what leaving the plain path costs
-        state.controller.excursion_ends()
-        state.excursion = None
+    state.controller.excursion_void()  # no measure of what leaving the plain path costs
 
 
 def samples(req) -> bool:

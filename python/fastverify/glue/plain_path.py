@@ -361,8 +361,7 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     _put_upto(scheduler.model_worker, batch, state, state.stretch)
     _new_stretch(state, 0)
     if why == LOOKUP_DUE:
-        state.controller.excursion_begins()
-        state.excursion = (state.clock(), bs)
+        state.controller.excursion_begins(state.clock(), bs)
     _log_stretches(state, why)
 
 
@@ -374,12 +373,9 @@ def _excursion_ends(state, bs: int) -> None:
     `StepCosts.switch_ms`). A longer spell would add its estimates' errors over every step to it
     (a spell of verifies that pays runs for hundreds of steps). Each rank records its own; the
     controller reads rank 0's, shared as the other costs are."""
-    priced = state.controller.excursion_ends()
-    left, state.excursion = state.excursion, None
-    if (left is None or priced is None or left[1] != bs or priced[1] > SWITCH_MAX_STEPS
-            or state.costs is None):
-        return
-    state.costs.record(SWITCH, bs, 1, 1000.0 * (state.clock() - left[0]) - priced[0])
+    over = state.controller.excursion_ends(state.clock(), bs, SWITCH_MAX_STEPS)
+    if over is not None and state.costs is not None:
+        state.costs.record(SWITCH, bs, 1, over)
 
 
 # seconds between two log lines on the stretches
