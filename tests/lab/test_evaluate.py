@@ -263,7 +263,9 @@ class _Stub(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
 
 
-def test_memorised_runs_flush_only_after_the_warm_up_and_teach_every_cell_first(tmp_path):
+def _run_against_stubs(tmp_path, *args):
+    """`evaluate.py run` against two stub servers A (plain) and X (fixed), with ``args`` after the
+    servers; the stubs' records cleared first. Returns (the raw record, the two stub ports)."""
     srvs = [ThreadingHTTPServer(("127.0.0.1", 0), _Stub) for _ in range(2)]
     for s in srvs:
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -272,43 +274,35 @@ def test_memorised_runs_flush_only_after_the_warm_up_and_teach_every_cell_first(
     out = tmp_path / "raw.json"
     try:
         argv = ["run", "--server", f"A,plain,http://127.0.0.1:{srvs[0].server_port}",
-                "--server", f"X,fixed,http://127.0.0.1:{srvs[1].server_port}", "--per-set", "2",
-                "--max-new-tokens", "9", "--min-rounds", "1", "--max-rounds", "1",
-                "--concurrency", "1", "--ignore-eos", "on", "--flush", "never",
+                "--server", f"X,fixed,http://127.0.0.1:{srvs[1].server_port}", *args,
                 "--out", str(out)]
         assert ev.main(argv) == 0
     finally:
         for s in srvs:
             s.shutdown()
-    raw = json.loads(out.read_text())
+    return json.loads(out.read_text()), [s.server_port for s in srvs]
+
+
+def test_memorised_runs_flush_only_after_the_warm_up_and_teach_every_cell_first(tmp_path):
+    raw, ports = _run_against_stubs(tmp_path, "--per-set", "2", "--max-new-tokens", "9",
+                                    "--min-rounds", "1", "--max-rounds", "1", "--concurrency",
+                                    "1", "--ignore-eos", "on", "--flush", "never")
+    out = tmp_path / "raw.json"
     assert raw["config"]["flush"] == "never"
-    assert sorted(_Stub.flushes) == sorted(s.server_port for s in srvs)  # the warm-up's only
+    assert sorted(_Stub.flushes) == sorted(ports)  # the warm-up's only
     assert all(p["flushed"] is None for p in raw["passes"])
     # per server: warm-up (1 request of 9 -> 9 tokens), one unrecorded pass of each cell (2 sets x
     # 2 prompts, 9 tokens), the recorded round (the same again)
-    for srv in srvs:
-        full = [k for port, k in _Stub.generates if port == srv.server_port and k == 9]
+    for srv_port in ports:
+        full = [k for port, k in _Stub.generates if port == srv_port and k == 9]
         assert len(full) == 1 + 4 + 4
     assert ev.main(["analyze", str(out), "--out-dir", str(tmp_path / "sum")]) == 0
     assert "# MEMORISED: no flush" in (tmp_path / "sum" / "summary.txt").read_text()
 
 
 def test_run_against_stub_servers_rounds_flushes_and_order(tmp_path):
-    srvs = [ThreadingHTTPServer(("127.0.0.1", 0), _Stub) for _ in range(2)]
-    for s in srvs:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    _Stub.flushes.clear()
-    out = tmp_path / "raw.json"
-    try:
-        argv = ["run", "--server", f"A,plain,http://127.0.0.1:{srvs[0].server_port}",
-                "--server", f"X,fixed,http://127.0.0.1:{srvs[1].server_port}", "--per-set", "2",
-                "--max-new-tokens", "9", "--min-rounds", "2", "--max-rounds", "2",
-                "--out", str(out)]
-        assert ev.main(argv) == 0
-    finally:
-        for s in srvs:
-            s.shutdown()
-    raw = json.loads(out.read_text())
+    raw, _ = _run_against_stubs(tmp_path, "--per-set", "2", "--max-new-tokens", "9",
+                                "--min-rounds", "2", "--max-rounds", "2")
     assert raw["rounds_done"] == 2
     cells = 2 * 2 * 2        # sets x concurrency x ignore_eos
     assert len(raw["passes"]) == 2 * cells * 2
@@ -329,23 +323,11 @@ def test_waves_interleave_the_servers_per_few_prompts(tmp_path):
     them the same way."""
     assert ev.units_of([1, 2, 3, 4, 5], 2, "wave") == [[1, 2], [3, 4], [5]]
     assert ev.units_of([1, 2, 3], 4, "pass") == [[1, 2, 3]]
-    srvs = [ThreadingHTTPServer(("127.0.0.1", 0), _Stub) for _ in range(2)]
-    for s in srvs:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    _Stub.flushes.clear()
-    _Stub.generates.clear()
+    raw, (a, x) = _run_against_stubs(tmp_path, "--per-set", "3", "--sets", "grounded",
+                                     "--max-new-tokens", "9", "--min-rounds", "1",
+                                     "--max-rounds", "1", "--concurrency", "1", "--ignore-eos",
+                                     "on", "--interleave", "wave")
     out = tmp_path / "raw.json"
-    try:
-        argv = ["run", "--server", f"A,plain,http://127.0.0.1:{srvs[0].server_port}",
-                "--server", f"X,fixed,http://127.0.0.1:{srvs[1].server_port}", "--per-set", "3",
-                "--sets", "grounded", "--max-new-tokens", "9", "--min-rounds", "1",
-                "--max-rounds", "1", "--concurrency", "1", "--ignore-eos", "on",
-                "--interleave", "wave", "--out", str(out)]
-        assert ev.main(argv) == 0
-    finally:
-        for s in srvs:
-            s.shutdown()
-    raw = json.loads(out.read_text())
     assert raw["config"]["interleave"] == "wave"
     waves = [(p["server"], p["wave"], [q["prompt_id"] for q in p["requests"]])
              for p in raw["passes"]]
@@ -355,7 +337,6 @@ def test_waves_interleave_the_servers_per_few_prompts(tmp_path):
     assert len(_Stub.flushes) == len(waves) + 2  # each wave, and once after the warm-up
     # after each server's warm-up request, the generate calls alternate prompt by prompt
     ports = [port for port, k in _Stub.generates if k == 9]
-    a, x = (s.server_port for s in srvs)
     assert ports == [a, x] + [a, x, x, a, a, x]
     assert ev.main(["analyze", str(out), "--out-dir", str(tmp_path / "sum")]) == 0
     assert "servers take turns every c prompts" in (tmp_path / "sum" / "summary.txt").read_text()
