@@ -481,7 +481,63 @@ def analyze_group(raw):
         if cell["set"] != "all":
             c_out["goals"] = goal_lines(idx, servers, base, cell, c_out)
         out["cells"].append(c_out)
+    out["pooled"] = pooled(idx, servers, base, noise,
+                           [c for c in out["cells"] if c["set"] != "all"])
     return out
+
+
+def pooled(idx, servers, base, noise, cells):
+    """Every cell's pairs together (each request once), decode tok/s: how far apart the two plain
+    servers are over the whole run (their ratio, and the spread of its log per request), and each
+    other server against plain and against the plain pair (per request, its rate over the geometric
+    mean of both plain servers' rates for that request), with the verdict against the pooled noise
+    band. Where a gap of a few per cent is inside what two identical servers differ by, only this
+    many pairs can tell it from a tie, and only if the two plain servers agree."""
+    def ratios(x, y):
+        return [v for c in cells for v in pair_ratios(idx, x, y, c, "decode")]
+
+    cells = [c for c in cells if cell_keys(idx, base, c)]
+    out = {"cells": len(cells), "servers": {}}
+    band = (1.0, 1.0)
+    if noise:
+        rs = ratios(noise, base)
+        ci = bootstrap_geomean(rs)
+        logs = [math.log(v) for v in rs]
+        sd = (math.sqrt(sum((v - sum(logs) / len(logs)) ** 2 for v in logs) / (len(logs) - 1))
+              if len(logs) > 1 else None)
+        band = noise_band(ci)
+        out["noise"] = {"server": noise, "pairs": len(rs), "ratio": ci[0] if ci else None,
+                        "ci95": [ci[1], ci[2]] if ci else None, "sd_log_ratio": sd,
+                        "band": list(band)}
+    for s in servers:
+        name = s["name"]
+        if name in (base, noise):
+            continue
+        ci = bootstrap_geomean(ratios(name, base))
+        row = {"role": s["role"], "vs_plain": ci[0] if ci else None,
+               "vs_plain_ci95": [ci[1], ci[2]] if ci else None}
+        if noise:
+            rs = [v / math.sqrt(b) for v, b in zip(*_aligned(idx, name, base, noise, cells))]
+            ci = bootstrap_geomean(rs)
+            row.update(pairs=len(rs), vs_plain_pair=ci[0] if ci else None,
+                       vs_plain_pair_ci95=[ci[1], ci[2]] if ci else None,
+                       verdict=verdict(ci, band))
+        out["servers"][name] = row
+    return out
+
+
+def _aligned(idx, x, base, noise, cells):
+    """For the requests all three servers completed in the cells: x's decode rate over base's, and
+    noise's over base's (the product of base and noise, in units of base squared)."""
+    xs, ns = [], []
+    for c in cells:
+        kx, kb, kn = (cell_keys(idx, s, c) for s in (x, base, noise))
+        for pk in sorted(set(kx) & set(kb) & set(kn)):
+            vx, vb, vn = (decode_tps(idx[k[pk]]) for k in (kx, kb, kn))
+            if vx and vb and vn:
+                xs.append(vx / vb)
+                ns.append(vn / vb)
+    return xs, ns
 
 
 def goal_lines(idx, servers, base, cell, c_out):
@@ -611,12 +667,36 @@ def report(summary):
                 lines.append(f"GOAL {gl['auto']} {gl['metric']:<6} {gl['case']:<12} "
                              f"auto/plain {f(gl['auto_vs_plain'])} {extra}: "
                              f"{'PASS' if gl['passed'] else 'FAIL'} ({gl['goal']})")
+        lines += pooled_lines(g.get("pooled"))
         lines.append("")
         lines.append("# plain reproducibility (later rounds vs its own first round): " + "; ".join(
             f"{cell_name(c)} {c['servers'][g['baseline']]['self_identity'][0]}/"
             f"{c['servers'][g['baseline']]['self_identity'][1]}"
             for c in g["cells"] if c["set"] != "all"))
     return "\n".join(lines) + "\n"
+
+
+def pooled_lines(p):
+    """The pooled section of a profile's report (`pooled`)."""
+    if not p or not p.get("servers"):
+        return []
+    out = ["", f"### pooled: every cell's pairs together ({p['cells']} cells), decode tok/s"]
+    nz = p.get("noise")
+    if nz and nz.get("ratio") is not None:
+        out.append(f"# {nz['server']} vs plain {nz['ratio']:.3f} [{nz['ci95'][0]:.3f}, "
+                   f"{nz['ci95'][1]:.3f}] over {nz['pairs']} pairs; sd of log ratio per request "
+                   f"{f(nz['sd_log_ratio'])}; noise band [{nz['band'][0]:.3f}, "
+                   f"{nz['band'][1]:.3f}]")
+    out.append(f"{'server':<10} {'role':<6} {'vs plain [95%]':<24} "
+               f"{'vs the plain pair [95%] verdict':<34}")
+    for name, row in p["servers"].items():
+        vp = (f"{row['vs_plain']:.3f} [{row['vs_plain_ci95'][0]:.3f},"
+              f"{row['vs_plain_ci95'][1]:.3f}]" if row.get("vs_plain") is not None else "-")
+        pp = (f"{row['vs_plain_pair']:.3f} [{row['vs_plain_pair_ci95'][0]:.3f},"
+              f"{row['vs_plain_pair_ci95'][1]:.3f}] {row['verdict']}"
+              if row.get("vs_plain_pair") is not None else "-")
+        out.append(f"{name:<10} {row['role']:<6} {vp:<24} {pp:<34}")
+    return out
 
 
 def plot_group(g, path):

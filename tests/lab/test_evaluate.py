@@ -169,6 +169,38 @@ def test_goal_fails_when_auto_trails_the_best_fixed_mode_and_passes_at_the_floor
     assert gd["case"] == "does not pay" and gd["passed"] is True
 
 
+def test_pooled_section_compares_with_the_plain_pair_over_every_cell():
+    # P runs 3 % faster than A, 2 % more or less by request (log sd known): the noise band is
+    # [1/1.03, 1.03]. Against the plain pair, X (0.9x of A) is 0.9/sqrt(1.03): slower; Y (0.99x of
+    # A) is 0.99/sqrt(1.03) = 0.975: inside the band, a tie
+    def noise(s, i, r):
+        return 1.03 * (1.02 if (i + r) % 2 else 1 / 1.02)
+
+    raw = make_raw({"X": ("auto", 0.9), "Y": ("auto", 0.99)}, rounds=4, prompts=6,
+                   cells=((1, False), (4, True)), noise=noise, jitter=0.2)
+    p = ev.analyze_group(raw)["pooled"]
+    assert p["cells"] == 4  # the "all" cells are not counted twice
+    nz = p["noise"]
+    assert nz["pairs"] == 4 * 4 * 6 and nz["ratio"] == pytest.approx(1.03)
+    assert nz["sd_log_ratio"] == pytest.approx(math.log(1.02), rel=0.02)
+    assert nz["band"][0] == pytest.approx(1 / 1.03, rel=0.005)
+    x, y = p["servers"]["X"], p["servers"]["Y"]
+    assert x["vs_plain"] == pytest.approx(0.9) and y["vs_plain"] == pytest.approx(0.99)
+    # against the plain pair: each request's rate over sqrt(A * P)
+    assert x["vs_plain_pair"] == pytest.approx(0.9 / math.sqrt(1.03), rel=1e-6)
+    assert y["vs_plain_pair"] == pytest.approx(0.99 / math.sqrt(1.03), rel=1e-6)
+    assert x["verdict"] == "slower" and y["verdict"] == "tie"
+    assert x["pairs"] == 4 * 4 * 6
+    text = ev.report({"environment": {}, "repro_command": "t",
+                      "groups": [ev.analyze_group(raw)]})
+    assert "### pooled: every cell's pairs together (4 cells)" in text
+    assert "sd of log ratio per request 0.020" in text
+    section = text.split("### pooled")[1]
+    x_line = next(ln for ln in section.splitlines() if ln.startswith("X "))
+    assert x_line.split()[2:5] == ["0.900", "[0.900,0.900]", "0.887"]
+    assert x_line.split()[-1] == "slower"
+
+
 def test_identity_per_prompt_and_first_difference():
     def ids(name, s, i, r):
         out = list(range(101))
