@@ -759,7 +759,7 @@ def cmd_analyze(a):
     with open(os.path.join(a.out_dir, "summary.txt"), "w") as fh:
         fh.write(text)
     with open(os.path.join(a.out_dir, "summary.json"), "w") as fh:
-        json.dump(summary, fh, indent=1)
+        json.dump(summary, fh, separators=(",", ":"))  # compact: results travel with every GPU call
     for g in groups:
         plot_group(g, os.path.join(a.out_dir, f"eval_{g['group']}.png"))
     sys.stdout.write(text)
