@@ -29,6 +29,7 @@ output ids of X against A's of the same round, prompt by prompt. Standard librar
 for the PNG when present).
 """
 import argparse
+import ast
 import http.client
 import json
 import math
@@ -438,8 +439,11 @@ def median(xs):
     return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
 
 
-def analyze_group(raw):
-    """One group's summary: per cell, per server, the paired figures, verdicts and goal lines."""
+def analyze_group(raw, logs_dir=None):
+    """One group's summary: per cell, per server, the paired figures, verdicts and goal lines;
+    pooled over the cells (`pooled`), with each speculative server's requests split by whether
+    drafts were accepted, and where ``logs_dir`` holds the servers' logs
+    (``<group>.<server>.log``) what auto's own per-request records say (`verify_records`)."""
     idx = index_requests(raw)
     servers = raw["servers"]
     base = next(s["name"] for s in servers if s["role"] == "plain")
@@ -483,7 +487,49 @@ def analyze_group(raw):
         out["cells"].append(c_out)
     out["pooled"] = pooled(idx, servers, base, noise,
                            [c for c in out["cells"] if c["set"] != "all"])
+    if logs_dir:
+        for name, row in out["pooled"]["servers"].items():
+            rec = verify_records(os.path.join(logs_dir, f"{raw['group']}.{name}.log"))
+            if rec:
+                row["verify_log"] = rec
     return out
+
+
+def accepted_drafts(rec):
+    """Whether a speculative server's request kept any drafted token: its output holds more tokens
+    than its steps gave one each (the first comes from the prefill; SGLang counts a step that
+    verified nothing, on auto's plain path too, as one). None where the record has no step count
+    (a plain server). A verify that accepted nothing leaves no trace here (`verify_records`)."""
+    steps = rec.get("spec_verify_ct")
+    if not steps:
+        return None
+    return (rec.get("output_tokens") or 0) - steps > 1
+
+
+VERIFY_RECORD = "auto verify request "
+
+
+def verify_records(path):
+    """Auto's own per-request records in a server log (the controller logs one line per request
+    whose drafts were verified, as it finishes: verified drafts, tokens expected, tokens accepted),
+    summed: {"requests", "verified_drafts", "expected_tokens", "accepted_tokens"}, or None where
+    the log is missing or has none."""
+    if not os.path.exists(path):
+        return None
+    tot = {"requests": 0, "verified_drafts": 0, "expected_tokens": 0.0, "accepted_tokens": 0.0}
+    with open(path, errors="replace") as fh:
+        for line in fh:
+            at = line.find(VERIFY_RECORD)
+            if at < 0:
+                continue
+            try:
+                d = ast.literal_eval(line[at + len(VERIFY_RECORD):].strip())
+            except (ValueError, SyntaxError):
+                continue
+            tot["requests"] += 1
+            for k in ("verified_drafts", "expected_tokens", "accepted_tokens"):
+                tot[k] += d.get(k) or 0
+    return tot if tot["requests"] else None
 
 
 def pooled(idx, servers, base, noise, cells):
@@ -517,19 +563,27 @@ def pooled(idx, servers, base, noise, cells):
         row = {"role": s["role"], "vs_plain": ci[0] if ci else None,
                "vs_plain_ci95": [ci[1], ci[2]] if ci else None}
         if noise:
-            rs = [v / math.sqrt(b) for v, b in zip(*_aligned(idx, name, base, noise, cells))]
+            xs, ns, kept = _aligned(idx, name, base, noise, cells)
+            rs = [v / math.sqrt(b) for v, b in zip(xs, ns)]
             ci = bootstrap_geomean(rs)
             row.update(pairs=len(rs), vs_plain_pair=ci[0] if ci else None,
                        vs_plain_pair_ci95=[ci[1], ci[2]] if ci else None,
                        verdict=verdict(ci, band))
+            if any(k is not None for k in kept):
+                for label, want in (("accepted_drafts", True), ("no_accepted_draft", False)):
+                    part = [r for r, k in zip(rs, kept) if k is want]
+                    ci = bootstrap_geomean(part)
+                    row[label] = {"pairs": len(part), "vs_plain_pair": ci[0] if ci else None,
+                                  "ci95": [ci[1], ci[2]] if ci else None}
         out["servers"][name] = row
     return out
 
 
 def _aligned(idx, x, base, noise, cells):
-    """For the requests all three servers completed in the cells: x's decode rate over base's, and
-    noise's over base's (the product of base and noise, in units of base squared)."""
-    xs, ns = [], []
+    """For the requests all three servers completed in the cells: x's decode rate over base's,
+    noise's over base's (the product of base and noise, in units of base squared), and whether x's
+    request kept any drafted token (`accepted_drafts`)."""
+    xs, ns, kept = [], [], []
     for c in cells:
         kx, kb, kn = (cell_keys(idx, s, c) for s in (x, base, noise))
         for pk in sorted(set(kx) & set(kb) & set(kn)):
@@ -537,7 +591,8 @@ def _aligned(idx, x, base, noise, cells):
             if vx and vb and vn:
                 xs.append(vx / vb)
                 ns.append(vn / vb)
-    return xs, ns
+                kept.append(accepted_drafts(idx[kx[pk]]))
+    return xs, ns, kept
 
 
 def goal_lines(idx, servers, base, cell, c_out):
@@ -696,6 +751,24 @@ def pooled_lines(p):
               f"{row['vs_plain_pair_ci95'][1]:.3f}] {row['verdict']}"
               if row.get("vs_plain_pair") is not None else "-")
         out.append(f"{name:<10} {row['role']:<6} {vp:<24} {pp:<34}")
+    for name, row in p["servers"].items():
+        parts = []
+        for label, what in (("accepted_drafts", "with accepted drafts"),
+                            ("no_accepted_draft", "without")):
+            d = row.get(label)
+            if d and d.get("vs_plain_pair") is not None:
+                parts.append(f"{d['pairs']} {what} {d['vs_plain_pair']:.3f} "
+                             f"[{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]")
+        if parts:
+            out.append(f"# {name} vs the plain pair, its requests: " + "; ".join(parts))
+        v = row.get("verify_log")
+        if v:
+            share = (f" ({v['accepted_tokens'] / v['expected_tokens']:.0%})"
+                     if v["expected_tokens"] else "")
+            out.append(f"# {name} log: {v['requests']} requests with verified drafts, "
+                       f"{v['verified_drafts']} verify steps, expected to accept "
+                       f"{v['expected_tokens']:.0f} tokens, accepted {v['accepted_tokens']:.0f}"
+                       + share)
     return out
 
 
@@ -747,7 +820,7 @@ def cmd_analyze(a):
     groups = []
     for path in a.raw:
         with open(path) as fh:
-            groups.append(analyze_group(json.load(fh)))
+            groups.append(analyze_group(json.load(fh), a.logs))
     env = {}
     if a.env and os.path.exists(a.env):
         with open(a.env) as fh:
@@ -843,6 +916,8 @@ def main(argv=None):
     z.add_argument("--env", help="env.json of the `env` command")
     z.add_argument("--repro", default="")
     z.add_argument("--out-dir", required=True)
+    z.add_argument("--logs", help="the servers' logs (<profile>.<server>.log): auto's own "
+                                  "per-request verify records are summed into the report")
     z.set_defaults(func=cmd_analyze)
     e = sub.add_parser("env", help="the machine's GPU, driver, versions and NCCL env -> JSON")
     e.add_argument("--out", required=True)

@@ -304,6 +304,7 @@ done
   > "$OUT/stretches.txt"
 if [ ${#RAWS[@]} -gt 0 ]; then
   python3 "$EV" analyze "${RAWS[@]}" --env "$W/env.json" --repro "$REPRO" --out-dir "$OUT" \
+    --logs "$W/logs" \
     > "$W/analyze.txt" 2>&1
   log "analysis rc=$?: $(ls "$OUT" | tr '\n' ' ')"
   grep -E "^(##|###|GOAL|# rounds|A |P |tree|chain|auto)" "$OUT/summary.txt" | cut -c1-160 \

@@ -201,6 +201,57 @@ def test_pooled_section_compares_with_the_plain_pair_over_every_cell():
     assert x_line.split()[-1] == "slower"
 
 
+def test_accepted_drafts_reads_the_tokens_over_the_steps():
+    # 128 tokens: the prefill's first, then one a step; a request that kept drafted tokens has
+    # more tokens than that
+    assert ev.accepted_drafts({"output_tokens": 128, "spec_verify_ct": 127}) is False
+    assert ev.accepted_drafts({"output_tokens": 128, "spec_verify_ct": 125}) is True
+    assert ev.accepted_drafts({"output_tokens": 128}) is None  # a plain server's record
+
+
+def test_verify_records_are_summed_from_the_log(tmp_path):
+    log = tmp_path / "none.auto_w.log"
+    log.write_text(
+        "[t] auto verify request {'request': 'a', 'verified_drafts': 4, 'expected_tokens': 2.5,"
+        " 'accepted_tokens': 2.0}\n"
+        "[t] INFO something else\n"
+        "[t] auto verify request {'request': 'b', 'verified_drafts': 1, 'expected_tokens': 1.5,"
+        " 'accepted_tokens': 0.0}\n"
+        "[t] auto verify request {cut off\n")
+    assert ev.verify_records(str(log)) == {"requests": 2, "verified_drafts": 5,
+                                           "expected_tokens": 4.0, "accepted_tokens": 2.0}
+    assert ev.verify_records(str(tmp_path / "missing.log")) is None
+    (tmp_path / "none.A.log").write_text("no records\n")
+    assert ev.verify_records(str(tmp_path / "none.A.log")) is None
+
+
+def test_pooled_split_by_accepted_drafts_and_the_log_in_the_report(tmp_path):
+    # X keeps drafts in prompts 0-1 (1.2x A there) and none elsewhere (0.9x)
+    def speed(s, i, r):
+        return 1.2 if i < 2 else 0.9
+
+    raw = make_raw({"X": ("auto", speed)}, rounds=2, prompts=6)
+    for p in raw["passes"]:
+        if p["server"] == "X":
+            for i, r in enumerate(p["requests"]):
+                r["spec_verify_ct"] = 60 if i < 2 else 100  # 101 tokens
+    (tmp_path / "none.X.log").write_text(
+        "auto verify request {'request': 'q', 'verified_drafts': 3, 'expected_tokens': 9.0,"
+        " 'accepted_tokens': 6.0}\n")
+    g = ev.analyze_group(raw, str(tmp_path))
+    x = g["pooled"]["servers"]["X"]
+    assert x["accepted_drafts"]["pairs"] == 2 * 2 * 2  # prompts 0-1, two sets, two rounds
+    assert x["accepted_drafts"]["vs_plain_pair"] == pytest.approx(1.2)
+    assert x["no_accepted_draft"]["vs_plain_pair"] == pytest.approx(0.9)
+    assert x["verify_log"]["accepted_tokens"] == 6.0
+    text = "\n".join(ev.pooled_lines(g["pooled"]))
+    assert "# X vs the plain pair, its requests: 8 with accepted drafts 1.200" in text
+    assert "16 without 0.900" in text
+    assert ("# X log: 1 requests with verified drafts, 3 verify steps, expected to accept 9 "
+            "tokens, accepted 6 (67%)") in text
+    assert "verify_log" not in ev.analyze_group(raw)["pooled"]["servers"]["X"]
+
+
 def test_identity_per_prompt_and_first_difference():
     def ids(name, s, i, r):
         out = list(range(101))
