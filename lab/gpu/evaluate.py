@@ -11,7 +11,8 @@
            --interleave wave: the servers take turns every c prompts of a cell (a wave, each
            flushed before it), the order reversed every wave, instead of every prompt set.
   analyze  raw records (one per group) -> summary.json, summary.txt (the printed table), one PNG
-           per group
+           per group; --logs DIR (the servers' logs, <group>.<server>.log): auto's own
+           per-request verify records summed into the pooled section
   env      the machine: GPU, driver, versions, NCCL/TORCH env (env.json, merged into the summary)
   prompts  print the prompt sets (eval_prompts.py)
 
@@ -25,8 +26,13 @@ the ratio lies inside the noise band (P's own interval against A, made symmetric
 when its interval includes 1; else "faster" or "slower". Goal lines (auto): where a fixed mode is
 "faster" (the cell pays), auto / best fixed mode >= 0.95 (paired) and auto above plain (interval
 above 1); elsewhere auto >= 0.99x plain with its interval including or above 1. Greedy identity:
-output ids of X against A's of the same round, prompt by prompt. Standard library only (matplotlib
-for the PNG when present).
+output ids of X against A's of the same round, prompt by prompt. Pooled (per group): every cell's
+pairs together, each request once; P against A with the spread of its log ratio per request, and
+each other server against A and against the plain pair (its rate over the geometric mean of A's and
+P's for the same request), judged against the pooled noise band; a speculative server's requests
+split by whether they kept any drafted token (tokens - 1 > its steps). On one H200 the log ratio of
+two identical servers spread 0.15-0.27 per request, so a cell of 60 pairs resolves about 5 % and
+the pooled section about 2 %. Standard library only (matplotlib for the PNG when present).
 """
 import argparse
 import ast
