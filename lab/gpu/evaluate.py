@@ -532,6 +532,8 @@ def verify_records(path):
                 d = ast.literal_eval(line[at + len(VERIFY_RECORD):].strip())
             except (ValueError, SyntaxError):
                 continue
+            if not isinstance(d, dict):
+                continue
             tot["requests"] += 1
             for k in ("verified_drafts", "expected_tokens", "accepted_tokens"):
                 tot[k] += d.get(k) or 0
@@ -545,17 +547,19 @@ def pooled(idx, servers, base, noise, cells):
     mean of both plain servers' rates for that request), with the verdict against the pooled noise
     band. Where a gap of a few per cent is inside what two identical servers differ by, only this
     many pairs can tell it from a tie, and only if the two plain servers agree."""
+    cells = [c for c in cells if cell_keys(idx, base, c)]
+
     def ratios(x, y):
         return [v for c in cells for v in pair_ratios(idx, x, y, c, "decode")]
 
-    cells = [c for c in cells if cell_keys(idx, base, c)]
     out = {"cells": len(cells), "servers": {}}
     band = (1.0, 1.0)
     if noise:
         rs = ratios(noise, base)
         ci = bootstrap_geomean(rs)
         logs = [math.log(v) for v in rs]
-        sd = (math.sqrt(sum((v - sum(logs) / len(logs)) ** 2 for v in logs) / (len(logs) - 1))
+        mean = sum(logs) / len(logs) if logs else 0.0
+        sd = (math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
               if len(logs) > 1 else None)
         band = noise_band(ci)
         out["noise"] = {"server": noise, "pairs": len(rs), "ratio": ci[0] if ci else None,

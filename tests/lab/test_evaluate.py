@@ -217,7 +217,8 @@ def test_verify_records_are_summed_from_the_log(tmp_path):
         "[t] INFO something else\n"
         "[t] auto verify request {'request': 'b', 'verified_drafts': 1, 'expected_tokens': 1.5,"
         " 'accepted_tokens': 0.0}\n"
-        "[t] auto verify request {cut off\n")
+        "[t] auto verify request {cut off\n"
+        "[t] auto verify request [1, 2]\n")
     assert ev.verify_records(str(log)) == {"requests": 2, "verified_drafts": 5,
                                            "expected_tokens": 4.0, "accepted_tokens": 2.0}
     assert ev.verify_records(str(tmp_path / "missing.log")) is None
