@@ -40,8 +40,10 @@
 #   SHARE_<profile> its weight in the sharing of the measuring time among profiles (default 1)
 #   SGLANG_LAUNCH (default "python3 -m sglang.launch_server"; the rehearsal puts a stand-in here)
 #   STEPTRACE=1   every server's scheduler loop recorded step by step (lab/steptrace/; with
-#                 STEPTRACE_GPU=1 each step's device span too); lab/step_trace.py compares every
-#                 server of a profile with its plain server A: $OUT/steptrace_<profile>.txt
+#                 STEPTRACE_GPU=1 each step's device span too; with STEPTRACE_SPANS=0 no inner
+#                 spans, so that every server pays the same tracing cost a step and the periods
+#                 compare to 0.01 ms); lab/step_trace.py compares every server of a profile with
+#                 its plain server A: $OUT/steptrace_<profile>.txt
 #   WEIGHTS=dummy random weights of the model's shapes (--load-format dummy; no GGUF needed: the
 #                 one-transfer bundle of scripts/gpu/one_transfer.sh). Cost only: acceptance and
 #                 the greedy text mean nothing then, the servers' relative speed does
@@ -136,7 +138,8 @@ for g in $PROFILES; do
   v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v:-}" ] && REPRO="$REPRO $v=\"${!v}\""
   v="FLAGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
-for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRACE_GPU WEIGHTS; do
+for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRACE_GPU \
+         STEPTRACE_SPANS WEIGHTS; do
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
@@ -190,6 +193,7 @@ start_one() {  # key: (re)start one server in a process group of its own
   if [ "${STEPTRACE:-0}" = 1 ]; then
     trace="FASTVERIFY_STEP_TRACE=$W/steps/$1 PYTHONPATH=$ROOT/lab/steptrace:${PYTHONPATH:-}"
     [ "${STEPTRACE_GPU:-0}" = 1 ] && trace="$trace FASTVERIFY_STEP_TRACE_GPU=1"
+    [ "${STEPTRACE_SPANS:-1}" = 0 ] && trace="$trace FASTVERIFY_STEP_TRACE_SPANS=0"
   fi
   # shellcheck disable=SC2086
   TVM_FFI_CACHE_DIR="$HOME/jit-$1" setsid env $trace ${CMD[$1]} > "$W/logs/$1.log" 2>&1 &

@@ -40,7 +40,11 @@ whenever the scheduler goes idle (no step in flight to delay) and, while it neve
 
 Turned on by ``FASTVERIFY_STEP_TRACE=DIR`` in a process that imports SGLang's scheduler after
 ``install_import_hook()`` ran (``lab/steptrace/sitecustomize.py`` does it at interpreter start, when
-its folder is on ``PYTHONPATH``). Nothing in the patch series depends on it.
+its folder is on ``PYTHONPATH``). ``FASTVERIFY_STEP_TRACE_SPANS=0``: no function of ``SPANS`` is
+wrapped (Triton's compile step still is), so that every server pays the same few wrappers a step:
+each span costs the host two clock readings and a sum, and a server on auto's plain path runs
+through more of them than a plain server, which biases a comparison of periods at the 0.01 ms level.
+Nothing in the patch series depends on it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from typing import Callable, List, Optional
 
 ENV = "FASTVERIFY_STEP_TRACE"
 GPU_ENV = "FASTVERIFY_STEP_TRACE_GPU"  # "1": also the device side of each step (E records)
+SPANS_ENV = "FASTVERIFY_STEP_TRACE_SPANS"  # "0": only Triton's compile step of SPANS is wrapped
 # records kept in memory at most (~2 per step): a write on the scheduler thread stalls a step
 FLUSH_EVERY = 16384
 MARK = "_fastverify_span"  # set on the functions this module wrapped
@@ -465,12 +470,22 @@ def trace_path(directory: str) -> str:
     return os.path.join(directory, f"steps-{os.getpid()}.jsonl")
 
 
+def span_targets(env=None) -> tuple:
+    """The functions a trace wraps as spans: all of ``SPANS``, or with ``SPANS_ENV`` "0" only
+    Triton's compile step (a step that compiled is still told apart)."""
+    env = os.environ if env is None else env
+    if env.get(SPANS_ENV, "1") == "0":
+        return tuple(t for t in SPANS if t[2] == COMPILE_LABEL)
+    return SPANS
+
+
 def _instrument_module(module) -> None:
     import torch
 
     gpu = GpuMarks(torch.cuda.Event) if os.environ.get(GPU_ENV, "0") == "1" else None
-    instrument(module.Scheduler, torch.cuda.Event, StepTrace(trace_path(os.environ[ENV]), gpu=gpu),
-               torch.cuda.Stream)
+    trace = StepTrace(trace_path(os.environ[ENV]), gpu=gpu)
+    trace.span_targets = span_targets()
+    instrument(module.Scheduler, torch.cuda.Event, trace, torch.cuda.Stream)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -184,6 +184,16 @@ def test_spans_time_functions_inside_each_step(tmp_path, monkeypatch):
     assert trace.install_spans() == []  # already wrapped: nothing twice
 
 
+def test_spans_off_leaves_only_the_compile_step():
+    """FASTVERIFY_STEP_TRACE_SPANS=0: no function of SPANS is wrapped but Triton's compile step,
+    so servers with more glue pay no more tracing a step than a plain server."""
+    assert steptrace.span_targets({}) == steptrace.SPANS
+    assert steptrace.span_targets({steptrace.SPANS_ENV: "1"}) == steptrace.SPANS
+    off = steptrace.span_targets({steptrace.SPANS_ENV: "0"})
+    assert [t[2] for t in off] == [steptrace.COMPILE_LABEL]
+    assert any(t[2] == "path_choice" for t in steptrace.SPANS)
+
+
 def test_the_span_table_names_functions_that_exist(monkeypatch):
     """Every SPANS entry whose module imports here resolves to a function (a renamed one
     would silently stop being timed); Triton's compile step among them where this Triton has
