@@ -226,6 +226,20 @@ def test_verify_records_are_summed_from_the_log(tmp_path):
     assert ev.verify_records(str(tmp_path / "none.A.log")) is None
 
 
+def test_verify_records_read_the_lines_the_auto_glue_writes(tmp_path, caplog):
+    """The parser meets the glue's own log format, not a copy of it written here."""
+    from fastverify.glue import auto
+
+    rec = {"request": "r1", "verified_drafts": 2, "expected_tokens": 3.5, "accepted_tokens": 1.0}
+    with caplog.at_level("INFO", logger=auto.logger.name):
+        auto.log_record(rec)
+        auto.log_record({"step": 1, "option": "none"})  # a decision record: not counted
+    log = tmp_path / "none.auto_w.log"
+    log.write_text("".join(f"[2026-12-04 20:18:55] {r.getMessage()}\n" for r in caplog.records))
+    assert ev.verify_records(str(log)) == {"requests": 1, "verified_drafts": 2,
+                                           "expected_tokens": 3.5, "accepted_tokens": 1.0}
+
+
 def test_pooled_split_by_accepted_drafts_and_the_log_in_the_report(tmp_path):
     # X keeps drafts in prompts 0-1 (1.2x A there) and none elsewhere (0.9x)
     def speed(s, i, r):

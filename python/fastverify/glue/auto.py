@@ -209,14 +209,20 @@ def setup(worker, spec=None, observability=None, plain=None):
     logger.info("auto verify: widths %s, cost table %s: decode %s ms, verify %s ms",
                 (1,) + cfg.chain_widths, costs.source, costs.decode, costs.verify)
     step_costs = StepCosts(costs)
-    ctl = Controller(cfg, step_costs, log=lambda rec: logger.info(
-        "auto verify %s %s", "request" if "request" in rec else "decision", rec))
+    ctl = Controller(cfg, step_costs, log=log_record)
     state = AutoState(ctl, ShadowTracker(), cfg.max_chain + 1,
                       gauges=_make_gauges() if getattr(obs, "enable_metrics", False) else None,
                       metrics_every=max(int(getattr(obs, "decode_log_interval", 40) or 40), 1),
                       costs=StepCosts(costs), sync_costs=_tp_broadcaster(), plain=plain)
     worker._fv_auto = state
     return state
+
+
+def log_record(rec: dict) -> None:
+    """The controller's log records: "auto verify request {...}" for a request whose drafts were
+    verified, as it finishes (`Controller.finish`; lab/gpu/evaluate.py sums these lines), "auto
+    verify decision {...}" for a sampled decision."""
+    logger.info("auto verify %s %s", "request" if "request" in rec else "decision", rec)
 
 
 def _tick(state: AutoState) -> None:
