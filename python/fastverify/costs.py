@@ -338,6 +338,11 @@ class StepCosts:
         out._estimates = {}
         return out
 
+    def _measured(self, kind: str, bs: int, width: int) -> Optional[list]:
+        """(kind, bs, width)'s recent periods once there are `min_samples`, else None."""
+        q = self._periods.get(self._key(kind, bs, width))
+        return q if q is not None and len(q) >= self.min_samples else None
+
     def samples(self, kind: str, bs: int, width: int) -> int:
         return len(self._periods.get(self._key(kind, bs, width), ()))
 
@@ -346,8 +351,8 @@ class StepCosts:
         out (a period that held a prefill or an idle wait); None before `min_samples`. Where a
         kind's periods have a tail (a step that now and then comes late), the mean counts it
         and the median does not."""
-        q = self._periods.get(self._key(kind, bs, width))
-        if q is None or len(q) < self.min_samples:
+        q = self._measured(kind, bs, width)
+        if q is None:
             return None
         cut = 2.0 * _median(q)
         kept = [x for x in q if x <= cut]
@@ -361,9 +366,8 @@ class StepCosts:
         key = self._key(kind, bs, width)
         ms = self._estimates.get(key)
         if ms is None:  # a decision asks for a few estimates many times between two records
-            q = self._periods.get(key)
-            ms = (_median(q) if q is not None and len(q) >= self.min_samples
-                  else self.graph_ms(*key) + self.host_ms(kind))
+            q = self._measured(*key)
+            ms = _median(q) if q is not None else self.graph_ms(*key) + self.host_ms(kind)
             self._estimates[key] = ms
         return ms
 
@@ -393,8 +397,8 @@ class StepCosts:
         took 3.3-3.8 ms and the worker's plain step after it 1.9-2.1 ms, against 1.3-1.5 ms a step
         on the path, and in one launch the requests that verified at c=4 ran at 0.79x plain, the
         others at 0.92x."""
-        q = self._periods.get(self._key(SWITCH, bs, 1))
-        return max(_median(q), 0.0) if q is not None and len(q) >= self.min_samples else 0.0
+        q = self._measured(SWITCH, bs, 1)
+        return max(_median(q), 0.0) if q is not None else 0.0
 
     def verify_ms(self, tokens: int) -> float:
         return self.table.verify_ms(tokens)
