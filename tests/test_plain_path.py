@@ -68,32 +68,25 @@ class Books:
     tokens and lengths as well (stashed from the step's next draft input, gathered into the next
     input by its future indices)."""
 
+    ROWS = 8  # rows of the request-to-token pool and of the future map's buffers
+
     def __init__(self, prompts, layout="0.5.16"):
         self.layout = layout
         self.alloc = Allocator(4096)
-        self.pool = torch.zeros(len(prompts), 512, dtype=torch.int32)
+        self.pool = torch.zeros(self.ROWS, 512, dtype=torch.int32)
         self.reqs, self.written = [], {}
         bs = len(prompts)
         lens = torch.tensor([len(p) for p in prompts])
         # the future map's rows (new_seq_lens_buf; 0.5.23's accept_tokens_buf, accept_lens_buf),
         # as the prefill left them
-        self.published = lens.clone()
-        self.accept_tokens_buf = torch.zeros(bs, K, dtype=torch.int32)
+        self.published = torch.zeros(self.ROWS, dtype=torch.int64)
+        self.published[:bs] = lens
+        self.accept_tokens_buf = torch.zeros(self.ROWS, K, dtype=torch.int32)
         self.accept_tokens_buf[:, 0] = 99
-        self.accept_lens_buf = torch.ones(bs, dtype=torch.int32)
+        self.accept_lens_buf = torch.ones(self.ROWS, dtype=torch.int32)
         for i, p in enumerate(prompts):
-            slots = self.alloc.alloc(len(p))
-            self.pool[i, :len(p)] = torch.tensor(slots, dtype=torch.int32)
-            self.written.update({(i, j): True for j in range(len(p))})
             # the prefill's result is processed: its token is the first decode step's input
-            kv = SimpleNamespace(kv_allocated_len=len(p))
-            req = SimpleNamespace(rid=f"r{i}", origin_input_ids=list(p), output_ids=[99], kv=kv,
-                                  is_retracted=False, spec_verify_ct=0)
-            if layout == "0.5.16":
-                req.kv_committed_len, req.req_pool_idx = len(p), i
-            else:
-                kv.kv_committed_len, kv.req_pool_idx = len(p), i
-            self.reqs.append(req)
+            self.reqs.append(self.prefilled(i, p, [99]))
         self.batch = SimpleNamespace(
             reqs=self.reqs, spec_algorithm=Algo.NGRAM, spec_info=None, seq_lens=lens.clone(),
             seq_lens_cpu=lens.clone(), orig_seq_lens=lens.to(torch.int32), seq_lens_sum=None,
@@ -101,10 +94,53 @@ class Books:
             return_hidden_states=False, sampling_info=None,
             req_to_token_pool=SimpleNamespace(req_to_token=self.pool),
             token_to_kv_pool_allocator=self.alloc)
-        self.speculative_input(Info(K, lens.clone(), self.accept_tokens_buf.flatten().clone(),
-                                    self.accept_lens_buf.clone()))
+        self.speculative_input(Info(K, lens.clone(), self.accept_tokens_buf[:bs].flatten().clone(),
+                                    self.accept_lens_buf[:bs].clone()))
         self.queue = []  # (kind, tokens) of forwards not processed yet
         self.next_token = 100
+
+    def prefilled(self, i, p, output_ids):
+        """Request ``r{i}`` as its prefill leaves it in pool row ``i``: exactly its prompt's slots
+        allocated and committed (SGLang's extend allocation reserves nothing past them)."""
+        slots = self.alloc.alloc(len(p))
+        self.pool[i, :len(p)] = torch.tensor(slots, dtype=torch.int32)
+        self.written.update({(i, j): True for j in range(len(p))})
+        kv = SimpleNamespace(kv_allocated_len=len(p))
+        req = SimpleNamespace(rid=f"r{i}", origin_input_ids=list(p), output_ids=list(output_ids),
+                              kv=kv, is_retracted=False, spec_verify_ct=0)
+        if self.layout == "0.5.16":
+            req.kv_committed_len, req.req_pool_idx = len(p), i
+        else:
+            kv.kv_committed_len, kv.req_pool_idx = len(p), i
+        return req
+
+    def prefill(self, p, token):
+        """A new request's prefill launched (its result, ``token``, processed one iteration late):
+        the prefill batch, to be merged into the running batch (`merge`) at the next iteration."""
+        i = len(self.reqs)  # (a request's row is its place in the batch here)
+        assert [self.row(r) for r in self.reqs] == list(range(i))
+        req = self.prefilled(i, p, [])
+        self.queue.append(("prefill", [token], [req]))
+        lens = torch.tensor([len(p)])
+        return SimpleNamespace(reqs=[req], req_pool_indices=torch.tensor([i]), seq_lens=lens,
+                               seq_lens_cpu=lens.clone(), orig_seq_lens=lens.to(torch.int32),
+                               spec_algorithm=Algo.NGRAM, spec_info=None,
+                               forward_mode=SimpleNamespace(is_decode=lambda: False))
+
+    def merge(self, other):
+        """ScheduleBatch.merge_batch as both pinned versions have it, on the fields modelled here:
+        lengths, rows and requests concatenated, host lengths only where both batches have them,
+        the running batch's speculative input merged only where it has one (on the plain path it
+        has none: the prefill's is dropped)."""
+        b = self.batch
+        b.req_pool_indices = torch.cat([b.req_pool_indices, other.req_pool_indices])
+        b.seq_lens = torch.cat([b.seq_lens, other.seq_lens])
+        b.orig_seq_lens = torch.cat([b.orig_seq_lens, other.orig_seq_lens])
+        b.seq_lens_sum = None
+        b.seq_lens_cpu = (None if b.seq_lens_cpu is None or other.seq_lens_cpu is None
+                          else torch.cat([b.seq_lens_cpu, other.seq_lens_cpu]))
+        b.reqs = self.reqs = self.reqs + other.reqs
+        assert not b.spec_info, "(a speculative running batch's merge is not modelled here)"
 
     def committed(self, r):
         return r.kv_committed_len if self.layout == "0.5.16" else r.kv.kv_committed_len
@@ -180,8 +216,8 @@ class Books:
         self.queue.append((kind, tokens))
 
     def process_one(self):
-        kind, tokens = self.queue.pop(0)
-        for r, t in zip(self.reqs, tokens):
+        kind, tokens, *reqs = self.queue.pop(0)
+        for r, t in zip(reqs[0] if reqs else self.reqs, tokens):
             r.output_ids.append(t)
             if kind == "spec":
                 self.commit(r, 1)
@@ -453,11 +489,11 @@ def test_a_batch_not_run_after_leaving_does_not_enter_again_off_the_plain_step(t
     step."""
     must_leave, left = plain_path.must_leave, []
 
-    def leave_once_after_3(state, batch):  # as for a batch that needs the worker for one step
+    def leave_once_after_3(state, batch, worker):  # as for a batch that needs the worker for a step
         if state.stretch == 3 and not left:
             left.append(True)
             return "the batch needs the worker"
-        return must_leave(state, batch)
+        return must_leave(state, batch, worker)
 
     monkeypatch.setattr(plain_path, "must_leave", leave_once_after_3)
     w, state = _state(tmp_path, stretch_from_now=20)
@@ -703,32 +739,31 @@ def test_a_stretch_through_the_servers_own_future_map(hunks):
                             "future_indices": None}
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
+def _nxt(t):  # the target's greedy output after token t
+    return (t * 7 + 3) % 50 + 100
+
+
+def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: []):
     """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
     probes), the scheduler's hooks and its KV books and future map as in each pinned version (in
     0.5.23 the worker's roots come through the future map's accept token buffer, which a stretch
-    leaves stale): after the worker's first steps every step runs on the plain path, its probes
-    too, the output is the target's, and the books add up."""
+    leaves stale), over ``steps`` scheduler iterations of two requests. ``joins``: {iteration:
+    (prompt, the prefill's token)}: that iteration runs a new request's prefill through the worker
+    instead of a decode step, and the next one merges it into the running batch first, as SGLang's
+    scheduler does. Returns (books, state, corpus, the path of each iteration: plain, worker or
+    prefill); the books are checked once every forward is processed."""
     table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
     spec = _spec(tmp_path, table)
     books = Books([[1, 2, 3], [4, 5, 6, 7]], layout)
     b = books.batch
     b.forward_mode = SimpleNamespace(is_decode=lambda: True)
 
-    def nxt(t):  # the target's greedy output after token t
-        return (t * 7 + 3) % 50 + 100
-
-    forwards = []
-
     class Target:
         def forward_batch_generation(self, batch, **kw):
-            forwards.append(("plain" if batch.spec_info is None else "worker",
-                             batch.input_ids.tolist(), batch.out_cache_loc.tolist()))
-            ids = torch.tensor([nxt(int(t)) for t in batch.input_ids])
+            ids = torch.tensor([_nxt(int(t)) for t in batch.input_ids])
             return SimpleNamespace(next_token_ids=ids)
 
-    corpus = Corpus()
+    corpus = Corpus(draft)
     w = _worker()
     w.model_runner.spec_algorithm = Algo.NGRAM
     w.enable_overlap = True
@@ -741,8 +776,23 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     sched = _scheduler(w, books)
     # the prefill's tokens (99) reached the buffer through the relay
     sched.future_map.output_tokens_buf[:2] = 99
-    path, published = [], []
-    for step in range(60):
+    path, published, merging = [], [], None
+    for step in range(steps):
+        corpus.step = step
+        if merging is not None:  # get_next_batch_to_run: the last prefill joins the batch
+            books.merge(merging)
+            merging = None
+        if joins and step in joins:
+            prompt, token = joins[step]
+            merging = books.prefill(prompt, token)
+            # the patched worker's step for a prefill: neither the plain path's nor auto's
+            assert plain_path.worker_step(w, merging) is None
+            assert auto.plain_step(w, merging) is None
+            plain_path.relay(sched, merging.req_pool_indices,
+                             SimpleNamespace(next_token_ids=torch.tensor([token])))
+            path.append("prefill")
+            books.process_one()
+            continue
         plain_path.choose_path(sched, b)
         on_plain = b.spec_algorithm.is_none()
         path.append("plain" if on_plain else "worker")
@@ -759,7 +809,7 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
             result = auto.plain_step(w, b, on_publish=published.append)
         assert result is not None  # never a verify step
         if not on_plain:  # the worker's plain step writes at seq_lens and publishes one more
-            assert published.pop().tolist() == books.published.tolist()
+            assert published.pop().tolist() == books.published[b.req_pool_indices].tolist()
         plain_path.relay(sched, b.req_pool_indices, result)
         if not on_plain:
             books.speculative_input(result.next_draft_input)
@@ -772,14 +822,21 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     # the target's greedy output, token after token, whichever path each step took
     for r in books.reqs:
         out = r.output_ids
-        assert all(out[i + 1] == nxt(out[i]) for i in range(len(out) - 1))
+        assert all(out[i + 1] == _nxt(out[i]) for i in range(len(out) - 1))
+    return books, state, corpus, path
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
+    """After the worker's first steps every step runs on the plain path, its probes too, the
+    output is the target's, and the books add up (`_serve`)."""
+    books, state, corpus, path = _serve(tmp_path, layout, 60)
     # the worker's first steps (a request it has not looked up, the steps after the prefill),
     # then one stretch: its probes (every 1, 2, 4, ... steps, at most probe_max apart) run on it
     first = path.index("plain")
     assert first <= 4 and path[first:] == ["plain"] * (60 - first), "".join(p[0] for p in path)
     c = state.controller.counters
     assert c["plain_path_probes"] >= 3 and c["plain_path_stretches"] == 0
-    # every lookup was a probe, one batch_get each (the worker's and the path's)
     # every lookup was the first lookup of the new requests (in the worker, behind the step in
     # flight) or a probe, one batch_get each
     assert len(corpus.gets) == c["behind_lookups"] + c["probe_lookups"]
@@ -796,6 +853,151 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     # SGLang counts the worker's steps for each request's accept length when it processes them
     # (not modelled here); every step on the plain path is counted by the step itself
     assert [r.spec_verify_ct for r in books.reqs] == [path.count("plain")] * 2
+
+
+def _wrong_drafts(ctx):  # drafts that never match the target's output (`_nxt` is >= 100)
+    return [1, 2]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_requests_that_join_a_stretch_stay_on_the_plain_path(tmp_path, layout):
+    """A request whose prefill runs between two steps of a stretch joins the batch on the path
+    (SGLang's merge, then the plain decode preparation): no step goes to the worker, the joined
+    request's output is the target's from its prefill's token on, the KV books add up for all
+    three, the stretch's output so far is put for the two requests that ran it, and the new
+    request is looked up first by a probe on the path. Before, a join sent the batch to the worker
+    for two steps, the first of them a real lookup (3.6-4.1 ms against 1.6 ms on the path, one
+    H200 at TP=1)."""
+    books, state, corpus, path = _serve(tmp_path, layout, 70, joins={30: ([9, 8, 7, 6, 5], 140)},
+                                        draft=_wrong_drafts)
+    first = path.index("plain")
+    assert path[first:] == ["plain"] * (30 - first) + ["prefill"] + ["plain"] * 39, path
+    c = state.controller.counters
+    assert c["plain_path_joins"] == 1 and c["plain_path_stretches"] == 0
+    joined = books.reqs[2]
+    assert joined.output_ids[0] == 140 and len(joined.output_ids) == 1 + 39
+    assert joined.spec_verify_ct == 39 and "r2" in state.features
+    # at the join, the stretch's output so far went to the corpus for the requests that ran it
+    puts = [step for kind, step in corpus.events if kind == "put"]
+    assert puts.count(31) == 1 and len(corpus.puts[puts.index(31)]) == 2
+    assert all(len(corpus.puts[i]) == 3 for i, step in enumerate(puts) if step > 31)
+    # its first lookup: a probe on the path once the steps right after the prefill (31-33) passed
+    gets = [step for kind, step in corpus.events if kind == "get"]
+    after = [rids for rids, step in zip(corpus.gets, gets) if step > 30]
+    assert min(step for step in gets if step > 30) == 31 + auto.REFILL_STEPS
+    assert after and all(rids == ["r0", "r1", "r2"] for rids in after)
+    assert c["plain_path_probes"] == sum(path[step] == "plain" for step in gets)
+    # the steps the controller counted: every step on the path, before and after the join
+    assert c["plain_path_steps"] + state.stretch - state.noted == path.count("plain")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_with_the_ab_switch_a_join_ends_the_stretch(tmp_path, layout, monkeypatch):
+    """FASTVERIFY_AB_JOINS_IN_WORKER=1 (one in-launch comparison): a join sends the batch to the
+    worker, which looks the new request up, and a stretch starts again after it; the output and
+    the books are as right as on the path."""
+    monkeypatch.setattr(plain_path, "JOINS_IN_WORKER", True)
+    books, state, corpus, path = _serve(tmp_path, layout, 70, joins={30: ([9, 8, 7, 6, 5], 140)},
+                                        draft=_wrong_drafts)
+    # the step after the prefill in the worker, then a stretch again
+    assert path[31] == "worker" and path[32:] == ["plain"] * 38
+    c = state.controller.counters
+    assert c["plain_path_joins"] == 0 and c["plain_path_stretches"] == 1
+    assert books.reqs[2].output_ids[0] == 140
+
+
+NEVER = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
+
+
+def _joining(tmp_path, layout, table=NEVER, observed=True):
+    """A stretch of two requests four steps long, every result processed, then a third request's
+    prefill (through the worker's step, as `_serve` runs it) merged into the batch: the state and
+    the scheduler as `choose_path` meets them."""
+    w, state = _state(tmp_path, stretch_from_now=20, table=table)
+    if observed:  # the gain model has seen drafts (before it has, first lookups are real)
+        state.controller.gain.version = 1
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    assert _run_steps(w, state, books, 4) == ["spec", "plain", "plain", "plain"]
+    books.queue.append(("plain", [0, 0]))  # (_run_steps processed its last step: one in flight)
+    pb = books.prefill([9, 8, 7], 140)
+    assert auto.plain_step(w, pb) is None  # the prefill: no decode step
+    books.process_one()
+    books.merge(pb)
+    return w, state, books, _scheduler(w, books)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_join_keeps_the_stretch_and_counts_its_steps_at_the_size_they_ran(tmp_path, layout):
+    w, state, books, sched = _joining(tmp_path, layout)
+    ctl = state.controller
+    steps, requests = ctl.counters["plain_path_steps"], ctl.counters["requests"]
+    uncounted = state.stretch - state.noted
+    plain_path.choose_path(sched, books.batch)
+    assert books.batch.spec_algorithm.is_none() and ctl.counters["plain_path_joins"] == 1
+    assert ctl.counters["plain_path_stretches"] == 0
+    # the stretch's 3 steps so far reach the controller's books at batch size 2; the probe gap is
+    # back to 1, so this step is the lookup's, held in the steps right after the prefill and
+    # counted at batch size 3; the new request has no draft yet
+    assert state.stretch == 3 and uncounted > 0
+    assert ctl.counters["plain_path_steps"] == steps + uncounted + 1
+    assert ctl.counters["requests"] == requests + 2 * uncounted + 3
+    assert ctl._probe_gap == 1 and ctl.counters["probes_held"] == 1
+    assert state.features["r2"] == ctl.no_draft("r2")
+    # the stretch's output so far, put for the two requests that ran it (its last
+    # max_trie_depth + 3 - 1 tokens each)
+    assert state.put == 3
+    assert w.ngram_corpus.puts[-1] == [(r.origin_input_ids + r.output_ids)[-8:]
+                                       for r in books.reqs[:2]]
+    assert state.path_timing is None  # no period holds the prefill
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_batch_whose_host_lengths_the_merge_dropped_gets_the_committed_ones(tmp_path, layout):
+    w, state, books, sched = _joining(tmp_path, layout)
+    books.batch.seq_lens_cpu = None  # (SGLang's merge keeps host lengths only where both have them)
+    plain_path.choose_path(sched, books.batch)
+    assert books.batch.spec_algorithm.is_none()
+    assert books.batch.seq_lens_cpu.tolist() == [books.committed(r) for r in books.reqs]
+
+
+@pytest.mark.parametrize("case", ["reserved", "host lengths", "cold start", "full match pays",
+                                  "switch"])
+def test_a_join_the_path_cannot_take_ends_the_stretch_untouched(tmp_path, monkeypatch, case):
+    """Where the new request's KV is not laid out as a plain server's (slots reserved past its
+    length, or host lengths that are not the committed ones), where the gain model has seen no
+    draft yet (its first drafts teach it), where drafts that matched in full would be verified, or
+    with the A/B switch: the batch goes back to the worker as before, the controller's state and
+    the corpus as they were (no join counted, no features, no probe gap changed)."""
+    if case == "switch":
+        monkeypatch.setattr(plain_path, "JOINS_IN_WORKER", True)
+    w, state, books, sched = _joining(tmp_path, LAYOUTS[0], observed=case != "cold start")
+    b, ctl = books.batch, state.controller
+    if case == "full match pays":  # (what the gain model says of full matches: test_controller)
+        monkeypatch.setattr(ctl, "_full_match_wanted", lambda rids: True)
+    if case == "reserved":
+        books.reqs[2].kv.kv_allocated_len += 2
+    if case == "host lengths":
+        b.seq_lens_cpu = b.seq_lens_cpu + 1
+    gap, puts = ctl._probe_gap, len(w.ngram_corpus.puts)
+    plain_path.choose_path(sched, b)
+    assert not b.spec_algorithm.is_none()
+    assert ctl.counters["plain_path_joins"] == 0 and ctl.counters["plain_path_stretches"] == 1
+    assert "r2" not in state.features and ctl._probe_gap == gap
+    # (leaving puts the stretch's output for every request of the batch, as before)
+    assert len(w.ngram_corpus.puts) == puts + 1 and len(w.ngram_corpus.puts[-1]) == 3
+
+
+def test_a_prefill_between_two_steps_of_a_stretch_ends_the_timed_period(tmp_path):
+    """A chunk of a long prompt's prefill may run between two steps of a stretch without changing
+    its batch: the step timed before it is not recorded as a step on the path."""
+    w, state = _state(tmp_path, stretch_from_now=20)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
+    assert _run_steps(w, state, books, 2) == ["spec", "plain"]  # the stretch's step 0
+    plain_path._time(state, 1, 2)  # step 1 starts: timed (`TIME_EVERY`)
+    assert state.path_timing is not None
+    auto.not_a_decode_step(state)
+    plain_path._time(state, 2, 2)
+    assert state.costs.samples(PATH, 2, 1) == 0
 
 
 def test_a_probe_held_for_want_of_credit_leaves_room_for_a_stretch(tmp_path):

@@ -264,7 +264,7 @@ class Controller:
         self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0,
                          "lean_steps": 0, "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0,
                          "plain_path_steps": 0, "plain_path_stretches": 0,
-                         "plain_path_probes": 0}
+                         "plain_path_probes": 0, "plain_path_joins": 0}
         # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
         self.planned: Optional[str] = None
         self._since_lookup = 0
@@ -546,8 +546,10 @@ class Controller:
         a probe, and made in this step it delays the new requests' first token (the scheduler
         processes the prefill's result after launching this step), while made later it runs on the
         host as the GPU decodes. The probe gap goes to 1: the first `plan_lookup` not in the steps
-        right after the prefill (``refill``) looks up. False: look up now; always before the gain
-        model observed anything (a cold start learns from these first drafts)."""
+        right after the prefill (``refill``) looks up. Asked too where new requests join a batch on
+        the server's own decode path (``glue.plain_path``): True keeps them there, their first
+        lookup a probe on the path. False: look up now; always before the gain model observed
+        anything (a cold start learns from these first drafts)."""
         if not req_ids or self.gain.version == 0 or self._full_match_wanted(req_ids):
             return False
         self._probe_gap = 1
@@ -814,6 +816,7 @@ class Controller:
             "auto_probes_held_total": float(self.counters["probes_held"]),
             "auto_plain_path_steps_total": float(self.counters["plain_path_steps"]),
             "auto_plain_path_stretches_total": float(self.counters["plain_path_stretches"]),
+            "auto_plain_path_joins_total": float(self.counters["plain_path_joins"]),
             "auto_calibration": self.calibration(),
             "auto_calibration_half_life_steps": float(self._cal_half_life),
         }

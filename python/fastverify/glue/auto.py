@@ -255,6 +255,8 @@ def not_a_decode_step(state: AutoState) -> None:
     steps without speculation look dearer than they are, every time requests joined)."""
     state.since_prefill = 0
     state.last_start = None
+    state.path_timing = None  # nor is the period of a step on the plain path (a chunk of a prefill
+    # runs between two steps of a stretch without changing its batch)
     state.controller.excursion_void()  # no measure of what leaving the plain path costs
 
 

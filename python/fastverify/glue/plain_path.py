@@ -22,9 +22,12 @@ controller's next lookup comes due, the stretch's steps are counted in one call
 (`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
 path, on the host behind the step's forward, the corpus given the stretch's output as the step
 before was launched (`step`, `_probe`), and one held for want of probe credit waits there; the
-stretch then goes on to the next lookup. It ends when a lookup is a real one (drafts would be
-verified: a probe found them worth it, or even full matches would be), a request joins (it is
-looked up once), or the batch cannot run plain (`auto._plain_capable`); the batch then reads as
+stretch then goes on to the next lookup. Requests that join the batch (their prefill merged
+into it between two of its steps) stay on the path, their first lookup a probe there, where even
+drafts that matched in full would not be verified (`_join`). A stretch ends when a lookup is a
+real one (drafts would be verified: a probe found them worth it, or even full matches would be),
+when requests join whose first lookup could pay, or when the batch cannot run plain
+(`auto._plain_capable`); the batch then reads as
 speculative again, with each request's last token as the root of its next step, and the worker's
 own logic goes on (`auto.plain_step`). An excursion for a real lookup is timed until the batch is
 back on the path, against the costs of its steps in the worker as the controller decided them: what
@@ -75,6 +78,7 @@ rank takes the same decisions: they depend on the controller's state and the bat
 from __future__ import annotations
 
 import logging
+import os
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import PATH, PATH_PROBE, SWITCH
@@ -89,6 +93,11 @@ TIME_EVERY = 8
 LOOKUP_DUE = "a lookup is due"
 # an excursion of more steps in the worker than this measures no switch (`_excursion_ends`)
 SWITCH_MAX_STEPS = 8
+# why a stretch ends where requests joined its batch and their first lookup is left to the worker
+REQUEST_JOINED = "request joined"
+# A/B switch for one in-launch comparison: "1" ends a stretch whenever requests join its batch, as
+# before joins stayed on the path (`_join`)
+JOINS_IN_WORKER = os.environ.get("FASTVERIFY_AB_JOINS_IN_WORKER", "") == "1"
 
 
 def _state(scheduler):
@@ -133,7 +142,7 @@ def choose_path(scheduler, batch) -> None:
     if state is None or not batch.reqs:
         return
     if batch.spec_algorithm.is_none():
-        why = must_leave(state, batch)
+        why = must_leave(state, batch, scheduler.model_worker)
         if not why and state.stretch >= state.stretch_len:
             why = _lookup_due(state, batch)
         if why:
@@ -180,16 +189,85 @@ def _emptied(state) -> None:
     _log_stretches(state, "its requests finished")
 
 
-def must_leave(state, batch) -> str:
+def must_leave(state, batch, worker=None) -> str:
     """Why a batch on the plain path goes back to speculation before this step ("" while it
-    stays)."""
+    stays). Requests that joined it stay with it where they can (`_join`; ``worker``: the n-gram
+    worker, whose corpus is given the stretch's output so far)."""
     from fastverify.glue.auto import _plain_capable
 
-    if any(req.rid not in state.features for req in batch.reqs):
-        return "request joined"
     if not _plain_capable(state, batch, None):
         return "batch needs the worker"
+    if any(req.rid not in state.features for req in batch.reqs):
+        return _join(state, batch, worker)
     return ""
+
+
+def _join(state, batch, worker) -> str:
+    """Requests joined the stretch's batch: their prefill ran between two of its steps, and the
+    scheduler merged them into it (the merged batch reads as not speculative, as the running batch
+    did). They stay on the path, their first lookup a probe there, where (a) not even drafts that
+    matched in full would be verified for any request of the batch (`Controller.defer_first_lookup`,
+    as for the worker's first step after a prefill; it sets the probe gap to 1), and (b) every
+    request's KV is laid out as a plain server's would be (`_join_lens`). Then the stretch's
+    steps so far are counted at the batch size they ran at and their output is put for the requests
+    that ran them, the new requests get the features of no draft, the host lengths are the
+    requests' committed ones, and the stretch runs on to the next lookup the controller expects
+    (the steps right after a prefill hold their probes: ``refill``). Returns why the batch leaves
+    instead ("" where it stays).
+
+    Nothing else differs from a plain server's join: SGLang's merge concatenated the lengths, pool
+    rows and sampling of both batches, dropped the prefill's speculative input (the running batch
+    has none) and its input ids (the step's input ids are gathered from the future map's token
+    buffer, where `relay` left the prefill's token), and the plain decode preparation allocates
+    each request's next slot at its length (a prefill allocates exactly the prompt's slots).
+    Without this a join cost two steps in the worker (the first of them looking up for real, 3.6-4.1
+    ms against a path step's 1.6 ms on one H200 at TP=1): at c=4 with 128-token replies, a join
+    every 32 steps, ~4 % of the decode time."""
+    if JOINS_IN_WORKER:
+        return REQUEST_JOINED
+    lens = _join_lens(batch)
+    if lens is None:
+        return REQUEST_JOINED + " (KV books)"
+    ctl = state.controller
+    rids = [req.rid for req in batch.reqs]
+    if not ctl.defer_first_lookup(rids):
+        return REQUEST_JOINED
+    joined = [req for req in batch.reqs if req.rid not in state.features]
+    ran = [req for req in batch.reqs if req.rid in state.features]
+    _note(state, state.path_bs or len(ran), ends=False)
+    if worker is not None:
+        _put_stretch(worker, ran, state.stretch - state.put)
+    state.put = state.stretch
+    for req in joined:
+        state.features[req.rid] = ctl.no_draft(req.rid)
+    if batch.seq_lens_cpu is None:
+        import torch
+
+        batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
+    state.path_timing = None  # the period of the step before holds the prefill
+    ctl.counters["plain_path_joins"] += len(joined)
+    state.stretch_len = state.stretch + ctl.steps_without_lookup(
+        ctl.cfg.probe_max, MAX_STRETCH, rids, len(rids))
+    return ""
+
+
+def _join_lens(batch):
+    """Each request's committed KV length where the batch can go on decoding plainly from there
+    (every request holds exactly its committed entries: the stretch's requests since their last
+    plain preparation, the new ones since their prefill; and the host lengths, where the batch has
+    them, are those), else None."""
+    lens = []
+    for req in batch.reqs:
+        if getattr(req, "kv", None) is None:
+            return None
+        kv = _committed(req)
+        if req.kv.kv_allocated_len != kv:
+            return None
+        lens.append(kv)
+    host = batch.seq_lens_cpu
+    if host is not None and host.tolist() != lens:
+        return None
+    return lens
 
 
 def _lookup_due(state, batch) -> str:
@@ -215,7 +293,6 @@ def _lookup_due(state, batch) -> str:
     if answer == HELD:
         ctl.counters["plain_path_steps"] += 1
     state.noted += 1
-    state.since_prefill += 1
     state.stretch_len = state.stretch + 1
     return ""
 
@@ -224,7 +301,6 @@ def _note(state, bs: int, ends: bool) -> None:
     """The stretch's steps not counted yet go to the controller's books in one call."""
     n = state.stretch - state.noted
     state.controller.note_plain_path(bs, n, ends=ends)
-    state.since_prefill += max(n, 0)
     state.noted = state.stretch
 
 
@@ -393,24 +469,24 @@ def _log_stretches(state, why) -> None:
     c = state.controller.counters
     n, steps = c["plain_path_stretches"], c["plain_path_steps"]
     logger.info("auto verify: %d stretches on the plain decode path, %d steps (%.1f each, %.0f %% "
-                "of the decode steps, %d probes on it)%s; no stretch from a worker's step: %s", n,
-                steps, steps / max(n, 1), 100.0 * steps / max(c["steps"], 1),
-                c["plain_path_probes"],
+                "of the decode steps, %d probes on it, %d requests joined it)%s; no stretch from a "
+                "worker's step: %s", n, steps, steps / max(n, 1),
+                100.0 * steps / max(c["steps"], 1), c["plain_path_probes"], c["plain_path_joins"],
                 f", the last one ended: {why}" if why else "",
                 dict(sorted(state.path_refusals.items())) or "-")
 
 
-def _put_stretch(worker, batch, n: int) -> None:
+def _put_stretch(worker, reqs, n: int) -> None:
     """The corpus learns the output of ``n`` steps of a stretch (those since its last put) in one
-    put per request: its last ``max_trie_depth + n - 1`` tokens on the host (the corpus inserts the
-    n-grams starting at every position of what it is given; the step in flight's token comes with
-    the next put)."""
-    if n <= 0:
+    put per request of ``reqs``: its last ``max_trie_depth + n - 1`` tokens on the host (the corpus
+    inserts the n-grams starting at every position of what it is given; the step in flight's token
+    comes with the next put)."""
+    if n <= 0 or not reqs:
         return
     depth = int(worker.max_trie_depth)
     span = depth + n - 1
     contexts = []
-    for req in batch.reqs:
+    for req in reqs:
         out = req.output_ids
         if len(out) >= span:
             contexts.append(list(out[-span:]))
@@ -424,7 +500,7 @@ def _put_stretch(worker, batch, n: int) -> None:
 def _put_upto(worker, batch, state, upto: int) -> None:
     """The corpus gets the output of the stretch's steps from its last put up to step ``upto``
     (`_put_stretch`), and that put is noted."""
-    _put_stretch(worker, batch, upto - state.put)
+    _put_stretch(worker, batch.reqs, upto - state.put)
     state.put = upto
 
 
@@ -462,6 +538,9 @@ def step(worker, batch, state):
     finally:
         mr.attn_backend, mr.decode_cuda_graph_runner = saved
     state.stretch += 1
+    # counted here, not with the controller's books (`_note`): a prefill between two steps of a
+    # stretch (a request joining, a chunk of a longer one) restarts the count
+    state.since_prefill += 1
     state.last_forward_plain = True
     # SGLang's accept length of a request is its tokens over its speculative steps, and the result
     # processor counts only those of a speculative batch: a step here counts as one that verified
