@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fastverify.controller import PLAN_PROBE
 from fastverify.costs import LEAN, PATH, PATH_PROBE, PROBE, SPEC, SWITCH
 from fastverify.gains import DraftFeatures
 from fastverify.glue import auto, plain_path
@@ -936,12 +937,12 @@ def test_a_join_keeps_the_stretch_and_counts_its_steps_at_the_size_they_ran(tmp_
     assert books.batch.spec_algorithm.is_none() and ctl.counters["plain_path_joins"] == 1
     assert ctl.counters["plain_path_stretches"] == 0
     # the stretch's 3 steps so far reach the controller's books at batch size 2; the probe gap is
-    # back to 1, so this step is the lookup's, held in the steps right after the prefill and
-    # counted at batch size 3; the new request has no draft yet
-    assert state.stretch == 3 and uncounted > 0
-    assert ctl.counters["plain_path_steps"] == steps + uncounted + 1
-    assert ctl.counters["requests"] == requests + 2 * uncounted + 3
-    assert ctl._probe_gap == 1 and ctl.counters["probes_held"] == 1
+    # back to 1, but the lookup it makes due is a probe held through the steps right after the
+    # prefill: the stretch runs them without asking; the new request has no draft yet
+    assert state.stretch == state.noted == 3 and uncounted > 0
+    assert ctl.counters["plain_path_steps"] == steps + uncounted
+    assert ctl.counters["requests"] == requests + 2 * uncounted
+    assert ctl._probe_gap == 1 and state.stretch_len == 3 + auto.REFILL_STEPS
     assert state.features["r2"] == ctl.no_draft("r2")
     # the stretch's output so far, put for the two requests that ran it (its last
     # max_trie_depth + 3 - 1 tokens each)
@@ -998,6 +999,35 @@ def test_a_prefill_between_two_steps_of_a_stretch_ends_the_timed_period(tmp_path
     auto.not_a_decode_step(state)
     plain_path._time(state, 2, 2)
     assert state.costs.samples(PATH, 2, 1) == 0
+
+
+@pytest.mark.parametrize("credit", [1.0, 0.0])
+def test_a_probe_held_right_after_a_prefill_leaves_room_for_a_stretch(tmp_path, credit):
+    """plan_lookup holds a probe that could not pay in the steps right after a prefill (its
+    ``refill``) as it holds one for want of credit: steps_without_lookup counts those steps too,
+    so that a stretch does not ask the controller again at each of them (each ask is a gain
+    evaluation or two on the host); the longer of the two holds counts. A lookup that would be a
+    real one is not held."""
+    c = auto.setup(_worker(), _spec(tmp_path, DEAR), plain=PLAIN).controller
+    c._plain_and_probe = lambda bs: (1.0, 0.01)  # a plain step 1 ms, a probe adds 0.01 ms
+    c._probe_gap, c._since_lookup, c._probe_credit = 1, 0, credit  # the probe is due now
+    views = [auto.RequestView("x", c.no_draft("x"))]
+    n = c.steps_without_lookup(32, 256, ["x"], 1, refill_steps=3)
+    assert n == (3 if credit else 5)  # (without credit it grows by 0.002 ms a step)
+    for j in range(n):
+        assert not c.plan_lookup(views, 32, behind=True, refill=j < 3)
+        c.note_lean(1)
+    assert c.plan_lookup(views, 32, behind=True)
+    assert c.planned == PLAN_PROBE
+    # a probe not due yet: held past its gap by the steps right after the prefill
+    c._probe_gap, c._since_lookup, c._probe_credit = 3, 0, 1.0
+    assert c.steps_without_lookup(32, 256, ["x"], 1, refill_steps=4) == 4
+    assert c.steps_without_lookup(32, 256, ["x"], 1, refill_steps=1) == 2
+    # a real lookup due: not held
+    c._full_match_wanted = lambda rids: True
+    assert c.steps_without_lookup(32, 256, ["x"], 1, refill_steps=3) == 2
+    c._since_lookup = 2
+    assert c.steps_without_lookup(32, 256, ["x"], 1, refill_steps=3) == 0
 
 
 def test_a_probe_held_for_want_of_credit_leaves_room_for_a_stretch(tmp_path):

@@ -610,20 +610,22 @@ class Controller:
         return 1000.0 * (now_s - e[0]) - e[2]
 
     def steps_without_lookup(self, probe_max: int, cap: int, req_ids: Sequence = (),
-                             bs: int = 1) -> int:
+                             bs: int = 1, refill_steps: int = 0) -> int:
         """How many of the next steps `plan_lookup` would run without a lookup, the requests and
         what is known of their drafts staying as they are: the steps until the probe gap passes,
-        and past it the steps a probe that could not pay is held for want of probe credit (never
-        past ``probe_max`` steps since the last lookup; ``probe_max`` 0: no probes, so ``cap``).
-        Asked after a step that ran without a lookup, before a stretch of steps that make none
+        and past it the steps a probe that could not pay is held for want of probe credit or
+        because they are among the ``refill_steps`` next steps right after a prefill (its
+        ``refill``; never past ``probe_max`` steps since the last lookup; ``probe_max`` 0: no
+        probes, so ``cap``). A lookup that would be a real one is held by neither. Asked after a
+        step that ran without a lookup, before a stretch of steps that make none
         (`note_plain_path`)."""
         if probe_max <= 0:
             return cap
         due = min(self._probe_gap, probe_max) - self._since_lookup - 1
-        if due > 0:
+        if due > 0 and due >= refill_steps:
             return min(due, cap)
         if self._full_match_wanted(list(req_ids)):
-            return 0  # the probe due is a real lookup
+            return min(max(due, 0), cap)  # the lookup due is a real one
         plain, cost = self._plain_and_probe(bs)
         gain = self.cfg.probe_budget * plain
         forced = probe_max - self._since_lookup - 1  # held at most until then
@@ -631,7 +633,8 @@ class Controller:
             # the j-th step from now sees the credit of j - 1 more steps and is held while it
             # does not cover the probe
             short = cost - self._probe_credit
-            forced = min(forced, max(math.ceil(short / gain), 0) if short > 0 else 0)
+            wait = max(math.ceil(short / gain), 0) if short > 0 else 0
+            forced = min(forced, max(wait, refill_steps, due))
         return max(min(forced, cap), 0)
 
     def note_plain_path(self, bs: int, n: int, ends: bool = True) -> None:

@@ -246,9 +246,20 @@ def _join(state, batch, worker) -> str:
         batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
     state.path_timing = None  # the period of the step before holds the prefill
     ctl.counters["plain_path_joins"] += len(joined)
-    state.stretch_len = state.stretch + ctl.steps_without_lookup(
-        ctl.cfg.probe_max, MAX_STRETCH, rids, len(rids))
+    state.stretch_len = state.stretch + _steps_to_lookup(state, batch)
     return ""
+
+
+def _steps_to_lookup(state, batch) -> int:
+    """The steps the batch runs from now before the controller's next lookup comes due
+    (`Controller.steps_without_lookup`, at most `MAX_STRETCH`), a probe held through the steps
+    right after a prefill (`auto.REFILL_STEPS`), which would otherwise ask again at each of them."""
+    from fastverify.glue.auto import REFILL_STEPS
+
+    ctl = state.controller
+    return ctl.steps_without_lookup(ctl.cfg.probe_max, MAX_STRETCH,
+                                    [req.rid for req in batch.reqs], len(batch.reqs),
+                                    refill_steps=max(REFILL_STEPS - state.since_prefill, 0))
 
 
 def _join_lens(batch):
@@ -279,7 +290,7 @@ def _lookup_due(state, batch) -> str:
     ctl, bs = state.controller, len(batch.reqs)
     _note(state, bs, ends=False)
     rids = [req.rid for req in batch.reqs]
-    n = ctl.steps_without_lookup(ctl.cfg.probe_max, MAX_STRETCH, rids, bs)
+    n = _steps_to_lookup(state, batch)
     if n > 0:
         state.stretch_len = state.stretch + n
         return ""
@@ -348,8 +359,7 @@ def may_enter(state, batch) -> tuple:
     if not _plain_capable(state, batch, None):
         return 0, "the batch needs the worker"
     ctl = state.controller
-    n = ctl.steps_without_lookup(ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs],
-                                 len(batch.reqs))
+    n = _steps_to_lookup(state, batch)
     if n == 0 and ctl.lookup_is_real([RequestView(req.rid, state.features[req.rid])
                                       for req in batch.reqs]):
         return 0, "a lookup is due"
@@ -613,8 +623,7 @@ def _probe(worker, batch, state, before: int) -> None:
     ctl.counters["plain_path_steps"] += 1
     # this step's period holds the probe (measured apart, above): not a PATH step's cost
     state.path_timing = None
-    state.stretch_len = state.stretch + ctl.steps_without_lookup(
-        ctl.cfg.probe_max, MAX_STRETCH, [req.rid for req in batch.reqs], len(batch.reqs))
+    state.stretch_len = state.stretch + _steps_to_lookup(state, batch)
     _log_stretches(state, None)  # (a stretch may go on for as long as its requests run)
 
 
