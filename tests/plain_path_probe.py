@@ -20,6 +20,8 @@ import types
 import torch
 
 from sglang.srt.managers import overlap_utils  # noqa: E402
+from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode  # noqa: E402
 from sglang.srt.managers import scheduler as sched_mod  # noqa: E402
 from sglang.srt.speculative.ngram_info import NgramVerifyInput  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
@@ -94,6 +96,40 @@ relay_forward_payload(server, batch, fi, types.SimpleNamespace(
     next_draft_input=None, next_token_ids=torch.tensor([41, 42]), has_sampled_token_ids=True))
 fmap.new_seq_lens_buf[fi] = batch.seq_lens + 1
 fm["plain_result"] = {"tokens": rows(fmap.output_tokens_buf[fi]), "accept": accept_roots()}
+# a request joins the batch on the plain path: its prefill's result relayed like any result of
+# one token per request, then SGLang's own merge (ScheduleBatch.merge_batch) of the prefill batch,
+# as run_batch left it, into the running batch, and the patched resolve of the merged batch
+prefill = types.SimpleNamespace(
+    spec_algorithm=NGRAM, spec_info=None, reqs=["r2"], req_pool_indices=torch.tensor([6]),
+    req_pool_indices_cpu=torch.tensor([6]), seq_lens=torch.tensor([7]),
+    seq_lens_cpu=torch.tensor([7]), orig_seq_lens=torch.tensor([7], dtype=torch.int32),
+    input_ids=None, beam_tail=None, return_logprob=False, has_grammar=False,
+    return_hidden_states=False, return_hidden_states_mode=CaptureHiddenMode.NULL,
+    is_prefill_only=False, multimodal_inputs=None,
+    sampling_info=types.SimpleNamespace(merge_batch=lambda other: None))
+relay_forward_payload(server, prefill, prefill.req_pool_indices, types.SimpleNamespace(
+    next_draft_input=NgramVerifyInput(
+        draft_token_num=K, new_seq_lens=torch.tensor([7]),
+        accept_tokens=torch.tensor([51, 0, 0, 0], dtype=torch.int32),
+        accept_lens=torch.ones(1, dtype=torch.int32)),
+    next_token_ids=torch.tensor([51]), has_sampled_token_ids=True))
+prefill.spec_info = NgramVerifyInput(draft_token_num=K, new_seq_lens=torch.tensor([7]),
+                                     accept_tokens=torch.tensor([51, 0, 0, 0], dtype=torch.int32),
+                                     accept_lens=torch.ones(1, dtype=torch.int32))
+prefill.spec_info.future_indices = prefill.req_pool_indices
+running = types.SimpleNamespace(**{**vars(prefill), **dict(
+    spec_algorithm=NONE, spec_info=None, reqs=["r0", "r1"], req_pool_indices=fi,
+    req_pool_indices_cpu=fi.clone(), seq_lens=batch.seq_lens + 1, seq_lens_cpu=batch.seq_lens + 1,
+    orig_seq_lens=(batch.seq_lens + 1).to(torch.int32),
+    sampling_info=types.SimpleNamespace(merge_batch=lambda other: None))},
+    model_config=types.SimpleNamespace(is_encoder_decoder=False), enable_overlap=True,
+    prefill_input_ids_cpu=None)
+ScheduleBatch.merge_batch(running, prefill)
+fmap.resolve_seq_lens_cpu(running)
+overlap_utils.resolve_forward_inputs(running, fmap)
+fm["joined"] = {"algorithm": running.spec_algorithm.name, "spec_info": running.spec_info,
+                "reqs": running.reqs, "seq_lens": rows(running.seq_lens),
+                "seq_lens_cpu": rows(running.seq_lens_cpu), "input_ids": rows(running.input_ids)}
 # the way back: leave's speculative input, through the resolves of the next run_batch, and the
 # roots the worker's first step writes
 batch.input_ids = None

@@ -725,6 +725,13 @@ def test_a_stretch_through_the_servers_own_future_map(hunks):
                                 "seq_lens_cpu": [12, 22]}
     # its result: the token buffer only; the n-gram buffers keep the worker's step (stale)
     assert fm["plain_result"] == {"tokens": [41, 42], "accept": fm["worker_step"]["accept"]}
+    # a request joins on the path: SGLang's merge of its prefill batch (speculative input and
+    # all) into the running batch leaves a batch that reads as not speculative, with both
+    # batches' lengths; the patched resolve gathers each request's input from the token buffer,
+    # where the relay left the prefill's token (51)
+    assert fm["joined"] == {"algorithm": "NONE", "spec_info": None, "reqs": ["r0", "r1", "r2"],
+                            "seq_lens": [13, 23, 7], "seq_lens_cpu": [13, 23, 7],
+                            "input_ids": [41, 42, 51]}
     # back: leave's input has no future indices, so the next run_batch's resolves change nothing;
     # fill_roots writes each root from the token buffer
     assert fm["back"] == {"algorithm": "NGRAM", "future_indices": None, "seq_lens": [12, 22],
