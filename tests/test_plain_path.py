@@ -71,7 +71,7 @@ class Books:
 
     ROWS = 8  # rows of the request-to-token pool and of the future map's buffers
 
-    def __init__(self, prompts, layout="0.5.16"):
+    def __init__(self, prompts, layout="0.5.16", in_flight=False):
         self.layout = layout
         self.alloc = Allocator(4096)
         self.pool = torch.zeros(self.ROWS, 512, dtype=torch.int32)
@@ -87,7 +87,8 @@ class Books:
         self.accept_lens_buf = torch.ones(self.ROWS, dtype=torch.int32)
         for i, p in enumerate(prompts):
             # the prefill's result is processed: its token is the first decode step's input
-            self.reqs.append(self.prefilled(i, p, [99]))
+            # (``in_flight``: not yet, the prefill was the last forward launched)
+            self.reqs.append(self.prefilled(i, p, [] if in_flight else [99]))
         self.batch = SimpleNamespace(
             reqs=self.reqs, spec_algorithm=Algo.NGRAM, spec_info=None, seq_lens=lens.clone(),
             seq_lens_cpu=lens.clone(), orig_seq_lens=lens.to(torch.int32), seq_lens_sum=None,
@@ -97,7 +98,8 @@ class Books:
             token_to_kv_pool_allocator=self.alloc)
         self.speculative_input(Info(K, lens.clone(), self.accept_tokens_buf[:bs].flatten().clone(),
                                     self.accept_lens_buf[:bs].clone()))
-        self.queue = []  # (kind, tokens) of forwards not processed yet
+        # (kind, tokens[, their requests]) of forwards not processed yet
+        self.queue = [("prefill", [99] * bs, list(self.reqs))] if in_flight else []
         self.next_token = 100
 
     def prefilled(self, i, p, output_ids):
@@ -751,18 +753,21 @@ def _nxt(t):  # the target's greedy output after token t
     return (t * 7 + 3) % 50 + 100
 
 
-def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: []):
+def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=False,
+           observed=False):
     """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
     probes), the scheduler's hooks and its KV books and future map as in each pinned version (in
     0.5.23 the worker's roots come through the future map's accept token buffer, which a stretch
     leaves stale), over ``steps`` scheduler iterations of two requests. ``joins``: {iteration:
     (prompt, the prefill's token)}: that iteration runs a new request's prefill through the worker
     instead of a decode step, and the next one merges it into the running batch first, as SGLang's
-    scheduler does. Returns (books, state, corpus, the path of each iteration: plain, worker or
-    prefill); the books are checked once every forward is processed."""
+    scheduler does. ``in_flight``: the two requests' prefill is the forward in flight (else it is
+    processed); ``observed``: the gain model has seen drafts of earlier requests. Returns (books,
+    state, corpus, the path of each iteration: plain, worker or prefill); the books are checked
+    once every forward is processed."""
     table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
     spec = _spec(tmp_path, table)
-    books = Books([[1, 2, 3], [4, 5, 6, 7]], layout)
+    books = Books([[1, 2, 3], [4, 5, 6, 7]], layout, in_flight=in_flight)
     b = books.batch
     b.forward_mode = SimpleNamespace(is_decode=lambda: True)
 
@@ -784,6 +789,12 @@ def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: []):
     sched = _scheduler(w, books)
     # the prefill's tokens (99) reached the buffer through the relay
     sched.future_map.output_tokens_buf[:2] = 99
+    if observed:
+        state.controller.gain.version = 1
+    if in_flight:
+        assert auto.plain_step(w, SimpleNamespace(
+            reqs=list(books.reqs), spec_info=None, spec_algorithm=Algo.NGRAM,
+            forward_mode=SimpleNamespace(is_decode=lambda: False))) is None
     path, published, merging = [], [], None
     for step in range(steps):
         corpus.step = step
@@ -861,6 +872,35 @@ def test_the_workers_own_steps_lead_into_stretches_and_back(tmp_path, layout):
     # SGLang counts the worker's steps for each request's accept length when it processes them
     # (not modelled here); every step on the plain path is counted by the step itself
     assert [r.spec_verify_ct for r in books.reqs] == [path.count("plain")] * 2
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_batch_just_prefilled_starts_on_the_plain_path(tmp_path, layout):
+    """The running batch was empty, and the prefill of its requests is the forward in flight (as at
+    c=1, every request): where their first lookups may wait, the first decode step already runs
+    on the plain path, the prefill's tokens written by it as by a plain server's first decode
+    step, and they are looked up first by a probe on the path once the steps right after the
+    prefill passed. Before, that step ran in the worker (0.5-0.86 ms over a plain server's step on
+    one H200 at TP=1)."""
+    books, state, corpus, path = _serve(tmp_path, layout, 40, draft=_wrong_drafts, in_flight=True,
+                                        observed=True)
+    assert path == ["plain"] * 40
+    c = state.controller.counters
+    assert c["plain_path_stretches"] == 0 and not state.path_refusals
+    assert [r.output_ids[0] for r in books.reqs] == [99, 99]
+    assert [r.spec_verify_ct for r in books.reqs] == [40, 40]
+    gets = [step for kind, step in corpus.events if kind == "get"]
+    assert gets and gets[0] == auto.REFILL_STEPS and c["plain_path_probes"] == len(gets)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_cold_server_looks_its_first_requests_up_in_the_worker(tmp_path, layout):
+    """The same, with a gain model that has observed nothing yet: the first lookups are real (they
+    teach it), so the step after the prefill runs in the worker."""
+    books, state, corpus, path = _serve(tmp_path, layout, 40, draft=_wrong_drafts, in_flight=True)
+    assert path[0] == "worker" and "plain" in path
+    assert state.path_refusals == {"the last forward verified or prefilled": 1}
+    assert state.controller.counters["behind_lookups"] >= 1
 
 
 def _wrong_drafts(ctx):  # drafts that never match the target's output (`_nxt` is >= 100)
