@@ -893,14 +893,18 @@ def test_a_batch_just_prefilled_starts_on_the_plain_path(tmp_path, layout):
     assert gets and gets[0] == auto.REFILL_STEPS and c["plain_path_probes"] == len(gets)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_cold_server_looks_its_first_requests_up_in_the_worker(tmp_path, layout):
+@pytest.mark.parametrize("case", ["cold", "switch"])
+def test_a_cold_server_looks_its_first_requests_up_in_the_worker(tmp_path, case, monkeypatch):
     """The same, with a gain model that has observed nothing yet: the first lookups are real (they
-    teach it), so the step after the prefill runs in the worker."""
-    books, state, corpus, path = _serve(tmp_path, layout, 40, draft=_wrong_drafts, in_flight=True)
+    teach it), so the step after the prefill runs in the worker; and so with the A/B switch
+    FASTVERIFY_AB_JOINS_IN_WORKER=1."""
+    monkeypatch.setattr(plain_path, "JOINS_IN_WORKER", case == "switch")
+    books, state, corpus, path = _serve(tmp_path, LAYOUTS[0], 40, draft=_wrong_drafts,
+                                        in_flight=True, observed=case == "switch")
     assert path[0] == "worker" and "plain" in path
     assert state.path_refusals == {"the last forward verified or prefilled": 1}
-    assert state.controller.counters["behind_lookups"] >= 1
+    # (cold: the worker looks them up there; observed: their first lookup waits, as on the path)
+    assert state.controller.counters["behind_lookups"] == (case == "cold")
 
 
 def _wrong_drafts(ctx):  # drafts that never match the target's output (`_nxt` is >= 100)

@@ -95,8 +95,9 @@ LOOKUP_DUE = "a lookup is due"
 SWITCH_MAX_STEPS = 8
 # why a stretch ends where requests joined its batch and their first lookup is left to the worker
 REQUEST_JOINED = "request joined"
-# A/B switch for one in-launch comparison: "1" ends a stretch whenever requests join its batch, as
-# before joins stayed on the path (`_join`)
+# A/B switch for one in-launch comparison: "1" sends new requests to the worker as before they
+# stayed on the path: a join ends a stretch (`_join`), and a batch just prefilled starts in the
+# worker (`_after_prefill`)
 JOINS_IN_WORKER = os.environ.get("FASTVERIFY_AB_JOINS_IN_WORKER", "") == "1"
 
 
@@ -392,7 +393,7 @@ def _after_prefill(state, batch) -> tuple:
 
     why = (0, "the last forward verified or prefilled", None)
     rids = [req.rid for req in batch.reqs]
-    if (state.since_prefill != 0 or frozenset(rids) != state.last_batch_rids
+    if (JOINS_IN_WORKER or state.since_prefill != 0 or frozenset(rids) != state.last_batch_rids
             or any(rid in state.features for rid in rids)):
         return why
     if not _plain_capable(state, batch, None):
