@@ -82,6 +82,9 @@ import os
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import PATH, PATH_PROBE, SWITCH
+# (imported once here, not in the functions a step calls: an import statement run on every step of
+# a stretch took 40 % of the path choice's host time)
+from fastverify.glue.auto import REFILL_STEPS, _plain_capable
 
 logger = logging.getLogger("fastverify.plain_path")
 
@@ -194,8 +197,6 @@ def must_leave(state, batch, worker=None) -> str:
     """Why a batch on the plain path goes back to speculation before this step ("" while it
     stays). Requests that joined it stay with it where they can (`_join`; ``worker``: the n-gram
     worker, whose corpus is given the stretch's output so far)."""
-    from fastverify.glue.auto import _plain_capable
-
     if not _plain_capable(state, batch, None):
         return "batch needs the worker"
     if any(req.rid not in state.features for req in batch.reqs):
@@ -255,8 +256,6 @@ def _steps_to_lookup(state, batch) -> int:
     """The steps the batch runs from now before the controller's next lookup comes due
     (`Controller.steps_without_lookup`, at most `MAX_STRETCH`), a probe held through the steps
     right after a prefill (`auto.REFILL_STEPS`), which would otherwise ask again at each of them."""
-    from fastverify.glue.auto import REFILL_STEPS
-
     ctl = state.controller
     return ctl.steps_without_lookup(ctl.cfg.probe_max, MAX_STRETCH,
                                     [req.rid for req in batch.reqs], len(batch.reqs),
@@ -286,8 +285,6 @@ def _lookup_due(state, batch) -> str:
     """The stretch reached the step its next lookup was due at: its steps so far are counted, and
     the controller is asked again. Returns why the batch leaves the path ("" while it stays: the
     stretch goes on to the next lookup, or this step probes or holds its probe on the path)."""
-    from fastverify.glue.auto import REFILL_STEPS
-
     ctl, bs = state.controller, len(batch.reqs)
     _note(state, bs, ends=False)
     rids = [req.rid for req in batch.reqs]
@@ -352,8 +349,6 @@ def may_enter(state, batch) -> tuple:
     of all of its requests (`_after_prefill`), the batch must be one a plain step serves, and the
     next lookup must not be a real one (a probe, or one held, is made on the path:
     `_lookup_due`)."""
-    from fastverify.glue.auto import _plain_capable
-
     if not state.last_forward_plain:
         return _after_prefill(state, batch)
     if any(req.rid not in state.last_batch_rids or req.rid not in state.features
@@ -389,8 +384,6 @@ def _after_prefill(state, batch) -> tuple:
     stretch starts from their committed lengths (the prefill's tokens are written by the first step
     on the path, as a plain server's first decode step writes them). Before, the step right after
     a prefill ran in the worker: 0.5-0.86 ms over a plain server's step on one H200 at TP=1."""
-    from fastverify.glue.auto import _plain_capable
-
     why = (0, "the last forward verified or prefilled", None)
     rids = [req.rid for req in batch.reqs]
     if (JOINS_IN_WORKER or state.since_prefill != 0 or frozenset(rids) != state.last_batch_rids
