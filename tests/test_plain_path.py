@@ -670,6 +670,20 @@ def test_a_step_on_the_plain_path_runs_the_plain_runtime_and_puts_the_runner_bac
     assert mr.attn_backend == "attn4" and mr.spec_algorithm is Algo.NGRAM
     assert state.stretch == 1 and state.last_forward_plain and state.last_step == (PATH, 1, 1)
     assert state.last_batch_rids == frozenset({"a"})
+    # a forward that raises leaves the runner as it found it too
+
+    class Failing:
+        def forward_batch_generation(self, batch, **kw):
+            seen.update(runner=mr.decode_cuda_graph_runner, algo=mr.spec_algorithm)
+            raise RuntimeError("out of memory")
+
+    w.target_worker, mr.decode_cuda_graph_runner = Failing(), "g-base"
+    state.plain = VerifyRuntime(1, "attn-plain", "g-plain", {})
+    with pytest.raises(RuntimeError):
+        plain_path.worker_step(w, batch)
+    assert seen["runner"] == "g-plain" and seen["algo"] is Algo.NONE
+    assert (mr.attn_backend, mr.decode_cuda_graph_runner, mr.spec_algorithm) == (
+        "attn4", "g-base", Algo.NGRAM)
     # any other batch, or a worker without auto, goes on in the worker
     batch.spec_algorithm = Algo.NGRAM
     assert plain_path.worker_step(w, batch) is None

@@ -555,22 +555,22 @@ def worker_step(worker, batch):
 def step(worker, batch, state):
     """The n-gram worker's step for a batch on the plain path: SGLang's plain decode pass with the
     plain decode runtime (its attention backend and DECODE graphs) in place and the model runner
-    reading as not speculative; the result is the target's own."""
-    from fastverify.glue.verify_runtime import plain_algorithm
-
+    reading as not speculative (as `verify_runtime.plain_algorithm` makes it read, written out
+    here: the generator behind that context manager cost a step on the path a third of this
+    function's own host time); the result is the target's own."""
     before, state.path_bs = state.stretch, len(batch.reqs)
     _time(state, before, state.path_bs)
     mr = worker.model_runner
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
                                                    frozenset(r.rid for r in batch.reqs))
-    saved = (mr.attn_backend, mr.decode_cuda_graph_runner)
+    saved = (mr.attn_backend, mr.decode_cuda_graph_runner, mr.spec_algorithm)
     plain = state.plain
     mr.attn_backend, mr.decode_cuda_graph_runner = plain.attn_backend, plain.graph_runner
+    mr.spec_algorithm = type(saved[2]).NONE
     try:
-        with plain_algorithm(mr):
-            result = worker.target_worker.forward_batch_generation(batch)
+        result = worker.target_worker.forward_batch_generation(batch)
     finally:
-        mr.attn_backend, mr.decode_cuda_graph_runner = saved
+        mr.attn_backend, mr.decode_cuda_graph_runner, mr.spec_algorithm = saved
     state.stretch += 1
     # counted here, not with the controller's books (`_note`): a prefill between two steps of a
     # stretch (a request joining, a chunk of a longer one) restarts the count
