@@ -586,6 +586,23 @@ def pooled(idx, servers, base, noise, cells):
                     row[label] = {"pairs": len(part), "vs_plain_pair": ci[0] if ci else None,
                                   "ci95": [ci[1], ci[2]] if ci else None}
         out["servers"][name] = row
+    names = [s["name"] for s in servers]
+    out["ab"] = {name: ab_pair(idx, name, name + "_b", cells, band)
+                 for name in names if name + "_b" in names}
+    return out
+
+
+def ab_pair(idx, x, y, cells, band):
+    """An in-launch A/B: x's decode rate over its twin y's (the same server with an A/B switch
+    set), paired per request, over all cells and by concurrency, each with its verdict against the
+    pooled noise band of the two plain servers."""
+    out = {}
+    for label, want in [("all", None)] + [(f"c={c}", c) for c in sorted({c["c"] for c in cells})]:
+        rs = [v for c in cells if want is None or c["c"] == want
+              for v in pair_ratios(idx, x, y, c, "decode")]
+        ci = bootstrap_geomean(rs)
+        out[label] = {"pairs": len(rs), "ratio": ci[0] if ci else None,
+                      "ci95": [ci[1], ci[2]] if ci else None, "verdict": verdict(ci, band)}
     return out
 
 
@@ -779,6 +796,10 @@ def pooled_lines(p):
                        f"{v['verified_drafts']} verify steps, expected to accept "
                        f"{v['expected_tokens']:.0f} tokens, accepted {v['accepted_tokens']:.0f}"
                        + share)
+    for name, by in p.get("ab", {}).items():
+        out.append(f"# A/B {name} vs {name}_b, paired per request: " + "; ".join(
+            f"{label} {d['ratio']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}] {d['verdict']} "
+            f"({d['pairs']} pairs)" for label, d in by.items() if d["ratio"] is not None))
     return out
 
 

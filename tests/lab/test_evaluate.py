@@ -201,6 +201,29 @@ def test_pooled_section_compares_with_the_plain_pair_over_every_cell():
     assert x_line.split()[-1] == "slower"
 
 
+def test_an_ab_twin_is_paired_with_its_server_over_all_cells_and_by_concurrency():
+    # X_b is X with an A/B switch set: X runs 4 % faster than X_b at c=4, level at c=1; P 3 % off A
+    raw = make_raw({"X": ("auto", 0.95), "X_b": ("auto", 0.95), "Y": ("auto", 1.0)}, rounds=4,
+                   prompts=6, cells=((1, False), (4, True)), noise=lambda s, i, r: 1.03,
+                   jitter=0.2)
+    for p in raw["passes"]:  # X's c=4 requests 4 % faster
+        if p["server"] == "X" and p["c"] == 4:
+            for r in p["requests"]:
+                r["latency_s"] = r["ttft_s"] + (r["latency_s"] - r["ttft_s"]) / 1.04
+    g = ev.analyze_group(raw)
+    ab = g["pooled"]["ab"]
+    assert list(ab) == ["X"]  # Y has no twin
+    assert ab["X"]["c=1"]["ratio"] == pytest.approx(1.0) and ab["X"]["c=1"]["pairs"] == 4 * 2 * 6
+    assert ab["X"]["c=4"]["ratio"] == pytest.approx(1.04)
+    assert ab["X"]["all"]["ratio"] == pytest.approx(math.sqrt(1.04))
+    # the band of two plain servers 3 % apart: 4 % is outside it, 2 % inside
+    assert ab["X"]["c=4"]["verdict"] == "faster" and ab["X"]["all"]["verdict"] == "tie"
+    assert ab["X"]["c=1"]["verdict"] == "tie"
+    text = ev.report({"environment": {}, "repro_command": "t", "groups": [g]})
+    line = next(ln for ln in text.splitlines() if ln.startswith("# A/B X vs X_b"))
+    assert "c=4 1.040 [1.040, 1.040] faster (48 pairs)" in line
+
+
 def test_accepted_drafts_reads_the_tokens_over_the_steps():
     # 128 tokens: the prefill's first, then one a step; a request that kept drafted tokens has
     # more tokens than that
