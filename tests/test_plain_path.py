@@ -1164,6 +1164,40 @@ def test_a_stretch_whose_batch_emptied_is_counted_when_the_next_batch_comes(tmp_
     assert nxt.batch.spec_algorithm is Algo.NGRAM  # (its request is looked up in the worker first)
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_probes_on_the_path_share_the_costs_at_the_workers_cadence(tmp_path, ranks):
+    """With one rank the controller's copy of the costs is refreshed at every probe on the path;
+    with TP > 1 rank 0's are broadcast at a probe only once cost_sync_steps of the controller's
+    steps passed since the last broadcast (the same steps on every rank), not at every probe."""
+    w, state = _state(tmp_path, stretch_from_now=0)
+    ctl = state.controller
+    synced, snapshots = [], []
+    if ranks > 1:
+        state.sync_costs = lambda costs: (synced.append(ctl.step), costs)[1]
+    real_probe = plain_path._probe
+
+    def probe(*a):
+        before = ctl.costs
+        real_probe(*a)
+        snapshots.append(ctl.costs is not before)
+
+    plain_path._probe = probe
+    try:
+        books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
+        _run_steps(w, state, books, 300)
+    finally:
+        plain_path._probe = real_probe
+    probes = ctl.counters["plain_path_probes"]
+    assert probes >= 10
+    if ranks == 1:
+        assert all(snapshots) and not synced
+    else:
+        every = ctl.cfg.cost_sync_steps
+        assert 2 <= len(synced) <= 300 // every + 1 < probes
+        assert all(b - a >= every for a, b in zip(synced, synced[1:]))
+        assert sum(snapshots) == len(synced)
+
+
 def test_the_probe_cost_is_the_larger_of_the_workers_and_the_plain_paths(tmp_path):
     """A probe on the plain path adds its host time to its step (where the host sets the pace):
     measured there (PATH_PROBE), it is what the probe credit weighs, unless the worker's probe steps

@@ -185,6 +185,8 @@ class AutoState:
     books_warned: bool = False
     path_logged_at: float = None  # host clock of the last log line on the stretches
     path_refusals: dict = field(default_factory=dict)  # why -> steps that started no stretch
+    # the controller's step at the last broadcast of the costs made at a probe on the plain path
+    path_synced_at: int = None
 
 
 def setup(worker, spec=None, observability=None, plain=None):

@@ -628,8 +628,11 @@ def _probe(worker, batch, state, before: int) -> None:
     the step before as that step was launched (`step`); one token more is not worth waiting for its
     insert (an n-gram that ends at the last token the host has continues nowhere yet), more is put
     here. The probe's host time is measured (PATH_PROBE: `Controller.probe_cost`, what the probe
-    credit weighs) and the controller's copy of the measured costs refreshed (rank 0's, as at the
-    worker's steps: every rank probes at the same step)."""
+    credit weighs) and the controller's copy of the measured costs refreshed: with one rank at each
+    probe; with TP > 1 from rank 0's (a CPU-side broadcast every rank makes at the same probe) once
+    `AutoConfig.cost_sync_steps` of the controller's steps passed since the last, the cadence of
+    the worker's steps (probes come 1, 2, 4, ... steps apart again after every join and at every
+    stretch's start, and each broadcast pickles the costs and runs two collectives on the host)."""
     from fastverify.glue.auto import _sync_requests, probe_behind
 
     t0 = state.clock()
@@ -641,8 +644,13 @@ def _probe(worker, batch, state, before: int) -> None:
     ctl.note_probe(views)
     if state.costs is not None:
         state.costs.record(PATH_PROBE, len(batch.reqs), 1, 1000.0 * (state.clock() - t0))
-        shared = state.sync_costs(state.costs) if state.sync_costs else state.costs
-        ctl.costs = shared.snapshot()
+        if state.sync_costs is None:
+            ctl.costs = state.costs.snapshot()
+        elif (state.path_synced_at is None
+              or ctl.step - state.path_synced_at >= ctl.cfg.cost_sync_steps):
+            # (the controller's step count is the same on every rank: they all broadcast here)
+            state.path_synced_at = ctl.step
+            ctl.costs = state.sync_costs(state.costs).snapshot()
     ctl.counters["plain_path_probes"] += 1
     ctl.counters["plain_path_steps"] += 1
     # this step's period holds the probe (measured apart, above): not a PATH step's cost
