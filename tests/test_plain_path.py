@@ -1165,7 +1165,7 @@ def test_a_stretch_whose_batch_emptied_is_counted_when_the_next_batch_comes(tmp_
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_probes_on_the_path_share_the_costs_at_the_workers_cadence(tmp_path, ranks):
+def test_probes_on_the_path_share_the_costs_at_the_workers_cadence(tmp_path, ranks, monkeypatch):
     """With one rank the controller's copy of the costs is refreshed at every probe on the path;
     with TP > 1 rank 0's are broadcast at a probe only once cost_sync_steps of the controller's
     steps passed since the last broadcast (the same steps on every rank), not at every probe."""
@@ -1181,12 +1181,9 @@ def test_probes_on_the_path_share_the_costs_at_the_workers_cadence(tmp_path, ran
         real_probe(*a)
         snapshots.append(ctl.costs is not before)
 
-    plain_path._probe = probe
-    try:
-        books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
-        _run_steps(w, state, books, 300)
-    finally:
-        plain_path._probe = real_probe
+    monkeypatch.setattr(plain_path, "_probe", probe)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
+    _run_steps(w, state, books, 300)
     probes = ctl.counters["plain_path_probes"]
     assert probes >= 10
     if ranks == 1:
