@@ -975,7 +975,7 @@ def test_with_the_ab_switch_a_join_ends_the_stretch(tmp_path, layout, monkeypatc
 NEVER = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
 
 
-def _joining(tmp_path, layout, table=NEVER, observed=True):
+def _joining(tmp_path, layout, table=NEVER, observed=True, top_k=None):
     """A stretch of two requests four steps long, every result processed, then a third request's
     prefill (through the worker's step, as `_serve` runs it) merged into the batch: the state and
     the scheduler as `choose_path` meets them."""
@@ -986,6 +986,8 @@ def _joining(tmp_path, layout, table=NEVER, observed=True):
     assert _run_steps(w, state, books, 4) == ["spec", "plain", "plain", "plain"]
     books.queue.append(("plain", [0, 0]))  # (_run_steps processed its last step: one in flight)
     pb = books.prefill([9, 8, 7], 140)
+    if top_k is not None:
+        pb.reqs[0].sampling_params = SimpleNamespace(top_k=top_k)
     assert auto.plain_step(w, pb) is None  # the prefill: no decode step
     books.process_one()
     books.merge(pb)
@@ -1015,6 +1017,23 @@ def test_a_join_keeps_the_stretch_and_counts_its_steps_at_the_size_they_ran(tmp_
     assert w.ngram_corpus.puts[-1] == [(r.origin_input_ids + r.output_ids)[-8:]
                                        for r in books.reqs[:2]]
     assert state.path_timing is None  # no period holds the prefill
+
+
+@pytest.mark.parametrize("top_k", [1, 20])
+def test_a_joining_request_is_noted_as_sampling_or_greedy_before_its_first_lookup(tmp_path, top_k,
+                                                                                 monkeypatch):
+    """As the worker's step tells the controller whether a new request samples before its first
+    lookup is decided, so does a join on the path: the full match is judged, and the features of
+    no draft are made, as the request decodes."""
+    w, state, books, sched = _joining(tmp_path, LAYOUTS[0], top_k=top_k)
+    ctl = state.controller
+    asked = []
+    real = ctl.defer_first_lookup
+    monkeypatch.setattr(ctl, "defer_first_lookup",
+                        lambda rids: (asked.append(ctl.samples("r2")), real(rids))[1])
+    plain_path.choose_path(sched, books.batch)
+    assert books.batch.spec_algorithm.is_none()
+    assert asked == [top_k > 1] and state.features["r2"].sampled is (top_k > 1)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -84,7 +84,7 @@ from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import PATH, PATH_PROBE, SWITCH
 # (imported once here, not in the functions a step calls: an import statement run on every step of
 # a stretch took 40 % of the path choice's host time)
-from fastverify.glue.auto import REFILL_STEPS, _plain_capable
+from fastverify.glue.auto import REFILL_STEPS, _plain_capable, samples
 
 logger = logging.getLogger("fastverify.plain_path")
 
@@ -232,9 +232,10 @@ def _join(state, batch, worker) -> str:
         return REQUEST_JOINED + " (KV books)"
     ctl = state.controller
     rids = [req.rid for req in batch.reqs]
+    joined = [req for req in batch.reqs if req.rid not in state.features]
+    _note_sampling(ctl, joined)
     if not ctl.defer_first_lookup(rids):
         return REQUEST_JOINED
-    joined = [req for req in batch.reqs if req.rid not in state.features]
     ran = [req for req in batch.reqs if req.rid in state.features]
     _note(state, state.path_bs or len(ran), ends=False)
     if worker is not None:
@@ -250,6 +251,14 @@ def _join(state, batch, worker) -> str:
     ctl.counters["plain_path_joins"] += len(joined)
     state.stretch_len = state.stretch + _steps_to_lookup(state, batch)
     return ""
+
+
+def _note_sampling(ctl, reqs) -> None:
+    """The controller is told whether each new request samples or decodes greedily before it is
+    asked about their first lookup (as the worker's step tells it, `auto._sync_requests`): a full
+    match, and the features of no draft, are judged by the drafts of requests that decode alike."""
+    for req in reqs:
+        ctl.note_sampling(req.rid, samples(req))
 
 
 def _steps_to_lookup(state, batch) -> int:
@@ -392,7 +401,10 @@ def _after_prefill(state, batch) -> tuple:
     if not _plain_capable(state, batch, None):
         return 0, "the batch needs the worker", None
     lens = _join_lens(batch)
-    if lens is None or not state.controller.defer_first_lookup(rids):
+    if lens is None:
+        return why
+    _note_sampling(state.controller, batch.reqs)
+    if not state.controller.defer_first_lookup(rids):
         return why
     for rid in rids:
         state.features[rid] = state.controller.no_draft(rid)
