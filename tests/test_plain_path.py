@@ -958,6 +958,23 @@ def test_requests_that_join_a_stretch_stay_on_the_plain_path(tmp_path, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_requests_join_one_after_another_and_the_stretch_goes_on(tmp_path, layout):
+    """Two joins, the second right after the first one's refill steps: each new request's output is
+    the target's from its prefill's token on, the books add up for all four, the second join puts
+    the stretch's output for the three requests that ran it, and no step leaves the path."""
+    books, state, corpus, path = _serve(tmp_path, layout, 60, joins={
+        20: ([9, 8, 7, 6, 5], 140), 25: ([3, 1, 4, 1, 5, 9], 120)}, draft=_wrong_drafts)
+    first = path.index("plain")
+    assert "worker" not in path[first:] and path.count("prefill") == 2
+    c = state.controller.counters
+    assert c["plain_path_joins"] == 2 and c["plain_path_stretches"] == 0
+    assert [r.output_ids[0] for r in books.reqs[2:]] == [140, 120]
+    puts = [step for kind, step in corpus.events if kind == "put"]
+    assert len(corpus.puts[puts.index(21)]) == 2 and len(corpus.puts[puts.index(26)]) == 3
+    assert c["plain_path_steps"] + state.stretch - state.noted == path.count("plain")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_with_the_ab_switch_a_join_ends_the_stretch(tmp_path, layout, monkeypatch):
     """FASTVERIFY_AB_JOINS_IN_WORKER=1 (one in-launch comparison): a join sends the batch to the
     worker, which looks the new request up, and a stretch starts again after it; the output and
