@@ -230,35 +230,39 @@ def _join(state, batch, worker) -> str:
     lens = _join_lens(batch)
     if lens is None:
         return REQUEST_JOINED + " (KV books)"
-    ctl = state.controller
-    rids = [req.rid for req in batch.reqs]
     joined = [req for req in batch.reqs if req.rid not in state.features]
-    _note_sampling(ctl, joined)
-    if not ctl.defer_first_lookup(rids):
-        return REQUEST_JOINED
     ran = [req for req in batch.reqs if req.rid in state.features]
+    if not _first_lookups_wait(state, batch, joined):
+        return REQUEST_JOINED
     _note(state, state.path_bs or len(ran), ends=False)
     if worker is not None:
         _put_stretch(worker, ran, state.stretch - state.put)
     state.put = state.stretch
-    for req in joined:
-        state.features[req.rid] = ctl.no_draft(req.rid)
     if batch.seq_lens_cpu is None:
         import torch
 
         batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
     state.path_timing = None  # the period of the step before holds the prefill
-    ctl.counters["plain_path_joins"] += len(joined)
+    state.controller.counters["plain_path_joins"] += len(joined)
     state.stretch_len = state.stretch + _steps_to_lookup(state, batch)
     return ""
 
 
-def _note_sampling(ctl, reqs) -> None:
-    """The controller is told whether each new request samples or decodes greedily before it is
-    asked about their first lookup (as the worker's step tells it, `auto._sync_requests`): a full
-    match, and the features of no draft, are judged by the drafts of requests that decode alike."""
-    for req in reqs:
+def _first_lookups_wait(state, batch, new) -> bool:
+    """Requests ``new`` to the batch (a join, or a batch just prefilled): may their first lookups
+    wait, to be made by a probe on the path (`Controller.defer_first_lookup`, asked for the whole
+    batch; it sets the probe gap to 1)? The controller is first told whether each samples or
+    decodes greedily (as the worker's step tells it, `auto._sync_requests`): a full match, and the
+    features of no draft, are judged by the drafts of requests that decode alike. Where they may,
+    the new requests get those features."""
+    ctl = state.controller
+    for req in new:
         ctl.note_sampling(req.rid, samples(req))
+    if not ctl.defer_first_lookup([req.rid for req in batch.reqs]):
+        return False
+    for req in new:
+        state.features[req.rid] = ctl.no_draft(req.rid)
+    return True
 
 
 def _steps_to_lookup(state, batch) -> int:
@@ -401,13 +405,8 @@ def _after_prefill(state, batch) -> tuple:
     if not _plain_capable(state, batch, None):
         return 0, "the batch needs the worker", None
     lens = _join_lens(batch)
-    if lens is None:
+    if lens is None or not _first_lookups_wait(state, batch, batch.reqs):
         return why
-    _note_sampling(state.controller, batch.reqs)
-    if not state.controller.defer_first_lookup(rids):
-        return why
-    for rid in rids:
-        state.features[rid] = state.controller.no_draft(rid)
     return _steps_to_lookup(state, batch), "", lens
 
 
