@@ -193,7 +193,7 @@ def _emptied(state) -> None:
     _log_stretches(state, "its requests finished")
 
 
-def must_leave(state, batch, worker=None) -> str:
+def must_leave(state, batch, worker) -> str:
     """Why a batch on the plain path goes back to speculation before this step ("" while it
     stays). Requests that joined it stay with it where they can (`_join`; ``worker``: the n-gram
     worker, whose corpus is given the stretch's output so far)."""
@@ -235,8 +235,7 @@ def _join(state, batch, worker) -> str:
     if not _first_lookups_wait(state, batch, joined):
         return REQUEST_JOINED
     _note(state, state.path_bs or len(ran), ends=False)
-    if worker is not None:
-        _put_stretch(worker, ran, state.stretch - state.put)
+    _put_stretch(worker, ran, state.stretch - state.put)
     state.put = state.stretch
     if batch.seq_lens_cpu is None:
         import torch
