@@ -163,3 +163,32 @@ def test_pins_txt_says_where_the_test_torch_comes_from():
     assert "scripts/setup_test_env.sh" in header and "torch_test" in header
     setup = (ROOT / "scripts" / "setup_test_env.sh").read_text()
     assert 'TORCH=$(pin torch_test)' in setup and '"torch==$TORCH"' in setup
+
+
+def _run_tests_with_free_kib(tmp_path, free_kib: int, versions: str):
+    """scripts/run_tests.sh with a `df` first on PATH that reports ``free_kib`` free everywhere;
+    VERSIONS names a release whose venv does not exist, so nothing is installed (the setup script
+    of a made-up release fails at once where the guard lets it pass)."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    df = shims / "df"
+    df.write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted'\n"
+                  f"echo 'fake 999999999 1 {free_kib} 1% /'\n")
+    df.chmod(0o755)
+    env = dict(os.environ, PATH=f"{shims}:{os.environ['PATH']}", VERSIONS=versions,
+               TMPDIR=str(tmp_path))
+    return subprocess.run(["bash", str(ROOT / "scripts" / "run_tests.sh")], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_test_command_refuses_a_full_disk_before_installing(tmp_path):
+    r = _run_tests_with_free_kib(tmp_path, 1024 * 1024, "0.0.1")  # 1 GiB free, 3 + 2 GiB needed
+    assert r.returncode == 1
+    assert "not enough disk for the tests: 1.0 GiB free" in r.stderr
+    assert "setup of SGLang" not in r.stderr  # stopped before any environment was made
+
+
+def test_the_test_command_goes_on_with_enough_disk(tmp_path):
+    r = _run_tests_with_free_kib(tmp_path, 64 * 1024 * 1024, "0.0.1")
+    assert "not enough disk" not in r.stderr
+    assert "setup of SGLang 0.0.1 failed" in r.stderr  # past the guard, into the setup
