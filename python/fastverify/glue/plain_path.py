@@ -299,12 +299,11 @@ def _lookup_due(state, batch) -> str:
     stretch goes on to the next lookup, or this step probes or holds its probe on the path)."""
     ctl, bs = state.controller, len(batch.reqs)
     _note(state, bs, ends=False)
-    rids = [req.rid for req in batch.reqs]
     n = _steps_to_lookup(state, batch)
     if n > 0:
         state.stretch_len = state.stretch + n
         return ""
-    views = [RequestView(rid, state.features[rid]) for rid in rids]
+    views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
     answer = ctl.lookup_on_plain_path(views, ctl.cfg.probe_max,
                                       refill=state.since_prefill + 1 <= REFILL_STEPS)
     if answer == LOOKUP:
