@@ -211,6 +211,35 @@ def test_the_span_table_names_functions_that_exist(monkeypatch):
         assert callable(owner), (module_name, qualname, label)
 
 
+def test_no_library_module_binds_a_traced_function_at_import():
+    """The recorder times a function of SPANS by replacing it on its own module. A library module
+    that bound the same function at import (``from fastverify.glue.auto import probe_behind`` at
+    module level) keeps the unwrapped one, and its calls vanish from the trace's column without a
+    word: so no fastverify module other than the function's own holds it in its globals
+    (``plain_path._probe`` imports the two it shares with auto inside the function for this)."""
+    import pkgutil
+
+    import fastverify
+
+    for info in pkgutil.walk_packages(fastverify.__path__, "fastverify."):
+        if not info.name.endswith("__main__"):  # (runs the command line)
+            importlib.import_module(info.name)
+    traced = {}
+    for module_name, qualname, label in steptrace.SPANS:
+        if module_name.startswith("fastverify.") and "." not in qualname:
+            traced[id(getattr(importlib.import_module(module_name), qualname))] = (module_name,
+                                                                                   label)
+    assert len(traced) >= 10  # the glue's pieces, the plain path's among them
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("fastverify") and isinstance(module, types.ModuleType):
+            for key, value in vars(module).items():
+                home = traced.get(id(value))
+                if home and home[0] != name:
+                    found.append(f"{name}.{key} is {home[0]}'s (span {home[1]})")
+    assert not found, found
+
+
 def test_spans_wrap_functions_that_other_decorators_wrapped(tmp_path, monkeypatch):
     import functools
 

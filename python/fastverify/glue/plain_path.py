@@ -643,7 +643,8 @@ def _probe(worker, batch, state, before: int) -> None:
     the worker's steps (probes come 1, 2, 4, ... steps apart again after every join and at every
     stretch's start, and each broadcast pickles the costs and runs two collectives on the host)."""
     # (looked up on auto at each probe, not bound at import: the step tracer, lab/steptrace,
-    # times these two by wrapping them on auto)
+    # times these two by wrapping them on auto; tests/lab/test_step_trace.py checks that no
+    # module binds a traced function at import)
     from fastverify.glue.auto import _sync_requests, probe_behind
 
     t0 = state.clock()
