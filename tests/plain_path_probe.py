@@ -56,6 +56,7 @@ state = types.SimpleNamespace(path_ok=True, k=K, info_type=NgramVerifyInput, spe
                               controller=types.SimpleNamespace(
                                   note_plain_path=lambda bs, n, ends=True: None),
                               stretch=0, stretch_len=4, noted=0, put=0, probe_now=False,
+                              path_bs=0,
                               since_prefill=0, last_start=None,
                               step_before=None, last_forward_plain=True, path_logged_at=0.0,
                               clock=lambda: 1.0, future_map=None)

@@ -30,7 +30,8 @@ def _spec(tmp_path, table, **kw):
 def _worker(widths=(1, 2, 4)):
     w = SimpleNamespace(model_runner=SimpleNamespace(attn_backend="attn4",
                                                      decode_cuda_graph_runner=None),
-                        draft_token_num=K, speculative_num_draft_tokens=K, enable_overlap=False)
+                        draft_token_num=K, speculative_num_draft_tokens=K, enable_overlap=False,
+                        _prev_decode_rids=set())  # (as NGRAMWorker.__init__ sets it)
     runtimes = {x: VerifyRuntime(x, f"attn{x}", None,
                                  {name: f"views{x}" for name, *_ in VIEW_LISTS})
                 for x in widths}

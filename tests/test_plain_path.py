@@ -145,6 +145,22 @@ class Books:
         b.reqs = self.reqs = self.reqs + other.reqs
         assert not b.spec_info, "(a speculative running batch's merge is not modelled here)"
 
+    def finish_last(self):
+        """The batch's last request finished (its last token processed): ScheduleBatch.filter_batch
+        drops it from the running batch (its lengths and row with it) and its KV is released. A
+        token of it still in flight is dropped when processed."""
+        b = self.batch
+        assert b.spec_info is None, "(a speculative batch's filter is not modelled here)"
+        r = self.reqs[-1]
+        self.alloc.free(self.pool[self.row(r), :r.kv.kv_allocated_len])
+        b.reqs = self.reqs = self.reqs[:-1]
+        for name in ("req_pool_indices", "seq_lens", "orig_seq_lens", "seq_lens_cpu"):
+            value = getattr(b, name)
+            if value is not None:
+                setattr(b, name, value[:-1])
+        b.seq_lens_sum = None
+        return r
+
     def committed(self, r):
         return r.kv_committed_len if self.layout == "0.5.16" else r.kv.kv_committed_len
 
@@ -242,11 +258,14 @@ class Books:
 
 class Corpus:
     """SGLang's n-gram corpus as the glue uses it: puts recorded; a lookup (recorded) offers each
-    request ``draft(context)`` (a list of up to K - 1 tokens; default none) as its chain."""
+    request ``draft(context)`` (a list of up to K - 1 tokens; default none) as its chain, and makes
+    the request a match state that only an erase frees (``states``, as `NgramCorpus.batch_get` and
+    `erase_match_state` keep theirs)."""
 
     def __init__(self, draft=lambda ctx: []):
         self.puts, self.gets, self.draft = [], [], draft
         self.events, self.step = [], None  # ("put" or "get", the harness' step)
+        self.states = set()
 
     def batch_put(self, contexts):
         self.puts.append(contexts)
@@ -256,9 +275,10 @@ class Corpus:
         pass
 
     def erase_match_state(self, rids):
-        pass
+        self.states.difference_update(rids)
 
     def batch_get(self, rids, contexts, totals):
+        self.states.update(rids)
         self.gets.append(list(rids))
         self.events.append(("get", self.step))
         tokens = torch.zeros(len(rids), K, dtype=torch.int64)
@@ -768,7 +788,7 @@ def _nxt(t):  # the target's greedy output after token t
 
 
 def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=False,
-           observed=False):
+           observed=False, finishes=()):
     """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
     probes), the scheduler's hooks and its KV books and future map as in each pinned version (in
     0.5.23 the worker's roots come through the future map's accept token buffer, which a stretch
@@ -776,9 +796,10 @@ def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=
     (prompt, the prefill's token)}: that iteration runs a new request's prefill through the worker
     instead of a decode step, and the next one merges it into the running batch first, as SGLang's
     scheduler does. ``in_flight``: the two requests' prefill is the forward in flight (else it is
-    processed); ``observed``: the gain model has seen drafts of earlier requests. Returns (books,
-    state, corpus, the path of each iteration: plain, worker or prefill); the books are checked
-    once every forward is processed."""
+    processed); ``observed``: the gain model has seen drafts of earlier requests; ``finishes``: the
+    iterations at whose start the batch's last request has finished (`Books.finish_last`). Returns
+    (books, state, corpus, the path of each iteration: plain, worker or prefill); the books are
+    checked once every forward is processed."""
     table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
     spec = _spec(tmp_path, table)
     books = Books([[1, 2, 3], [4, 5, 6, 7]], layout, in_flight=in_flight)
@@ -815,6 +836,8 @@ def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=
         if merging is not None:  # get_next_batch_to_run: the last prefill joins the batch
             books.merge(merging)
             merging = None
+        if step in finishes:
+            books.finish_last()
         if joins and step in joins:
             prompt, token = joins[step]
             merging = books.prefill(prompt, token)
@@ -974,6 +997,74 @@ def test_requests_join_one_after_another_and_the_stretch_goes_on(tmp_path, layou
     assert c["plain_path_steps"] + state.stretch - state.noted == path.count("plain")
 
 
+@pytest.mark.parametrize("case", ["join", "after prefill"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_request_that_only_ever_ran_on_the_path_leaves_nothing_behind(tmp_path, layout, case):
+    """A request whose every decode step ran on the path (it joined a stretch, or its batch started
+    there after its prefill) was looked up only by probes there, each of which makes it a match
+    state in the corpus (SGLang's `batch_get`). Once it finished, the next probe erases that state
+    (as the worker's own steps erase those of the requests that left them) and the controller
+    forgets it: a server whose steps all run on the path keeps nothing per finished request."""
+    if case == "join":
+        gone = "r2"
+        books, state, corpus, path = _serve(tmp_path, layout, 100, finishes={60},
+                                            joins={30: ([9, 8, 7, 6, 5], 140)},
+                                            draft=_wrong_drafts)
+        assert path[31:] == ["plain"] * 69
+    else:
+        gone = "r1"
+        books, state, corpus, path = _serve(tmp_path, layout, 80, finishes={40}, in_flight=True,
+                                            observed=True, draft=_wrong_drafts)
+        assert path == ["plain"] * 80
+    gets = [step for kind, step in corpus.events if kind == "get"]
+    assert any(gone in rids for rids in corpus.gets)  # probed on the path: it had a state
+    assert max(gets) > (60 if case == "join" else 40)  # and a probe came after it finished
+    assert gone not in [r.rid for r in books.reqs]
+    assert corpus.states == {r.rid for r in books.reqs}
+    assert gone not in state.features and gone not in state.prev_rids
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_request_that_finishes_before_its_first_probe_is_forgotten(tmp_path, layout):
+    """A request that joined a stretch and finished within the steps right after its prefill (no
+    probe looked it up): the controller forgets it at the next probe all the same."""
+    books, state, corpus, path = _serve(tmp_path, layout, 70, finishes={33},
+                                        joins={30: ([9, 8, 7, 6, 5], 140)}, draft=_wrong_drafts)
+    assert path[31:] == ["plain"] * 39 and state.controller.counters["plain_path_joins"] == 1
+    assert all("r2" not in rids for rids in corpus.gets)
+    assert max(step for kind, step in corpus.events if kind == "get") > 33
+    assert "r2" not in state.features and "r2" not in state.prev_rids
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_step_counted_ahead_and_skipped_is_counted_once_across_a_join(tmp_path, layout):
+    """0.5.23 may skip a decode step after `choose_path` (its memory check fails while requests
+    finish in flight). Where that step was counted ahead (a lookup due: the probe it plans, or
+    holds, counts it) and a prefill then joins the batch, the step that runs next is still counted
+    once: the controller's step count, probe credit and steps since its last lookup stay exact."""
+    w, state = _state(tmp_path, stretch_from_now=20, table=NEVER)
+    state.controller.gain.version = 1
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    assert _run_steps(w, state, books, 4) == ["spec", "plain", "plain", "plain"]
+    ctl, b, sched = state.controller, books.batch, _scheduler(w, books)
+    state.stretch_len = state.stretch  # the next lookup is due at this step
+    ctl._probe_gap = 1
+    plain_path.choose_path(sched, b)
+    assert b.spec_algorithm.is_none() and state.noted == state.stretch + 1  # counted ahead
+    # no decode step runs; a waiting request's prefill does, and joins the batch
+    pb = books.prefill([9, 8, 7], 140)
+    assert auto.plain_step(w, pb) is None
+    books.process_one()
+    books.merge(pb)
+    plain_path.choose_path(sched, b)
+    assert b.spec_algorithm.is_none() and ctl.counters["plain_path_joins"] == 1
+    books.prepare_and_run()
+    plain_path.step(w, b, state)
+    books.process_one()
+    # 3 steps on the path before, 1 after: 4 counted, or due to be (`_note`)
+    assert ctl.counters["plain_path_steps"] + state.stretch - state.noted == 4
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_with_the_ab_switch_a_join_ends_the_stretch(tmp_path, layout, monkeypatch):
     """FASTVERIFY_AB_JOINS_IN_WORKER=1 (one in-launch comparison): a join sends the batch to the
@@ -1012,14 +1103,22 @@ def _joining(tmp_path, layout, table=NEVER, observed=True, top_k=None):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_join_keeps_the_stretch_and_counts_its_steps_at_the_size_they_ran(tmp_path, layout):
+def test_a_join_keeps_the_stretch_and_counts_its_steps_at_the_size_they_ran(tmp_path, layout,
+                                                                             monkeypatch):
     w, state, books, sched = _joining(tmp_path, layout)
     ctl = state.controller
     steps, requests = ctl.counters["plain_path_steps"], ctl.counters["requests"]
     uncounted = state.stretch - state.noted
+    asked_at = []  # the controller's step count where it is asked about the new request
+    defer = ctl.defer_first_lookup
+    monkeypatch.setattr(ctl, "defer_first_lookup", lambda rids: asked_at.append(ctl.step)
+                        or defer(rids))
+    step_before = ctl.step
     plain_path.choose_path(sched, books.batch)
     assert books.batch.spec_algorithm.is_none() and ctl.counters["plain_path_joins"] == 1
     assert ctl.counters["plain_path_stretches"] == 0
+    # asked with the stretch's steps counted, as at any lookup
+    assert asked_at == [step_before + uncounted]
     # the stretch's 3 steps so far reach the controller's books at batch size 2; the probe gap is
     # back to 1, but the lookup it makes due is a probe held through the steps right after the
     # prefill: the stretch runs them without asking; the new request has no draft yet
@@ -1081,9 +1180,12 @@ def test_a_join_the_path_cannot_take_ends_the_stretch_untouched(tmp_path, monkey
     if case == "host lengths":
         b.seq_lens_cpu = b.seq_lens_cpu + 1
     gap, puts = ctl._probe_gap, len(w.ngram_corpus.puts)
+    requests, uncounted = ctl.counters["requests"], state.stretch - state.noted
     plain_path.choose_path(sched, b)
     assert not b.spec_algorithm.is_none()
     assert ctl.counters["plain_path_joins"] == 0 and ctl.counters["plain_path_stretches"] == 1
+    # the stretch's steps counted at the batch size they ran at (2), not the merged one
+    assert uncounted > 0 and ctl.counters["requests"] == requests + 2 * uncounted
     assert "r2" not in state.features and ctl._probe_gap == gap
     # (leaving puts the stretch's output for every request of the batch, as before)
     assert len(w.ngram_corpus.puts) == puts + 1 and len(w.ngram_corpus.puts[-1]) == 3

@@ -417,6 +417,19 @@ def _corpus_behind(worker, batch, guesses=None):
     return worker.ngram_corpus.batch_get(req_ids, contexts, totals)
 
 
+def erase_departed(worker, batch) -> None:
+    """The corpus' match state of each request looked up before (the set SGLang's own step keeps,
+    ``_prev_decode_rids``) that is not in the batch is erased, and the batch's requests are the ones
+    the next call compares with: a lookup (`batch_get`) makes a request's state, and only an erase
+    frees it. At each step of the worker's without speculation and at each probe on the plain path
+    (`plain_path._probe`; a request whose every decode step ran there is probed there only)."""
+    rids = {req.rid for req in batch.reqs}
+    departed = worker._prev_decode_rids - rids
+    if departed:
+        worker.ngram_corpus.erase_match_state(list(departed))
+    worker._prev_decode_rids = rids
+
+
 def corpus_put_host(worker, batch) -> None:
     """What SGLang's ``_update_ngram_corpus`` puts after a step without drafts (nothing carried from
     the step: the host's tokens), without copying whole prompts."""
@@ -659,11 +672,7 @@ def run_plain_decode(worker, batch, runtime, k: int, on_publish=None, roots_firs
     worker.prev_token_ids = []
     worker.prev_accept_lens = [0] * bs
     corpus_put_host(worker, batch)
-    rids = {req.rid for req in batch.reqs}
-    departed = worker._prev_decode_rids - rids
-    if departed:
-        worker.ngram_corpus.erase_match_state(list(departed))
-    worker._prev_decode_rids = rids
+    erase_departed(worker, batch)
     result.accept_lens = accept_lens
     result.new_seq_lens = new_seq_lens
     result.next_draft_input = type(info)(draft_token_num=k, new_seq_lens=new_seq_lens,

@@ -84,7 +84,7 @@ from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import PATH, PATH_PROBE, SWITCH
 # (imported once here, not in the functions a step calls: an import statement run on every step of
 # a stretch took 40 % of the path choice's host time)
-from fastverify.glue.auto import REFILL_STEPS, _plain_capable, samples
+from fastverify.glue.auto import REFILL_STEPS, _plain_capable, erase_departed, samples
 
 logger = logging.getLogger("fastverify.plain_path")
 
@@ -232,9 +232,10 @@ def _join(state, batch, worker) -> str:
         return REQUEST_JOINED + " (KV books)"
     joined = [req for req in batch.reqs if req.rid not in state.features]
     ran = [req for req in batch.reqs if req.rid in state.features]
+    # (the controller is asked with the stretch's steps counted, as at any lookup)
+    _note(state, state.path_bs or len(ran), ends=False)
     if not _first_lookups_wait(state, batch, joined):
         return REQUEST_JOINED
-    _note(state, state.path_bs or len(ran), ends=False)
     _put_stretch(worker, ran, state.stretch - state.put)
     state.put = state.stretch
     if batch.seq_lens_cpu is None:
@@ -261,6 +262,9 @@ def _first_lookups_wait(state, batch, new) -> bool:
         return False
     for req in new:
         state.features[req.rid] = ctl.no_draft(req.rid)
+    # known to the controller from now on: forgotten when they leave the batch, even before their
+    # first probe (`auto._sync_requests`)
+    state.prev_rids = state.prev_rids | {req.rid for req in new}
     return True
 
 
@@ -318,10 +322,12 @@ def _lookup_due(state, batch) -> str:
 
 
 def _note(state, bs: int, ends: bool) -> None:
-    """The stretch's steps not counted yet go to the controller's books in one call."""
+    """The stretch's steps not counted yet go to the controller's books in one call. A step
+    counted ahead (`_lookup_due`: the next one, held or probing) stays counted where it has not run
+    yet (0.5.23 may skip a decode step after `choose_path`)."""
     n = state.stretch - state.noted
     state.controller.note_plain_path(bs, n, ends=ends)
-    state.noted = state.stretch
+    state.noted = max(state.noted, state.stretch)
 
 
 def _kv_lens(batch):
@@ -474,7 +480,7 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     # (the KV lengths `enter` would take from the host are one too long: `_kv_lens` refuses them
     # with a warning meant for books that do not add up)
     state.last_forward_plain = False
-    _note(state, bs, ends=True)
+    _note(state, state.path_bs or bs, ends=True)  # (at the size the steps ran at: not a join's)
     # the first step back is measured from scratch (its period holds the switch)
     state.last_start, state.step_before = None, None
     _put_upto(scheduler.model_worker, batch, state, state.stretch)
@@ -612,9 +618,9 @@ def _time(state, k: int, bs: int) -> None:
     size, and is recorded as a step on the path (PATH, what no speculation costs:
     `StepCosts.decode_ms`); the stretch's 2nd, 10th, 18th, ... steps are timed (`TIME_EVERY`), so
     that the other steps pay one comparison: timing each step cost 0.01-0.015 ms of a 1.5 ms step
-    on one H200 at TP=1. A period is never one that held a prefill (a request joining ends the
-    stretch), a probe (`_probe` drops the timing) or the worker's steps (the next stretch starts at
-    step 0 and finds no step timed before it)."""
+    on one H200 at TP=1. A period is never one that held a prefill (`auto.not_a_decode_step` and
+    `_join` drop the timing), a probe (`_probe` drops it) or the worker's steps (the next stretch
+    starts at step 0 and finds no step timed before it)."""
     if state.costs is None:
         return
     timed = state.path_timing
@@ -651,6 +657,7 @@ def _probe(worker, batch, state, before: int) -> None:
     if before - state.put > 1:
         _put_upto(worker, batch, state, before)
     _sync_requests(state, batch)
+    erase_departed(worker, batch)
     views = probe_behind(worker, state, batch)
     ctl = state.controller
     ctl.note_probe(views)
