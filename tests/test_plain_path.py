@@ -1152,6 +1152,19 @@ def test_a_joining_request_is_noted_as_sampling_or_greedy_before_its_first_looku
     assert asked == [top_k > 1] and state.features["r2"].sampled is (top_k > 1)
 
 
+def test_a_sampling_request_the_path_sent_to_the_worker_is_forgotten_if_it_leaves_first(tmp_path):
+    """A join the path does not take (here: the gain model has seen no draft yet) has already told
+    the controller that the new request samples. Where that request leaves the batch before the
+    worker's step ever sees it (SGLang's memory check retracts it after `choose_path`, and it is
+    aborted while it waits), the next sync forgets it all the same."""
+    w, state, books, sched = _joining(tmp_path, LAYOUTS[0], observed=False, top_k=20)
+    ctl = state.controller
+    plain_path.choose_path(sched, books.batch)
+    assert not books.batch.spec_algorithm.is_none() and ctl.samples("r2")
+    auto._sync_requests(state, SimpleNamespace(reqs=books.reqs[:2]))  # r2 gone
+    assert not ctl.samples("r2")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_batch_whose_host_lengths_the_merge_dropped_gets_the_committed_ones(tmp_path, layout):
     w, state, books, sched = _joining(tmp_path, layout)

@@ -258,13 +258,13 @@ def _first_lookups_wait(state, batch, new) -> bool:
     ctl = state.controller
     for req in new:
         ctl.note_sampling(req.rid, samples(req))
+    # known to the controller from now on: forgotten when they leave the batch (`_sync_requests`),
+    # even before their first probe, or before the worker's step where their lookups cannot wait
+    state.prev_rids = state.prev_rids | {req.rid for req in new}
     if not ctl.defer_first_lookup([req.rid for req in batch.reqs]):
         return False
     for req in new:
         state.features[req.rid] = ctl.no_draft(req.rid)
-    # known to the controller from now on: forgotten when they leave the batch, even before their
-    # first probe (`auto._sync_requests`)
-    state.prev_rids = state.prev_rids | {req.rid for req in new}
     return True
 
 
