@@ -24,8 +24,8 @@ for pair in "$ROOT:$need_here" "$tmpdir:$need_tmp"; do
   have=$(free_gib "$dir")
   if [ -n "$have" ] && awk -v h="$have" -v n="$need" 'BEGIN {exit !(h < n)}'; then
     echo "not enough disk for the tests: $have GiB free on the filesystem of $dir, about $need GiB" \
-         "needed (2.6 GiB for each missing .venv-VERSION, 1.5 GiB of test copies in $tmpdir);" \
-         "free some space and run again" >&2
+         "needed (3 GiB for each missing .venv-VERSION, 2 GiB of test copies in $tmpdir, each" \
+         "with some room over the 2.6 and 1.5 GiB they take); free some space and run again" >&2
     exit 1
   fi
 done
