@@ -44,6 +44,11 @@
 #                 spans, so that every server pays the same tracing cost a step and the periods
 #                 compare to 0.01 ms); lab/step_trace.py compares every server of a profile with
 #                 its plain server A: $OUT/steptrace_<profile>.txt
+#   PYSPY_SERVERS (e.g. "A auto_never") each named server's TP-0 scheduler sampled by py-spy
+#                 (PYSPY_WHEEL, a py-spy wheel; --nonblocking, PYSPY_RATE per second, default 200)
+#                 over the whole of its profile's measurement: $OUT/pyspy_<profile>.<name>.txt (raw)
+#                 and, for every other named server, lab/gpu/pyspy_top.py's comparison with the first
+#                 one ($OUT/pyspy_<profile>.<name>.vs.<first>.txt): same requests, same rounds
 #   WEIGHTS=dummy random weights of the model's shapes (--load-format dummy; no GGUF needed: the
 #                 one-transfer bundle of scripts/gpu/one_transfer.sh). Cost only: acceptance and
 #                 the greedy text mean nothing then, the servers' relative speed does
@@ -139,7 +144,7 @@ for g in $PROFILES; do
   v="FLAGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRACE_GPU \
-         STEPTRACE_SPANS WEIGHTS; do
+         STEPTRACE_SPANS WEIGHTS PYSPY_SERVERS PYSPY_WHEEL PYSPY_RATE; do
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
@@ -159,6 +164,14 @@ export PYTHONUNBUFFERED=1
 source "$B/device_env.sh" "$B" "${STORE:-/root/stage}" > "$W/prepare.log" 2>&1 || {
   log "prepare FAILED"; tail -30 "$W/prepare.log" | tee -a "$W/timeline.txt"; pack; exit 1; }
 log "prepared: jit modules $(ls "$HOME/jitcache" | wc -l), model $MODEL"
+SPY=""
+if [ -n "${PYSPY_SERVERS:-}" ]; then
+  if [ -f "${PYSPY_WHEEL:-}" ] && python3 -m pip install -q --no-index --no-deps --target \
+       "$HOME/pyspy" "$PYSPY_WHEEL" > "$W/pyspy_install.log" 2>&1; then
+    SPY=$HOME/pyspy/bin/py-spy
+  fi
+  log "py-spy: ${SPY:-none (PYSPY_WHEEL '${PYSPY_WHEEL:-}' is no wheel that installs)}"
+fi
 COMMIT=$(sed -n 's/^# bundle built .* from \([0-9a-f+dirty]*\).*/\1/p' "$B/MANIFEST.txt" \
   2>/dev/null)
 
@@ -262,6 +275,36 @@ step_traces() {  # profile index: its servers' traces against its plain server A
     > "$OUT/steptrace_$1.txt" 2>&1
   log "profile $1: step traces rc=$? (${#specs[@]} servers)"
 }
+SPIES=()
+spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler until spy_stop
+  SPIES=(); SPIED=()
+  [ -n "$SPY" ] || return 0
+  local n pid
+  for n in $PYSPY_SERVERS; do
+    pid=$(ps -eo pid=,pgid=,args= \
+      | awk -v g="${PID[$1.$n]:-none}" '$2 == g && /scheduler_TP0/ {print $1; exit}')
+    [ -n "$pid" ] || { log "py-spy: no TP-0 scheduler of $1.$n"; continue; }
+    "$SPY" record --pid "$pid" --rate "${PYSPY_RATE:-200}" --format raw --nonblocking \
+      --output "$OUT/pyspy_$1.$n.txt" > "$W/logs/pyspy_$1.$n.log" 2>&1 &
+    SPIES+=($!); SPIED+=("$n")
+  done
+}
+spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the others against the first
+  [ ${#SPIES[@]} -gt 0 ] || return 0
+  kill -INT "${SPIES[@]}" 2>/dev/null
+  wait "${SPIES[@]}" 2>/dev/null
+  local n first=${SPIED[0]}
+  for n in "${SPIED[@]}"; do
+    python3 "$ROOT/lab/gpu/pyspy_top.py" "$OUT/pyspy_$1.$n.txt" --top 60 \
+      > "$OUT/pyspy_$1.$n.top.txt" 2>&1
+    [ "$n" = "$first" ] && continue
+    python3 "$ROOT/lab/gpu/pyspy_top.py" "$OUT/pyspy_$1.$n.txt" --against \
+      "$OUT/pyspy_$1.$first.txt" --rate "${PYSPY_RATE:-200}" --top 80 \
+      > "$OUT/pyspy_$1.$n.vs.$first.txt" 2>&1
+  done
+  log "profile $1: py-spy profiles of ${SPIED[*]}"
+  SPIES=()
+}
 share() { local v="SHARE_$(echo "$1" | tr -- '-.' '__')"; echo "${!v:-1}"; }
 shares_left=0; for g in $PROFILES; do shares_left=$((shares_left + $(share "$g"))); done
 gi=0; RAWS=()
@@ -280,12 +323,14 @@ for g in $PROFILES; do
     log "profile $g skipped: ${skip:-$budget s left}"; continue; fi
   v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"
   log "profile $g: ${#args[@]} args, budget $budget s"
+  spy_start "$g"
   # shellcheck disable=SC2086
   timeout $((budget + 60)) python3 "$EV" run "${args[@]}" --group "$g" \
     --group-flags "$(group_flags "$g")" --time-budget-s "$budget" --repro "$REPRO" \
     --out "$W/raw/$g.json" ${EVAL_ARGS:-} ${!v:-} > "$W/run_$g.txt" 2>&1
   log "profile $g: rc=$?; $(tail -1 "$W/run_$g.txt" | cut -c1-200)"
   [ -f "$W/raw/$g.json" ] && RAWS+=("$W/raw/$g.json")
+  spy_stop "$g"
   # this profile's servers are done: stop them (the next profile then runs beside idle processes)
   while IFS='|' read -r n _; do kill -TERM -- -"${PID[$g.$n]}" 2>/dev/null
   done < <(servers_of $((gi - 1)) "$g")

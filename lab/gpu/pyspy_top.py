@@ -2,10 +2,16 @@
 inclusive and self share.
 
     python lab/gpu/pyspy_top.py PROFILE.txt [--top 40]
+    python lab/gpu/pyspy_top.py PROFILE.txt --against BASE.txt --rate 200 [--steps N --base-steps M]
 
 A raw profile has one line per distinct stack, "frame;frame;...;frame COUNT". A function's inclusive
 share is the fraction of samples whose stack contains it (counted once per stack), its self share
 the fraction where it is the innermost frame.
+
+With --against, two profiles of servers that did the same work (the same requests, sampled at the
+same rate over the whole of it) are compared function by function: the host time each spent in the
+function and its callees (samples / rate), largest differences first; with the decode steps each
+server ran, as microseconds per step.
 """
 from __future__ import annotations
 
@@ -38,16 +44,54 @@ def summarise(lines):
     return total, incl, own
 
 
+def compare(this, base, rate: float, steps=None, base_steps=None, top: int = 40):
+    """Lines comparing two summaries (`summarise`'s results) function by function: host ms in
+    each (inclusive) and the difference, or microseconds per step where both step counts are
+    given; largest absolute differences first, the whole process first of all."""
+    (t_total, t_incl, _), (b_total, b_incl, _) = this, base
+    per_step = bool(steps and base_steps)
+    unit = "us/step" if per_step else "ms"
+
+    def val(n, k):
+        return 1e6 * n / rate / k if per_step else 1e3 * n / rate
+
+    rows = [(f, val(t_incl.get(f, 0), steps), val(b_incl.get(f, 0), base_steps))
+            for f in set(t_incl) | set(b_incl)]
+    rows.sort(key=lambda r: -abs(r[1] - r[2]))
+    head = [("(all samples)", val(t_total, steps), val(b_total, base_steps))]
+    out = [f"# inclusive host time, {unit}: this, base, this - base"]
+    for f, t, b in head + rows[:top]:
+        out.append(f"{t:10.2f} {b:10.2f} {t - b:+10.2f}  {f}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--against", help="a baseline profile of the same work: compare with it")
+    ap.add_argument("--rate", type=float, default=200.0, help="samples per second (py-spy --rate)")
+    ap.add_argument("--steps", type=int, help="decode steps this profile's server ran")
+    ap.add_argument("--base-steps", type=int, help="decode steps the baseline's server ran")
     args = ap.parse_args(argv)
+    if (args.steps is None) != (args.base_steps is None):
+        ap.error("--steps and --base-steps go together")
     with open(args.profile, encoding="utf-8") as fh:
         total, incl, own = summarise(fh)
     if not total:
         print(f"{args.profile}: no samples", file=sys.stderr)
         return 1
+    if args.against:
+        with open(args.against, encoding="utf-8") as fh:
+            base = summarise(fh)
+        if not base[0]:
+            print(f"{args.against}: no samples", file=sys.stderr)
+            return 1
+        print(f"# {args.profile} ({total} samples) against {args.against} ({base[0]} samples)")
+        for line in compare((total, incl, own), base, args.rate, args.steps, args.base_steps,
+                            args.top):
+            print(line)
+        return 0
     print(f"# {args.profile}: {total} samples; inclusive share (function and its callees)")
     for f, n in incl.most_common(args.top):
         print(f"{100 * n / total:5.1f}%  {f}")

@@ -21,3 +21,24 @@ def test_inclusive_counts_a_recursive_function_once_per_stack(tmp_path, capsys):
     assert pyspy_top.main([str(p), "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert "10 samples" in out and "100.0%  main (a.py)" in out and " 60.0%  idle (e.py)" in out
+
+
+def test_against_compares_host_time_per_function_largest_difference_first(tmp_path, capsys):
+    base = ["main (a.py:1);step (b.py:5) 200", "main (a.py:1);idle (e.py:2) 200"]
+    this = ["main (a.py:1);step (b.py:5) 220", "main (a.py:1);idle (e.py:2) 190",
+            "main (a.py:1);step (b.py:5);extra (f.py:3) 40"]
+    t, b = pyspy_top.summarise(this), pyspy_top.summarise(base)
+    lines = pyspy_top.compare(t, b, rate=200.0)
+    # all samples: 450 vs 400 at 200/s -> 2250 vs 2000 ms; step: 260 vs 200 samples -> +300 ms
+    assert lines[1].split()[:3] == ["2250.00", "2000.00", "+250.00"]
+    assert lines[2].split()[:3] == ["1300.00", "1000.00", "+300.00"] and "step (b.py)" in lines[2]
+    assert "main (a.py)" in lines[3] and "extra (f.py)" in lines[4] and "idle (e.py)" in lines[5]
+    # per step: 1000 steps each -> 0.3 s over 1000 steps = 300 us/step
+    per = pyspy_top.compare(t, b, rate=200.0, steps=1000, base_steps=1000)
+    assert "us/step" in per[0] and per[2].split()[2] == "+300.00"
+    pt, pb = tmp_path / "t.txt", tmp_path / "b.txt"
+    pt.write_text("\n".join(this))
+    pb.write_text("\n".join(base))
+    assert pyspy_top.main([str(pt), "--against", str(pb), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "(450 samples)" in out and "(400 samples)" in out and out.count("\n") == 6
