@@ -930,18 +930,14 @@ def test_a_batch_just_prefilled_starts_on_the_plain_path(tmp_path, layout):
     assert gets and gets[0] == auto.REFILL_STEPS and c["plain_path_probes"] == len(gets)
 
 
-@pytest.mark.parametrize("case", ["cold", "switch"])
-def test_a_cold_server_looks_its_first_requests_up_in_the_worker(tmp_path, case, monkeypatch):
+def test_a_cold_server_looks_its_first_requests_up_in_the_worker(tmp_path):
     """The same, with a gain model that has observed nothing yet: the first lookups are real (they
-    teach it), so the step after the prefill runs in the worker; and so with the A/B switch
-    FASTVERIFY_AB_JOINS_IN_WORKER=1."""
-    monkeypatch.setattr(plain_path, "JOINS_IN_WORKER", case == "switch")
+    teach it), so the step after the prefill runs in the worker."""
     books, state, corpus, path = _serve(tmp_path, LAYOUTS[0], 40, draft=_wrong_drafts,
-                                        in_flight=True, observed=case == "switch")
+                                        in_flight=True, observed=False)
     assert path[0] == "worker" and "plain" in path
     assert state.path_refusals == {"the last forward verified or prefilled": 1}
-    # (cold: the worker looks them up there; observed: their first lookup waits, as on the path)
-    assert state.controller.counters["behind_lookups"] == (case == "cold")
+    assert state.controller.counters["behind_lookups"] == 1
 
 
 def _wrong_drafts(ctx):  # drafts that never match the target's output (`_nxt` is >= 100)
@@ -1065,21 +1061,6 @@ def test_a_step_counted_ahead_and_skipped_is_counted_once_across_a_join(tmp_path
     assert ctl.counters["plain_path_steps"] + state.stretch - state.noted == 4
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_with_the_ab_switch_a_join_ends_the_stretch(tmp_path, layout, monkeypatch):
-    """FASTVERIFY_AB_JOINS_IN_WORKER=1 (one in-launch comparison): a join sends the batch to the
-    worker, which looks the new request up, and a stretch starts again after it; the output and
-    the books are as right as on the path."""
-    monkeypatch.setattr(plain_path, "JOINS_IN_WORKER", True)
-    books, state, corpus, path = _serve(tmp_path, layout, 70, joins={30: ([9, 8, 7, 6, 5], 140)},
-                                        draft=_wrong_drafts)
-    # the step after the prefill in the worker, then a stretch again
-    assert path[31] == "worker" and path[32:] == ["plain"] * 38
-    c = state.controller.counters
-    assert c["plain_path_joins"] == 0 and c["plain_path_stretches"] == 1
-    assert books.reqs[2].output_ids[0] == 140
-
-
 NEVER = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
 
 
@@ -1174,16 +1155,13 @@ def test_a_batch_whose_host_lengths_the_merge_dropped_gets_the_committed_ones(tm
     assert books.batch.seq_lens_cpu.tolist() == [books.committed(r) for r in books.reqs]
 
 
-@pytest.mark.parametrize("case", ["reserved", "host lengths", "cold start", "full match pays",
-                                  "switch"])
+@pytest.mark.parametrize("case", ["reserved", "host lengths", "cold start", "full match pays"])
 def test_a_join_the_path_cannot_take_ends_the_stretch_untouched(tmp_path, monkeypatch, case):
     """Where the new request's KV is not laid out as a plain server's (slots reserved past its
     length, or host lengths that are not the committed ones), where the gain model has seen no
-    draft yet (its first drafts teach it), where drafts that matched in full would be verified, or
-    with the A/B switch: the batch goes back to the worker as before, the controller's state and
+    draft yet (its first drafts teach it), or where drafts that matched in full would be verified:
+    the batch goes back to the worker as before, the controller's state and
     the corpus as they were (no join counted, no features, no probe gap changed)."""
-    if case == "switch":
-        monkeypatch.setattr(plain_path, "JOINS_IN_WORKER", True)
     w, state, books, sched = _joining(tmp_path, LAYOUTS[0], observed=case != "cold start")
     b, ctl = books.batch, state.controller
     if case == "full match pays":  # (what the gain model says of full matches: test_controller)

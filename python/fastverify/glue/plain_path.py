@@ -78,7 +78,6 @@ rank takes the same decisions: they depend on the controller's state and the bat
 from __future__ import annotations
 
 import logging
-import os
 
 from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import PATH, PATH_PROBE, SWITCH
@@ -98,10 +97,6 @@ LOOKUP_DUE = "a lookup is due"
 SWITCH_MAX_STEPS = 8
 # why a stretch ends where requests joined its batch and their first lookup is left to the worker
 REQUEST_JOINED = "request joined"
-# A/B switch for one in-launch comparison: "1" sends new requests to the worker as before they
-# stayed on the path: a join ends a stretch (`_join`), and a batch just prefilled starts in the
-# worker (`_after_prefill`)
-JOINS_IN_WORKER = os.environ.get("FASTVERIFY_AB_JOINS_IN_WORKER", "") == "1"
 
 
 def _state(scheduler):
@@ -225,8 +220,6 @@ def _join(state, batch, worker) -> str:
     Without this a join cost two steps in the worker (the first of them looking up for real, 3.6-4.1
     ms against a path step's 1.6 ms on one H200 at TP=1): at c=4 with 128-token replies, a join
     every 32 steps, ~4 % of the decode time."""
-    if JOINS_IN_WORKER:
-        return REQUEST_JOINED
     lens = _join_lens(batch)
     if lens is None:
         return REQUEST_JOINED + " (KV books)"
@@ -403,7 +396,7 @@ def _after_prefill(state, batch) -> tuple:
     a prefill ran in the worker: 0.5-0.86 ms over a plain server's step on one H200 at TP=1."""
     why = (0, "the last forward verified or prefilled", None)
     rids = [req.rid for req in batch.reqs]
-    if (JOINS_IN_WORKER or state.since_prefill != 0 or frozenset(rids) != state.last_batch_rids
+    if (state.since_prefill != 0 or frozenset(rids) != state.last_batch_rids
             or any(rid in state.features for rid in rids)):
         return why
     if not _plain_capable(state, batch, None):
