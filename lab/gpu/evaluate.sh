@@ -281,8 +281,7 @@ spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler u
   [ -n "$SPY" ] || return 0
   local n pid
   for n in $PYSPY_SERVERS; do
-    pid=$(ps -eo pid=,pgid=,args= \
-      | awk -v g="${PID[$1.$n]:-none}" '$2 == g && /scheduler_TP0/ {print $1; exit}')
+    pid=$(bash "$ROOT/lab/gpu/scheduler_pid.sh" "${PID[$1.$n]:-none}")
     [ -n "$pid" ] || { log "py-spy: no TP-0 scheduler of $1.$n"; continue; }
     "$SPY" record --pid "$pid" --rate "${PYSPY_RATE:-200}" --format raw --nonblocking \
       --output "$OUT/pyspy_$1.$n.txt" > "$W/logs/pyspy_$1.$n.log" 2>&1 &

@@ -24,8 +24,8 @@ printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/py
   echo "if [[ \" ${FAIL_ONCE:-} \" == *\" \$port \"* ]] && [ ! -f \"$D/failed-\$port\" ]; then"
   echo "  touch \"$D/failed-\$port\"; echo 'stand-in: failing its first start on purpose'; exit 3"
   echo "fi"
-  # (named as a TP-0 scheduler: evaluate.sh's PYSPY_SERVERS finds the process by that name)
-  echo "exec python3 -X stand-in-scheduler_TP0 $ROOT/scripts/gpu/dryrun/fake_server.py \"\$@\""; } > "$D/bin/launch"
+  # (named as SGLang's scheduler at TP=1: evaluate.sh's PYSPY_SERVERS finds the process by it)
+  echo "exec python3 -X sglang::scheduler $ROOT/scripts/gpu/dryrun/fake_server.py \"\$@\""; } > "$D/bin/launch"
 chmod +x "$D/bin/launch"
 for c in "$STAGE"/chunk-*; do
   python3 "$ROOT/scripts/gpu/stage_chunks.py" receive "$c" "$D/store"

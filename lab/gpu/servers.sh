@@ -102,5 +102,5 @@ scrape() {  # scrape SERVER: its sglang:verify_* and auto metrics to $W/SERVER.m
 }
 
 tp0_pid() {  # the TP-0 scheduler process of a server (in the server's own process group)
-  ps -eo pid=,pgid=,args= | awk -v g="${PID[$1]}" '$2 == g && /scheduler_TP0/ {print $1; exit}'
+  bash "$(dirname "${BASH_SOURCE[0]}")/scheduler_pid.sh" "${PID[$1]}"
 }
