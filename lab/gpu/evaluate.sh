@@ -292,8 +292,9 @@ spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the o
   [ ${#SPIES[@]} -gt 0 ] || return 0
   kill -INT "${SPIES[@]}" 2>/dev/null
   wait "${SPIES[@]}" 2>/dev/null
-  local n first=${SPIED[0]}
+  local n first=${SPIED[0]} got=""
   for n in "${SPIED[@]}"; do
+    [ -s "$OUT/pyspy_$1.$n.txt" ] && got="$got $n"
     python3 "$ROOT/lab/gpu/pyspy_top.py" "$OUT/pyspy_$1.$n.txt" --top 60 \
       > "$OUT/pyspy_$1.$n.top.txt" 2>&1
     [ "$n" = "$first" ] && continue
@@ -301,7 +302,7 @@ spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the o
       "$OUT/pyspy_$1.$first.txt" --rate "${PYSPY_RATE:-200}" --top 80 \
       > "$OUT/pyspy_$1.$n.vs.$first.txt" 2>&1
   done
-  log "profile $1: py-spy profiles of ${SPIED[*]}"
+  log "profile $1: py-spy profiles of${got:- none} (sampled: ${SPIED[*]}; logs/pyspy_*.log)"
   SPIES=()
 }
 share() { local v="SHARE_$(echo "$1" | tr -- '-.' '__')"; echo "${!v:-1}"; }
