@@ -275,9 +275,8 @@ step_traces() {  # profile index: its servers' traces against its plain server A
     > "$OUT/steptrace_$1.txt" 2>&1
   log "profile $1: step traces rc=$? (${#specs[@]} servers)"
 }
-SPIES=()
 spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler until spy_stop
-  SPIES=(); SPIED=()
+  SPIES=(); SPIED=()  # (set here for each profile: spy_stop reads them)
   [ -n "$SPY" ] || return 0
   local n pid
   for n in $PYSPY_SERVERS; do
@@ -303,7 +302,6 @@ spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the o
       > "$OUT/pyspy_$1.$n.vs.$first.txt" 2>&1
   done
   log "profile $1: py-spy profiles of${got:- none} (sampled: ${SPIED[*]}; logs/pyspy_*.log)"
-  SPIES=()
 }
 share() { local v="SHARE_$(echo "$1" | tr -- '-.' '__')"; echo "${!v:-1}"; }
 shares_left=0; for g in $PROFILES; do shares_left=$((shares_left + $(share "$g"))); done
