@@ -43,18 +43,20 @@
 #                 STEPTRACE_GPU=1 each step's device span too; with STEPTRACE_SPANS=0 no inner
 #                 spans, so that every server pays the same tracing cost a step and the periods
 #                 compare to 0.01 ms); lab/step_trace.py compares every server of a profile with
-#                 its plain server A: $OUT/steptrace_<profile>.txt
+#                 its plain server A: steptrace_<profile>.txt
 #   PYSPY_SERVERS (e.g. "A auto_never") each named server's TP-0 scheduler sampled by py-spy
 #                 (PYSPY_WHEEL, a py-spy wheel; --nonblocking, PYSPY_RATE per second, default 200)
-#                 over the whole of its profile's measurement: $OUT/pyspy_<profile>.<name>.txt (raw)
+#                 over the whole of its profile's measurement: pyspy_<profile>.<name>.txt (raw)
 #                 and, for every other named server, lab/gpu/pyspy_top.py's comparison with the first
-#                 one ($OUT/pyspy_<profile>.<name>.vs.<first>.txt): same requests, same rounds
+#                 one (pyspy_<profile>.<name>.vs.<first>.txt): same requests, same rounds
 #   WEIGHTS=dummy random weights of the model's shapes (--load-format dummy; no GGUF needed: the
 #                 one-transfer bundle of scripts/gpu/one_transfer.sh). Cost only: acceptance and
 #                 the greedy text mean nothing then, the servers' relative speed does
 #   OUT           results (default $HOME/eval-out): summary.json, summary.txt, eval_<profile>.png,
-#                 stretches.txt (each auto server's last log line on its plain-path stretches),
-#                 evaluate.tar.xz (raw records, server logs, command lines, timeline), timeline.txt
+#                 timeline.txt and evaluate.tar.xz (raw records, server logs, command lines, and
+#                 under eval/out/ every other result: stretches.txt, each auto server's last log
+#                 line on its plain-path stretches; the step traces; the py-spy files). The GPU
+#                 machine hands back 8 files at most, so only those five kinds stay in $OUT
 set -u
 set +m
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -136,7 +138,19 @@ T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( DEADLINE_S - $(el) )); }
 log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
-pack() { cp "$W/timeline.txt" "$OUT/"; tar -C "$HOME" -cJf "$OUT/evaluate.tar.xz.tmp" eval \
+# the GPU machine hands back at most 8 files of $OUT: the summary, the timeline, the plots and the
+# tarball stay there; every other result file (py-spy profiles and their comparisons, step traces,
+# stretches) moves into the tarball's eval/out/
+OUT_KEEP='^(summary\.txt|summary\.json|timeline\.txt|evaluate\.tar\.xz|eval_.*\.png)$'
+tidy_out() {
+  local f
+  for f in "$OUT"/*; do
+    [ -f "$f" ] && ! [[ $(basename "$f") =~ $OUT_KEEP ]] && mv -f "$f" "$R/"
+  done
+  local n; n=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+  [ "$n" -le 8 ] || log "warning: $n files in $OUT, only 8 come back (evaluate.tar.xz has them all)"
+}
+pack() { cp "$W/timeline.txt" "$OUT/"; tidy_out; tar -C "$HOME" -cJf "$OUT/evaluate.tar.xz.tmp" eval \
            && mv "$OUT/evaluate.tar.xz.tmp" "$OUT/evaluate.tar.xz"; }
 REPRO="PROFILES=\"$PROFILES\" SERVERS=\"$SERVERS\" TP=$TP EVAL_ARGS=\"${EVAL_ARGS:-}\""
 for g in $PROFILES; do
@@ -150,7 +164,8 @@ done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
 for v in $(compgen -v FLAGS_SERVER_) $(compgen -v ENV_SERVER_); do REPRO="$REPRO $v=\"${!v}\""; done
 REPRO="$REPRO bash lab/gpu/evaluate.sh"
-mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw"; : > "$W/timeline.txt"
+R=$W/out  # the results that travel inside evaluate.tar.xz only (tidy_out)
+mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw" "$R"; : > "$W/timeline.txt"
 log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP"
 # servers took 60-90 s to answer on the H200 machine; a deadline that leaves less than a minute of
 # measuring after that and the analysis ends with no round at all: said now, not after the call
@@ -271,8 +286,8 @@ step_traces() {  # profile index: its servers' traces against its plain server A
     [ -d "$W/steps/$1.$n" ] && specs+=("$n=$W/steps/$1.$n")
   done < <(servers_of "$2" "$1")
   [ ${#specs[@]} -ge 1 ] || { log "profile $1: no step trace"; return; }
-  python3 "$ROOT/lab/step_trace.py" "${specs[@]}" --json "$OUT/steptrace_$1.json" \
-    > "$OUT/steptrace_$1.txt" 2>&1
+  python3 "$ROOT/lab/step_trace.py" "${specs[@]}" --json "$R/steptrace_$1.json" \
+    > "$R/steptrace_$1.txt" 2>&1
   log "profile $1: step traces rc=$? (${#specs[@]} servers)"
 }
 spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler until spy_stop
@@ -283,7 +298,7 @@ spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler u
     pid=$(bash "$ROOT/lab/gpu/scheduler_pid.sh" "${PID[$1.$n]:-none}")
     [ -n "$pid" ] || { log "py-spy: no TP-0 scheduler of $1.$n"; continue; }
     "$SPY" record --pid "$pid" --rate "${PYSPY_RATE:-200}" --format raw --nonblocking \
-      --output "$OUT/pyspy_$1.$n.txt" > "$W/logs/pyspy_$1.$n.log" 2>&1 &
+      --output "$R/pyspy_$1.$n.txt" > "$W/logs/pyspy_$1.$n.log" 2>&1 &
     SPIES+=($!); SPIED+=("$n")
   done
 }
@@ -293,13 +308,13 @@ spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the o
   wait "${SPIES[@]}" 2>/dev/null
   local n first=${SPIED[0]} got=""
   for n in "${SPIED[@]}"; do
-    [ -s "$OUT/pyspy_$1.$n.txt" ] && got="$got $n"
-    python3 "$ROOT/lab/gpu/pyspy_top.py" "$OUT/pyspy_$1.$n.txt" --top 60 \
-      > "$OUT/pyspy_$1.$n.top.txt" 2>&1
+    [ -s "$R/pyspy_$1.$n.txt" ] && got="$got $n"
+    python3 "$ROOT/lab/gpu/pyspy_top.py" "$R/pyspy_$1.$n.txt" --top 60 \
+      > "$R/pyspy_$1.$n.top.txt" 2>&1
     [ "$n" = "$first" ] && continue
-    python3 "$ROOT/lab/gpu/pyspy_top.py" "$OUT/pyspy_$1.$n.txt" --against \
-      "$OUT/pyspy_$1.$first.txt" --rate "${PYSPY_RATE:-200}" --top 80 \
-      > "$OUT/pyspy_$1.$n.vs.$first.txt" 2>&1
+    python3 "$ROOT/lab/gpu/pyspy_top.py" "$R/pyspy_$1.$n.txt" --against \
+      "$R/pyspy_$1.$first.txt" --rate "${PYSPY_RATE:-200}" --top 80 \
+      > "$R/pyspy_$1.$n.vs.$first.txt" 2>&1
   done
   log "profile $1: py-spy profiles of${got:- none} (sampled: ${SPIED[*]}; logs/pyspy_*.log)"
 }
@@ -346,14 +361,14 @@ done
 { for f in "$W"/logs/*.log; do
     l=$(grep -h "stretches on the plain decode path" "$f" | tail -1 | cut -c1-600)
     [ -n "$l" ] && echo "$(basename "$f" .log): $l"
-  done; } > "$OUT/stretches.txt" 2>/dev/null
-[ -s "$OUT/stretches.txt" ] || echo "(no server logged stretches on the plain decode path)" \
-  > "$OUT/stretches.txt"
+  done; } > "$R/stretches.txt" 2>/dev/null
+[ -s "$R/stretches.txt" ] || echo "(no server logged stretches on the plain decode path)" \
+  > "$R/stretches.txt"
 if [ ${#RAWS[@]} -gt 0 ]; then
   python3 "$EV" analyze "${RAWS[@]}" --env "$W/env.json" --repro "$REPRO" --out-dir "$OUT" \
     --logs "$W/logs" \
     > "$W/analyze.txt" 2>&1
-  log "analysis rc=$?: $(ls "$OUT" | tr '\n' ' ')"
+  log "analysis rc=$?: $(ls "$OUT" | tr '\n' ' '); in the tarball's eval/out: $(ls "$R" | tr '\n' ' ')"
   grep -E "^(##|###|GOAL|# rounds|A |P |tree|chain|auto)" "$OUT/summary.txt" | cut -c1-160 \
     | tail -60
 else

@@ -36,3 +36,8 @@ HOME=$D/home OUT=$D/out STORE=$D/store PATH="$D/bin:$PATH" DEADLINE_S=${DEADLINE
   PROFILES=${PROFILES:-"none reference-kimi-tp8"} SGLANG_LAUNCH="$D/bin/launch" \
   bash "$ROOT/lab/gpu/evaluate.sh" "$BUNDLE"
 echo "--- rehearsal output in $D/out:"; ls -la "$D/out"
+# the GPU machine hands back 8 files of $OUT at most (and none deeper than two folders): a rehearsal
+# that leaves more fails here rather than on the machine, where the rest would be lost
+n=$(find "$D/out" -type f | wc -l)
+if [ "$n" -gt 8 ]; then echo "rehearsal FAILED: $n files in OUT, the GPU machine hands back 8" >&2; exit 1; fi
+echo "--- in evaluate.tar.xz, eval/out:"; tar -tJf "$D/out/evaluate.tar.xz" | grep '^eval/out/.' || true
