@@ -138,20 +138,13 @@ T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( DEADLINE_S - $(el) )); }
 log() { echo "[$(el)s] $*" | tee -a "$W/timeline.txt"; }
-# the GPU machine hands back at most 8 files of $OUT: the summary, the timeline, the plots and the
-# tarball stay there; every other result file (py-spy profiles and their comparisons, step traces,
-# stretches) moves into the tarball's eval/out/
-OUT_KEEP='^(summary\.txt|summary\.json|timeline\.txt|evaluate\.tar\.xz|eval_.*\.png)$'
-tidy_out() {
-  local f
-  for f in "$OUT"/*; do
-    [ -f "$f" ] && ! [[ $(basename "$f") =~ $OUT_KEEP ]] && mv -f "$f" "$R/"
-  done
-  local n; n=$(find "$OUT" -maxdepth 1 -type f | wc -l)
-  [ "$n" -le 8 ] || log "warning: $n files in $OUT, only 8 come back (evaluate.tar.xz has them all)"
-}
-pack() { cp "$W/timeline.txt" "$OUT/"; tidy_out; tar -C "$HOME" -cJf "$OUT/evaluate.tar.xz.tmp" eval \
-           && mv "$OUT/evaluate.tar.xz.tmp" "$OUT/evaluate.tar.xz"; }
+# the GPU machine hands back at most 8 files of $OUT: every result file other than the summary, the
+# timeline, the plots and the tarball goes into the tarball's eval/out/ ($R)
+tidy_out() { local w; w=$(bash "$ROOT/lab/gpu/tidy_out.sh" "$OUT" "$R") || log "$w"; }
+pack() { cp "$W/timeline.txt" "$OUT/"; tidy_out
+  if tar -C "$HOME" -cJf "$OUT/evaluate.tar.xz.tmp" eval; then
+    mv "$OUT/evaluate.tar.xz.tmp" "$OUT/evaluate.tar.xz"
+  else rm -f "$OUT/evaluate.tar.xz.tmp"; fi; }
 REPRO="PROFILES=\"$PROFILES\" SERVERS=\"$SERVERS\" TP=$TP EVAL_ARGS=\"${EVAL_ARGS:-}\""
 for g in $PROFILES; do
   v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v:-}" ] && REPRO="$REPRO $v=\"${!v}\""
