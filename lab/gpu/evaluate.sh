@@ -48,7 +48,8 @@
 #                 (PYSPY_WHEEL, a py-spy wheel; --nonblocking, PYSPY_RATE per second, default 200)
 #                 over the whole of its profile's measurement: pyspy_<profile>.<name>.txt (raw)
 #                 and, for every other named server, lab/gpu/pyspy_top.py's comparison with the first
-#                 one (pyspy_<profile>.<name>.vs.<first>.txt): same requests, same rounds
+#                 one (pyspy_<profile>.<name>.vs.<first>.txt): same requests, same rounds; with
+#                 STEPTRACE=1 also in us per decode step (pyspy_<profile>.<name>.vs.<first>.per_step.txt)
 #   WEIGHTS=dummy random weights of the model's shapes (--load-format dummy; no GGUF needed: the
 #                 one-transfer bundle of scripts/gpu/one_transfer.sh). Cost only: acceptance and
 #                 the greedy text mean nothing then, the servers' relative speed does
@@ -311,6 +312,16 @@ spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the o
   done
   log "profile $1: py-spy profiles of${got:- none} (sampled: ${SPIED[*]}; logs/pyspy_*.log)"
 }
+spy_per_step() {  # profile: spy_stop's comparisons again in us per decode step (the step traces')
+  [ ${#SPIED[@]} -gt 1 ] && [ -s "$R/steptrace_$1.json" ] || return 0
+  local n first=${SPIED[0]}
+  for n in "${SPIED[@]:1}"; do
+    python3 "$ROOT/lab/gpu/pyspy_top.py" "$R/pyspy_$1.$n.txt" --against "$R/pyspy_$1.$first.txt" \
+      --rate "${PYSPY_RATE:-200}" --top 80 --steptrace "$R/steptrace_$1.json" --names "$n,$first" \
+      > "$R/pyspy_$1.$n.vs.$first.per_step.txt" 2>&1
+  done
+  log "profile $1: py-spy comparisons per decode step: pyspy_$1.*.per_step.txt"
+}
 share() { local v="SHARE_$(echo "$1" | tr -- '-.' '__')"; echo "${!v:-1}"; }
 shares_left=0; for g in $PROFILES; do shares_left=$((shares_left + $(share "$g"))); done
 gi=0; RAWS=()
@@ -340,7 +351,7 @@ for g in $PROFILES; do
   # this profile's servers are done: stop them (the next profile then runs beside idle processes)
   while IFS='|' read -r n _; do kill -TERM -- -"${PID[$g.$n]}" 2>/dev/null
   done < <(servers_of $((gi - 1)) "$g")
-  [ "${STEPTRACE:-0}" = 1 ] && step_traces "$g" $((gi - 1))
+  [ "${STEPTRACE:-0}" = 1 ] && step_traces "$g" $((gi - 1)) && spy_per_step "$g"
   pack
 done
 { for f in "$W"/logs/*.log; do

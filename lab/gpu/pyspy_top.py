@@ -3,6 +3,7 @@ inclusive and self share.
 
     python lab/gpu/pyspy_top.py PROFILE.txt [--top 40]
     python lab/gpu/pyspy_top.py PROFILE.txt --against BASE.txt --rate 200 [--steps N --base-steps M]
+    python lab/gpu/pyspy_top.py PROFILE.txt --against BASE.txt --steptrace ST.json --names THIS,BASE
 
 A raw profile has one line per distinct stack, "frame;frame;...;frame COUNT". A function's inclusive
 share is the fraction of samples whose stack contains it (counted once per stack), its self share
@@ -11,12 +12,15 @@ the fraction where it is the innermost frame.
 With --against, two profiles of servers that did the same work (the same requests, sampled at the
 same rate over the whole of it) are compared function by function: the host time each spent in the
 function and its callees (samples / rate), largest differences first; with the decode steps each
-server ran, as microseconds per step.
+server ran, as microseconds per step: given as numbers, or read from `lab/step_trace.py --json`'s
+output for the two servers named (their decode steps over the whole life of each server, of which
+a measurement sampled over its rounds holds nearly all).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import sys
 
@@ -65,6 +69,24 @@ def compare(this, base, rate: float, steps=None, base_steps=None, top: int = 40)
     return out
 
 
+def steps_of(steptrace: str, names: str) -> tuple:
+    """(this server's decode steps, the baseline's) from a step-trace summary (`lab/step_trace.py
+    --json`), ``names`` "THIS,BASE" as the servers are named there."""
+    parts = names.split(",")
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--names takes THIS,BASE, not {names!r}")
+    with open(steptrace, encoding="utf-8") as fh:
+        results = json.load(fh).get("results", {})
+    counts = []
+    for n in parts:
+        steps = results.get(n, {}).get("decode", {}).get("steps")
+        if not steps:
+            raise ValueError(f"{steptrace}: no decode steps of server {n!r} "
+                             f"(servers: {', '.join(sorted(results)) or 'none'})")
+        counts.append(int(steps))
+    return tuple(counts)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile")
@@ -73,9 +95,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=200.0, help="samples per second (py-spy --rate)")
     ap.add_argument("--steps", type=int, help="decode steps this profile's server ran")
     ap.add_argument("--base-steps", type=int, help="decode steps the baseline's server ran")
+    ap.add_argument("--steptrace", help="lab/step_trace.py --json output: the step counts from it")
+    ap.add_argument("--names", help="THIS,BASE: the two servers' names in --steptrace")
     args = ap.parse_args(argv)
     if (args.steps is None) != (args.base_steps is None):
         ap.error("--steps and --base-steps go together")
+    if (args.steptrace is None) != (args.names is None):
+        ap.error("--steptrace and --names go together")
+    if args.steptrace and args.steps is not None:
+        ap.error("the step counts come from --steps/--base-steps or from --steptrace, not both")
+    if args.steptrace:
+        try:
+            args.steps, args.base_steps = steps_of(args.steptrace, args.names)
+        except (OSError, ValueError) as e:
+            print(e, file=sys.stderr)
+            return 1
     with open(args.profile, encoding="utf-8") as fh:
         total, incl, own = summarise(fh)
     if not total:

@@ -1,6 +1,9 @@
 """lab/gpu/pyspy_top.py: inclusive and self shares from a raw py-spy profile."""
 import importlib.util
+import json
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("pyspy_top", ROOT / "lab" / "gpu" / "pyspy_top.py")
@@ -42,3 +45,34 @@ def test_against_compares_host_time_per_function_largest_difference_first(tmp_pa
     assert pyspy_top.main([str(pt), "--against", str(pb), "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "(450 samples)" in out and "(400 samples)" in out and out.count("\n") == 6
+
+
+def test_against_reads_each_servers_decode_steps_from_a_step_trace_summary(tmp_path, capsys):
+    base = ["main (a.py:1);step (b.py:5) 200"]
+    this = ["main (a.py:1);step (b.py:5) 300"]
+    pt, pb, st = tmp_path / "t.txt", tmp_path / "b.txt", tmp_path / "steptrace.json"
+    pt.write_text("\n".join(this))
+    pb.write_text("\n".join(base))
+    st.write_text(json.dumps({"results": {"A": {"decode": {"steps": 1000}},
+                                          "auto_never": {"decode": {"steps": 2000}}}}))
+    assert pyspy_top.main([str(pt), "--against", str(pb), "--steptrace", str(st),
+                           "--names", "auto_never,A"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # this: 300 samples / 200 per s / 2000 steps = 750 us a step; base: 200 / 200 / 1000 = 1000
+    assert "us/step" in out[1]
+    assert out[2].split()[:3] == ["750.00", "1000.00", "-250.00"]
+    # the names swapped give other counts, so other numbers: the names are read, not the order
+    assert pyspy_top.main([str(pt), "--against", str(pb), "--steptrace", str(st),
+                           "--names", "A,auto_never"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split()[:3] == ["1500.00", "500.00",
+                                                                   "+1000.00"]
+    # a server the summary does not hold: a clear error naming the servers it does
+    assert pyspy_top.main([str(pt), "--against", str(pb), "--steptrace", str(st),
+                           "--names", "auto_w,A"]) == 1
+    err = capsys.readouterr().err
+    assert "auto_w" in err and "A, auto_never" in err
+    with pytest.raises(SystemExit):
+        pyspy_top.main([str(pt), "--against", str(pb), "--steptrace", str(st)])
+    with pytest.raises(SystemExit):
+        pyspy_top.main([str(pt), "--against", str(pb), "--steptrace", str(st), "--names", "A,P",
+                        "--steps", "1", "--base-steps", "1"])
