@@ -94,7 +94,6 @@ P|noise|
 tree|fixed|$NG
 chain|fixed|$NG --speculative-ngram-verify-mode chain
 chain_w|fixed|$NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
-auto|auto|$NG --speculative-ngram-verify-mode auto
 auto_w|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
 auto_never|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8 --speculative-ngram-auto-cost-table $ROOT/lab/gpu/cost_never_speculate.json
 auto_w_b|auto|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8

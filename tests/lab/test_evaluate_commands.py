@@ -1,7 +1,10 @@
 """lab/gpu/evaluate.sh --print-commands: the server command lines the evaluation would launch."""
 import os
+import shlex
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,3 +62,26 @@ def test_dummy_weights_reach_every_server_and_a_bad_value_is_refused():
     assert not any("--load-format" in args for args in _commands(SERVERS="A").values())
     r = _print_commands(SERVERS="A", WEIGHTS="random")
     assert r.returncode == 2 and "WEIGHTS must be real or dummy" in r.stderr
+
+
+def test_every_server_of_the_table_passes_the_flag_rules_its_sglang_would_apply():
+    # the table's servers are all launched with the series' flags: each must pass
+    # fastverify.flags.check (the rules patch 0010 applies at parse time), else the server would
+    # stop at its start on the GPU machine
+    argparse = pytest.importorskip("argparse")
+    server_args = pytest.importorskip("sglang.srt.server_args")
+    from fastverify import flags
+
+    names = _print_commands(SERVERS="nope").stderr.split("allowed:", 1)[1].split()
+    assert "A" in names and "auto_never" in names
+    cmds = _commands(SERVERS=" ".join(names))
+    assert len(cmds) == len(names)
+    refused = {}
+    for name, args in cmds.items():
+        parser = argparse.ArgumentParser(prog=name)
+        server_args.ServerArgs.add_cli_args(parser)
+        try:
+            flags.check(parser.parse_args(shlex.split(args)))
+        except flags.FlagError as e:
+            refused[name] = str(e)
+    assert not refused, refused
