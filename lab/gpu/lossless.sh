@@ -49,7 +49,6 @@ plain|
 tree|$NG
 chain|$NG --speculative-ngram-verify-mode chain
 chain_w|$NG --speculative-ngram-verify-mode chain --speculative-ngram-verify-widths 1,2,4,8
-auto|$NG --speculative-ngram-verify-mode auto
 auto_w|$NG --speculative-ngram-verify-mode auto --speculative-ngram-verify-widths 1,2,4,8
 CASES
 }
