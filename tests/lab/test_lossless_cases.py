@@ -1,5 +1,6 @@
 """lab/gpu/lossless.sh's table of servers: every entry passes the flag rules the patched SGLang
-applies at parse time (fastverify.flags.check), so that none stops at its start on the GPU machine."""
+applies at parse time (fastverify.flags.check), so that none stops at its start on the GPU
+machine."""
 import argparse
 import re
 import shlex
