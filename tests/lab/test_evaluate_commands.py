@@ -1,12 +1,15 @@
 """lab/gpu/evaluate.sh --print-commands: the server command lines the evaluation would launch."""
+import importlib.util
 import os
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("check_args", ROOT / "scripts/gpu/check_args.py")
+check_args = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_args)
 
 
 def _print_commands(**env) -> subprocess.CompletedProcess:
@@ -65,23 +68,14 @@ def test_dummy_weights_reach_every_server_and_a_bad_value_is_refused():
 
 
 def test_every_server_of_the_table_passes_the_flag_rules_its_sglang_would_apply():
-    # the table's servers are all launched with the series' flags: each must pass
+    # the table's servers are all launched with the series' flags: each must parse and pass
     # fastverify.flags.check (the rules patch 0010 applies at parse time), else the server would
-    # stop at its start on the GPU machine
-    argparse = pytest.importorskip("argparse")
+    # stop at its start on the GPU machine (scripts/gpu/check_args.py, as the bundle build runs it)
     server_args = pytest.importorskip("sglang.srt.server_args")
-    from fastverify import flags
-
     names = _print_commands(SERVERS="nope").stderr.split("allowed:", 1)[1].split()
     assert "A" in names and "auto_never" in names
     cmds = _commands(SERVERS=" ".join(names))
     assert len(cmds) == len(names)
-    refused = {}
-    for name, args in cmds.items():
-        parser = argparse.ArgumentParser(prog=name)
-        server_args.ServerArgs.add_cli_args(parser)
-        try:
-            flags.check(parser.parse_args(shlex.split(args)))
-        except flags.FlagError as e:
-            refused[name] = str(e)
+    refused = {name: why for name, args in cmds.items()
+               if (why := check_args.check_line(server_args.ServerArgs, name, args)[0])}
     assert not refused, refused
