@@ -295,6 +295,11 @@ spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler u
     SPIES+=($!); SPIED+=("$n")
   done
 }
+spy_against() {  # profile name suffix [pyspy_top.py args]: that server's profile against the first's
+  local p=$1 n=$2 suffix=$3 first=${SPIED[0]}; shift 3
+  python3 "$ROOT/lab/gpu/pyspy_top.py" "$R/pyspy_$p.$n.txt" --against "$R/pyspy_$p.$first.txt" \
+    --rate "${PYSPY_RATE:-200}" --top 80 "$@" > "$R/pyspy_$p.$n.vs.$first$suffix.txt" 2>&1
+}
 spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the others against the first
   [ ${#SPIES[@]} -gt 0 ] || return 0
   kill -INT "${SPIES[@]}" 2>/dev/null
@@ -304,10 +309,7 @@ spy_stop() {  # profile: py-spy stopped (it writes its profile on SIGINT), the o
     [ -s "$R/pyspy_$1.$n.txt" ] && got="$got $n"
     python3 "$ROOT/lab/gpu/pyspy_top.py" "$R/pyspy_$1.$n.txt" --top 60 \
       > "$R/pyspy_$1.$n.top.txt" 2>&1
-    [ "$n" = "$first" ] && continue
-    python3 "$ROOT/lab/gpu/pyspy_top.py" "$R/pyspy_$1.$n.txt" --against \
-      "$R/pyspy_$1.$first.txt" --rate "${PYSPY_RATE:-200}" --top 80 \
-      > "$R/pyspy_$1.$n.vs.$first.txt" 2>&1
+    [ "$n" = "$first" ] || spy_against "$1" "$n" ""
   done
   log "profile $1: py-spy profiles of${got:- none} (sampled: ${SPIED[*]}; logs/pyspy_*.log)"
 }
@@ -315,9 +317,7 @@ spy_per_step() {  # profile: spy_stop's comparisons again in us per decode step 
   [ ${#SPIED[@]} -gt 1 ] && [ -s "$R/steptrace_$1.json" ] || return 0
   local n first=${SPIED[0]}
   for n in "${SPIED[@]:1}"; do
-    python3 "$ROOT/lab/gpu/pyspy_top.py" "$R/pyspy_$1.$n.txt" --against "$R/pyspy_$1.$first.txt" \
-      --rate "${PYSPY_RATE:-200}" --top 80 --steptrace "$R/steptrace_$1.json" --names "$n,$first" \
-      > "$R/pyspy_$1.$n.vs.$first.per_step.txt" 2>&1
+    spy_against "$1" "$n" .per_step --steptrace "$R/steptrace_$1.json" --names "$n,$first"
   done
   log "profile $1: py-spy comparisons per decode step: pyspy_$1.*.per_step.txt"
 }
