@@ -28,6 +28,8 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from fastverify.glue import plain_path  # noqa: E402
 
+RELAY = plain_path.relay  # (the relay's stand-in below replaces it in the module)
+
 out = {}
 NONE, NGRAM = SpeculativeAlgorithm.NONE, SpeculativeAlgorithm.NGRAM
 K = 4
@@ -91,11 +93,10 @@ fmap.resolve_seq_lens_cpu(batch)
 overlap_utils.resolve_forward_inputs(batch, fmap)
 fm["plain_step"] = {"input_ids": rows(batch.input_ids), "seq_lens": rows(batch.seq_lens),
                     "seq_lens_cpu": rows(batch.seq_lens_cpu)}
-# its result: the target's own (no draft input), one token per request; the scheduler publishes
-# the lengths of a batch without speculation itself, one more than the next step starts from
+# its result: the target's own (no draft input), one token per request; the scheduler of an
+# n-gram server publishes no lengths for a batch without speculation (patched run_batch, below)
 relay_forward_payload(server, batch, fi, types.SimpleNamespace(
     next_draft_input=None, next_token_ids=torch.tensor([41, 42]), has_sampled_token_ids=True))
-fmap.new_seq_lens_buf[fi] = batch.seq_lens + 1
 fm["plain_result"] = {"tokens": rows(fmap.output_tokens_buf[fi]), "accept": accept_roots()}
 # a request joins the batch on the plain path: its prefill's result relayed like any result of
 # one token per request, then SGLang's own merge (ScheduleBatch.merge_batch) of the prefill batch,
@@ -248,5 +249,93 @@ for algo in (NONE, NGRAM):
         worker, types.SimpleNamespace(spec_algorithm=algo, reqs=[1, 2]))
     seen[algo.name] = [got, list(calls)]
 out["worker_entry"] = seen
+
+# run_batch's overlap path, SGLang's own, on a stand-in scheduler (the attributes it reads in both
+# pinned versions) and a CPU future map: which lengths it publishes for a decode batch, whether the
+# worker is handed on_publish, and what reaches the token buffer
+from dataclasses import dataclass, field  # noqa: E402
+
+from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
+from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+
+@dataclass
+class RunBatch:  # the fields run_batch reads (a dataclass: its isolation snapshots the fields)
+    spec_algorithm: object
+    spec_info: object = None
+    reqs: list = field(default_factory=lambda: ["r0", "r1"])
+    seq_lens: object = field(default_factory=lambda: torch.tensor([12, 22]))
+    req_pool_indices: object = field(default_factory=lambda: torch.tensor([2, 5]))
+    forward_mode: object = ForwardMode.DECODE
+    input_ids: object = None
+    prefill_input_ids_cpu: object = None
+    mix_running_indices: object = None
+    sampling_info: object = None
+    enable_overlap: bool = True
+    return_logprob: bool = False
+    return_hidden_states: bool = False
+    extend_num_tokens: int = 0
+    split_index: int = 0
+    beam_tail: object = None
+    forward_iter: int = 0
+
+
+def run_batch(server_algo, batch_algo):
+    dev = torch.get_device_module("cpu")
+    fmap = overlap_utils.FutureMap(torch.device("cpu"), server_algo, types.SimpleNamespace(
+        req_to_token=torch.zeros(8, 64, dtype=torch.int32)), needs_cpu_seq_lens=False)
+    published, handed = [], []
+    real_publish = fmap.publish
+    fmap.publish = lambda fi, lens, *a, **k: (published.append(lens.tolist()),
+                                              real_publish(fi, lens, *a, **k))[1]
+    batch = RunBatch(spec_algorithm=batch_algo)
+    fmap.output_tokens_buf[batch.req_pool_indices] = torch.tensor([31, 32])
+    fmap.new_seq_lens_buf[batch.req_pool_indices] = torch.tensor([11, 21])
+    draft = None
+    if not batch_algo.is_none():
+        draft = NgramVerifyInput(draft_token_num=K, new_seq_lens=torch.tensor([13, 23]),
+                                 accept_tokens=torch.tensor([41, 0, 0, 0, 42, 0, 0, 0],
+                                                            dtype=torch.int32),
+                                 accept_lens=torch.ones(2, dtype=torch.int32))
+
+    def forward(b, **kw):
+        handed.append(sorted(kw))
+        if "on_publish" in kw:  # (the worker's verify publishes the accepted lengths)
+            kw["on_publish"](torch.tensor([13, 23]))
+        return GenerationBatchResult(next_token_ids=torch.tensor([41, 42]),
+                                     next_draft_input=draft)
+
+    s = object.__new__(sched_mod.Scheduler)
+    stand_in = dict(
+        spec_algorithm=server_algo, future_map=fmap, forward_ct=0, scripted_scheduler_hook=None,
+        profiler_manager=types.SimpleNamespace(_profile_batch_predicate=lambda b: None),
+        forward_sleep_time=None, disaggregation_mode=DisaggregationMode.NULL, is_generation=True,
+        enable_overlap=True, _confidence_budget_prepare=None, forward_stream=dev.Stream(),
+        schedule_stream=dev.Stream(), copy_stream=dev.Stream(), device_module=dev,
+        model_worker=types.SimpleNamespace(forward_batch_generation=forward,
+                                           _fv_auto=types.SimpleNamespace(path_ok=True)),
+        enable_unified_memory=False, batch_record_ct=0, batch_record_buf=[None, None],
+        enable_dp_attention=False, enable_pdmux=False,
+        # (0.5.23)
+        metrics_reporter=types.SimpleNamespace(record_scheduler_active=lambda t: None),
+        scheduler_stage_metrics=None, _sched_idled=False, processed_tokens_counter=0,
+        enable_async_d2h_copy=False, enable_unified_cache_external_linker=False,
+        attn_dp_enabled=False, chunked_req=None,
+        beam_coordinator=types.SimpleNamespace(maybe_select_and_relay=lambda *a, **k: None))
+    for name, value in stand_in.items():
+        setattr(s, name, value)
+    s.forward_stream_ctx = dev.stream(s.forward_stream)
+    s.copy_stream_ctx = dev.stream(s.copy_stream)
+    sched_mod.Scheduler.run_batch(s, batch)
+    return {"published": published, "handed": handed,
+            "lengths": fmap.new_seq_lens_buf[batch.req_pool_indices].tolist(),
+            "tokens": fmap.output_tokens_buf[batch.req_pool_indices].tolist()}
+
+
+plain_path.relay = RELAY
+out["run_batch"] = {"plain server": run_batch(NONE, NONE),
+                    "n-gram server, plain path": run_batch(NGRAM, NONE),
+                    "n-gram server, speculative": run_batch(NGRAM, NGRAM)}
 print("PROBE " + json.dumps(out))
 sys.stdout.flush()

@@ -749,6 +749,22 @@ def test_the_patched_worker_hands_a_batch_on_the_plain_path_over_first(hunks):
 
 
 @pytest.mark.sglang
+def test_the_patched_run_batch_publishes_no_lengths_for_a_step_on_the_plain_path(hunks):
+    """SGLang's own run_batch (overlap path): a plain server publishes a decode batch's lengths,
+    one more than its step starts from, after the forward; an n-gram server does not for a batch
+    that reads as not speculative (auto's plain path: nothing reads them, and the scatter and the
+    n-gram future map's event cost the step host time), while its speculative batches still hand
+    the worker on_publish. The step's token reaches the token buffer in all three."""
+    rb = hunks["run_batch"]
+    assert rb["plain server"] == {"published": [[13, 23]], "handed": [[]], "lengths": [13, 23],
+                                  "tokens": [41, 42]}
+    assert rb["n-gram server, plain path"] == {"published": [], "handed": [[]],
+                                               "lengths": [11, 21], "tokens": [41, 42]}
+    assert rb["n-gram server, speculative"]["handed"] == [["on_publish"]]
+    assert rb["n-gram server, speculative"]["published"] == [[13, 23]]
+
+
+@pytest.mark.sglang
 def test_a_stretch_through_the_servers_own_future_map(hunks):
     fm = hunks["future_map"]
     # the worker's step without speculation: its token reaches the token buffer (plain_path.relay);
@@ -773,9 +789,10 @@ def test_a_stretch_through_the_servers_own_future_map(hunks):
     assert fm["back"] == {"algorithm": "NGRAM", "future_indices": None, "seq_lens": [12, 22],
                           "seq_lens_cpu": [12, 22], "roots": [41, 42], "accept_lens": [1, 1],
                           "input_ids": None, "last_forward_plain": False}
-    # (with future indices the resolves would have taken the lengths the scheduler published for
-    # the plain step, one too many, and in 0.5.23 the stale roots)
-    assert fm["with_future_indices"]["seq_lens"] == [13, 23]
+    # (with future indices the resolves would have taken the stale lengths the worker's step
+    # published, the scheduler publishing none for a step on the path, and in 0.5.23 the stale
+    # roots)
+    assert fm["with_future_indices"]["seq_lens"] == [11, 21]
     assert fm["with_future_indices"]["roots"] == (
         [41, 42] if fm["worker_step"]["accept"] is None else [31, 32])
     # a prefill's requests merging into that input before it runs (SGLang's own merge)
