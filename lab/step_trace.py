@@ -159,6 +159,8 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
         spans = cur[8] if len(cur) > 8 and isinstance(cur[8], dict) else {}
         # None: older traces
         sampling = cur[9] if len(cur) > 9 and cur[9] in ("greedy", "sampled") else None
+        # a within-process A/B's variant (steptrace's FASTVERIFY_STEP_TRACE_AB), else None
+        variant = cur[10] if len(cur) > 10 and cur[10] in ("a", "b") else None
         dev = device.get(start)
         rows.append({"spans": spans, "start": start, "period": period, "launch": cur[2] - cur[1],
                      "wait": wait,
@@ -166,7 +168,8 @@ def steps(records, pause_s: float = PAUSE_S) -> list:
                      "mode": cur[3], "bs": cur[4],
                      "next_mode": nxt[3], "next_bs": nxt[4], "kind": kind, "width": width,
                      "probe": bool(probe),
-                     "index": i, "sampling": sampling, "idle": idle, "compiled": compiled,
+                     "index": i, "sampling": sampling, "variant": variant, "idle": idle,
+                     "compiled": compiled,
                      # ms on the forward stream: first to last mark of this launch, last
                      # mark to the next's first
                      "gpu_span": dev[2] if dev else None, "gpu_gap": dev[3] if dev else None,

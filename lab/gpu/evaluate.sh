@@ -43,7 +43,11 @@
 #                 STEPTRACE_GPU=1 each step's device span too; with STEPTRACE_SPANS=0 no inner
 #                 spans, so that every server pays the same tracing cost a step and the periods
 #                 compare to 0.01 ms); lab/step_trace.py compares every server of a profile with
-#                 its plain server A: steptrace_<profile>.txt
+#                 its plain server A: steptrace_<profile>.txt. A server started with
+#                 ENV_SERVER_<name>="FASTVERIFY_STEP_TRACE_AB=publish" (or spin:US) alternates blocks
+#                 of steps with and without that piece of work (lab/steptrace/steptrace.py), and
+#                 lab/ab_within.py prices it inside that process: ab_<profile>.<name>.txt, its last
+#                 line also in the timeline
 #   PYSPY_SERVERS (e.g. "A auto_never") each named server's TP-0 scheduler sampled by py-spy
 #                 (PYSPY_WHEEL, a py-spy wheel; --nonblocking, PYSPY_RATE per second, default 200)
 #                 over the whole of its profile's measurement: pyspy_<profile>.<name>.txt (raw)
@@ -282,6 +286,19 @@ step_traces() {  # profile index: its servers' traces against its plain server A
   python3 "$ROOT/lab/step_trace.py" "${specs[@]}" --json "$R/steptrace_$1.json" \
     > "$R/steptrace_$1.txt" 2>&1
   log "profile $1: step traces rc=$? (${#specs[@]} servers)"
+  within_ab "$1" "$2"
+}
+within_ab() {  # profile index: each server started with a within-process A/B, its paired result
+  local n own kind
+  while IFS='|' read -r n _; do
+    own="ENV_SERVER_$n"
+    [[ "${!own:-}" == *FASTVERIFY_STEP_TRACE_AB=* ]] && [ -d "$W/steps/$1.$n" ] || continue
+    kind=()  # (the publish variant adds work to the steps of auto's plain path alone)
+    [[ "${!own}" == *FASTVERIFY_STEP_TRACE_AB=publish* ]] && kind=(--kind path)
+    python3 "$ROOT/lab/ab_within.py" "$n=$W/steps/$1.$n" "${kind[@]}" \
+      --json "$R/ab_$1.$n.json" > "$R/ab_$1.$n.txt" 2>&1
+    log "profile $1: within-process A/B of $n (rc=$?): $(tail -n 1 "$R/ab_$1.$n.txt")"
+  done < <(servers_of "$2" "$1")
 }
 spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler until spy_stop
   SPIES=(); SPIED=()  # (set here for each profile: spy_stop reads them)

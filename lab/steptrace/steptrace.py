@@ -14,7 +14,7 @@ timing intact (a few clock reads per iteration, no device synchronisation of its
   sampling, the glue's pieces); then ``greedy`` or ``sampled`` (every request of the batch decodes
   greedily, or not: the sampler's host and device work differ by several times, so steps of a
   greedy load and of a sampled one are not compared with each other), or None where the batch does
-  not say.
+  not say; with ``FASTVERIFY_STEP_TRACE_AB`` set, last the step's variant, ``a`` or ``b`` (below).
 - ``P``: one ``Scheduler.process_batch_result`` call: start, end, and the time spent inside it
   waiting on CUDA events (the host waiting for the step in flight).
 - ``G``: one garbage collection: generation, start, duration.
@@ -45,6 +45,17 @@ wrapped (Triton's compile step still is), so that every server pays the same few
 each span costs the host two clock readings and a sum, and a server on auto's plain path runs
 through more of them than a plain server, which biases a comparison of periods at the 0.01 ms level.
 Nothing in the patch series depends on it.
+
+Within-process A/B (``FASTVERIFY_STEP_TRACE_AB``): two servers' periods differ by their processes'
+own offsets (0.04-0.07 ms a step between two identical auto servers on one H200, as large as the
+costs looked for), so a piece of host work is priced inside one process instead: its decode steps
+alternate in blocks of ``FASTVERIFY_STEP_TRACE_AB_BLOCK`` (32) between variant ``a`` (the server
+as it runs) and ``b`` (the same plus one piece of work, done right after the step's ``run_batch``),
+and ``lab/ab_within.py`` sets each ``b`` block against the ``a`` block before it. The pieces
+(`AB_EXTRAS`): ``publish``, on each step of auto's plain path the lengths' publish to the future
+map that patch 0012 took out of SGLang's ``run_batch`` (the same call on the forward stream; nothing
+reads what it writes); ``spin:US``, a busy wait of US microseconds on every decode step (the known
+cost that shows the method recovers it).
 """
 
 from __future__ import annotations
@@ -62,6 +73,9 @@ from typing import Callable, List, Optional
 ENV = "FASTVERIFY_STEP_TRACE"
 GPU_ENV = "FASTVERIFY_STEP_TRACE_GPU"  # "1": also the device side of each step (E records)
 SPANS_ENV = "FASTVERIFY_STEP_TRACE_SPANS"  # "0": only Triton's compile step of SPANS is wrapped
+AB_ENV = "FASTVERIFY_STEP_TRACE_AB"  # the piece of work of variant "b" (module docstring)
+AB_BLOCK_ENV = "FASTVERIFY_STEP_TRACE_AB_BLOCK"  # decode steps per block of one variant
+AB_BLOCK = 32
 # records kept in memory at most (~2 per step): a write on the scheduler thread stalls a step
 FLUSH_EVERY = 16384
 MARK = "_fastverify_span"  # set on the functions this module wrapped
@@ -194,6 +208,77 @@ class GpuMarks:
         return out
 
 
+def publish_on_path(scheduler, batch, mode: str, on_path: bool) -> None:
+    """Variant ``publish``: after a step on auto's plain path, the publish of its lengths that
+    SGLang's ``run_batch`` makes for a batch without speculation and patch 0012 skips in an n-gram
+    server, on the forward stream as there."""
+    if not (on_path and mode == "DECODE"):
+        return
+    with scheduler.forward_stream_ctx:
+        scheduler.future_map.publish(batch.req_pool_indices, batch.seq_lens + 1)
+
+
+def spinner(us: float, clock: Callable[[], float] = time.perf_counter):
+    """Variant ``spin:US``: a busy wait of ``us`` microseconds after every decode step."""
+    seconds = us / 1e6
+
+    def spin(scheduler, batch, mode: str, on_path: bool) -> None:
+        if mode != "DECODE":
+            return
+        end = clock() + seconds
+        while clock() < end:
+            pass
+
+    return spin
+
+
+# the pieces of work a variant "b" adds: name -> function(scheduler, batch, mode, on_path)
+AB_EXTRAS = {"publish": publish_on_path}
+
+
+class WithinAB:
+    """Variant of each step: decode steps (forward mode DECODE) alternate in blocks of ``block``,
+    "a" first; other steps take the variant of the block they fall in. ``extra`` runs after each
+    step of variant "b" (`StepTrace.wrap_run_batch`)."""
+
+    def __init__(self, extra: Callable, block: int = AB_BLOCK):
+        if int(block) < 1:
+            raise ValueError(f"{AB_BLOCK_ENV} must be >= 1, got {block!r}")
+        self.extra, self.block = extra, int(block)
+        self.decode_steps = 0
+
+    def variant(self, mode: str) -> str:
+        v = "b" if (self.decode_steps // self.block) % 2 else "a"
+        if mode == "DECODE":
+            self.decode_steps += 1
+        return v
+
+
+def within_ab(env=None) -> Optional[WithinAB]:
+    """The A/B that ``AB_ENV`` names (None where unset); a clear error for a name it does not
+    know."""
+    env = os.environ if env is None else env
+    spec = env.get(AB_ENV, "").strip()
+    if not spec:
+        return None
+    block = env.get(AB_BLOCK_ENV, str(AB_BLOCK))
+    try:
+        block = int(block)
+    except ValueError:
+        raise ValueError(f"{AB_BLOCK_ENV}={block!r}: not an integer") from None
+    if spec.startswith("spin:"):
+        try:
+            us = float(spec[5:])
+        except ValueError:
+            us = -1.0
+        if not us > 0:
+            raise ValueError(f"{AB_ENV}={spec!r}: spin needs microseconds > 0 (spin:20)")
+        return WithinAB(spinner(us), block)
+    if spec not in AB_EXTRAS:
+        raise ValueError(f"{AB_ENV}={spec!r}: one of {', '.join(sorted(AB_EXTRAS))} or spin:US")
+    return WithinAB(AB_EXTRAS[spec], block)
+
+
 class StepTrace:
     """Collects the records of one process and appends them to ``path`` when the scheduler goes
     idle, or every ``flush_every`` records when it does not."""
@@ -215,6 +300,7 @@ class StepTrace:
         self.idle_noted = False  # an "I" record was written since the last launch
         self._gc_start: Optional[float] = None
         self.gpu = gpu  # GpuMarks, or None: no E records
+        self.ab: Optional[WithinAB] = None  # a within-process A/B (module docstring), or None
 
     def add(self, record: list) -> None:
         self.records.append(record)
@@ -329,6 +415,10 @@ class StepTrace:
             if gpu is not None:
                 gpu.begin(stream)
             result = fn(scheduler, batch, *args, **kwargs)
+            ab = trace.ab
+            variant = ab.variant(mode) if ab is not None else None
+            if variant == "b":
+                ab.extra(scheduler, batch, mode, on_path)
             marks = gpu.end(stream, t0) if gpu is not None else ()
             t1 = trace.clock()
             spans, trace.spans = trace.spans, {}
@@ -336,7 +426,10 @@ class StepTrace:
             # still its last decode step's)
             kind = ([PATH_KIND, 1, False] if on_path and mode == "DECODE"
                     else auto_step(scheduler) if mode in AUTO_MODES else [None, None, None])
-            trace.add(["R", t0, t1, mode, bs, *kind, spans, how])
+            rec = ["R", t0, t1, mode, bs, *kind, spans, how]
+            if variant is not None:
+                rec.append(variant)
+            trace.add(rec)
             for rec in marks:
                 trace.add(rec)
             return result
@@ -485,6 +578,7 @@ def _instrument_module(module) -> None:
     gpu = GpuMarks(torch.cuda.Event) if os.environ.get(GPU_ENV, "0") == "1" else None
     trace = StepTrace(trace_path(os.environ[ENV]), gpu=gpu)
     trace.span_targets = span_targets()
+    trace.ab = within_ab()
     instrument(module.Scheduler, torch.cuda.Event, trace, torch.cuda.Stream)
 
 
@@ -525,5 +619,6 @@ def install_import_hook(env=None) -> bool:
     env = os.environ if env is None else env
     if not env.get(ENV):
         return False
+    within_ab(env)  # (a misspelt A/B stops the launch here, not in the scheduler's process)
     sys.meta_path.insert(0, _AfterImport(SCHEDULER_MODULE, _instrument_module))
     return True
