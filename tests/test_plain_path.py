@@ -61,8 +61,9 @@ class Books:
     late (overlap). A speculative step's lengths come through the future map: the step publishes
     them by row, run_batch gives its next input the batch's rows as future indices, and the next
     step's resolve gathers them by those indices and leaves no host lengths (patch 0009: no
-    attention backend needs them). The scheduler publishes a plain step's lengths too, one more
-    than the next step starts from: gathered for a speculative batch, they would break the books.
+    attention backend needs them). An n-gram server's scheduler publishes no lengths for a plain
+    step (patch 0012; a plain server's publishes one more than the next step starts from), so a
+    speculative batch's resolve by future indices would find the worker's last, stale ones.
 
     ``layout``: where a request's committed length and pool row live (0.5.16: on the request;
     0.5.23: on its KV record only), and in 0.5.23 the future map relays an n-gram step's accept
@@ -211,8 +212,7 @@ class Books:
             b.seq_lens = b.seq_lens + 1
             b.seq_lens_cpu = b.seq_lens_cpu + 1
             self.resolve()
-            at = b.seq_lens - 1
-            self.published[b.req_pool_indices] = b.seq_lens + 1  # the scheduler's own publish
+            at = b.seq_lens - 1  # (no publish of its lengths: patch 0012's run_batch hunk)
             kind = "plain"
         else:
             for r in self.reqs:  # eagle_prepare_for_decode's reservation
