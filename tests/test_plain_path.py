@@ -805,7 +805,7 @@ def _nxt(t):  # the target's greedy output after token t
 
 
 def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=False,
-           observed=False, finishes=()):
+           observed=False, finishes=(), staggered=False):
     """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
     probes), the scheduler's hooks and its KV books and future map as in each pinned version (in
     0.5.23 the worker's roots come through the future map's accept token buffer, which a stretch
@@ -814,7 +814,9 @@ def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=
     instead of a decode step, and the next one merges it into the running batch first, as SGLang's
     scheduler does. ``in_flight``: the two requests' prefill is the forward in flight (else it is
     processed); ``observed``: the gain model has seen drafts of earlier requests; ``finishes``: the
-    iterations at whose start the batch's last request has finished (`Books.finish_last`). Returns
+    iterations at whose start the batch's last request has finished (`Books.finish_last`);
+    ``staggered`` (with ``in_flight``): the two requests were prefilled one after the other, the
+    first one's result processed, the second one's the forward in flight. Returns
     (books, state, corpus, the path of each iteration: plain, worker or prefill); the books are
     checked once every forward is processed."""
     table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
@@ -843,9 +845,14 @@ def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=
     sched.future_map.output_tokens_buf[:2] = 99
     if observed:
         state.controller.gain.version = 1
-    if in_flight:
+    prefills = [list(books.reqs)]
+    if staggered:  # the first request's prefill processed, the second one's in flight
+        prefills = [[r] for r in books.reqs]
+        books.reqs[0].output_ids.append(books.queue[0][1][0])
+        books.queue = [("prefill", books.queue[0][1][1:], books.reqs[1:])]
+    for reqs in (prefills if in_flight else []):
         assert auto.plain_step(w, SimpleNamespace(
-            reqs=list(books.reqs), spec_info=None, spec_algorithm=Algo.NGRAM,
+            reqs=reqs, spec_info=None, spec_algorithm=Algo.NGRAM,
             forward_mode=SimpleNamespace(is_decode=lambda: False))) is None
     path, published, merging = [], [], None
     for step in range(steps):
@@ -945,6 +952,39 @@ def test_a_batch_just_prefilled_starts_on_the_plain_path(tmp_path, layout):
     assert [r.spec_verify_ct for r in books.reqs] == [40, 40]
     gets = [step for kind, step in corpus.events if kind == "get"]
     assert gets and gets[0] == auto.REFILL_STEPS and c["plain_path_probes"] == len(gets)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_requests_prefilled_one_after_another_start_on_the_plain_path_together(tmp_path, layout):
+    """Two requests arrived one after the other: SGLang ran their prefills back to back and merged
+    them before the first decode step (as at c=4). That step runs on the plain path as after one
+    prefill of both, their outputs are the target's from their prefill's tokens on and the books
+    add up; before, it ran in the worker (the last forward was the prefill of only one of them)."""
+    books, state, corpus, path = _serve(tmp_path, layout, 40, draft=_wrong_drafts, in_flight=True,
+                                        observed=True, staggered=True)
+    assert path == ["plain"] * 40
+    assert not state.path_refusals and state.prefill_rids == {"r0", "r1"}
+    assert [r.output_ids[0] for r in books.reqs] == [99, 99]
+    assert [r.spec_verify_ct for r in books.reqs] == [40, 40]
+
+
+def test_a_prefill_after_a_decode_step_starts_the_prefills_afresh(tmp_path):
+    """The requests of back-to-back prefills are gathered only until the next decode step: a
+    prefill after one is a join, not part of the batch's first prefills."""
+    w, state = _state(tmp_path)
+
+    def forward(reqs, decode):
+        # (the prefill's batch: what the worker's step reads before it returns for a prefill)
+        return auto.plain_step(w, SimpleNamespace(
+            reqs=[SimpleNamespace(rid=r) for r in reqs], spec_info=None,
+            spec_algorithm=Algo.NGRAM, forward_mode=SimpleNamespace(is_decode=lambda: decode)))
+
+    forward(["a"], False)
+    forward(["b"], False)
+    assert state.prefill_rids == {"a", "b"} and state.since_prefill == 0
+    state.since_prefill = 1  # a decode step ran (on the path, or in the worker)
+    forward(["c"], False)
+    assert state.prefill_rids == {"c"}
 
 
 def test_a_cold_server_looks_its_first_requests_up_in_the_worker(tmp_path):

@@ -161,6 +161,9 @@ class AutoState:
     in_flight_rids: frozenset = frozenset()
     # decode steps since the last prefill forward (this one counted)
     since_prefill: int = REFILL_STEPS + 1
+    # requests of the prefill forwards since the last decode step (several where requests arrived
+    # one after another before the first decode step: `plain_path._after_prefill`)
+    prefill_rids: frozenset = frozenset()
     # the server's own decode path for stretches without speculation (glue.plain_path): whether
     # the server's settings allow it (None: not asked yet), the steps run on it in this stretch
     # and the most it was to run
@@ -311,6 +314,9 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
                                                    frozenset(r.rid for r in batch.reqs))
     if not batch.forward_mode.is_decode():
+        # (a prefill right after a prefill: their requests together, as SGLang merges them)
+        state.prefill_rids = (state.prefill_rids if state.since_prefill == 0
+                              else frozenset()) | state.last_batch_rids
         not_a_decode_step(state)
         return None
     state.since_prefill += 1
