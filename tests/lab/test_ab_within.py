@@ -10,17 +10,7 @@ import types
 import ab_within  # lab/ and lab/steptrace/ are on sys.path (tests/conftest.py)
 import pytest
 import steptrace
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
-
-    def advance(self, s):
-        self.t += s
+from test_step_trace import Clock  # (the step recorder's tests' fake clock)
 
 
 class Algo:
