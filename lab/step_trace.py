@@ -17,7 +17,8 @@ distribution and not only the mean:
            sampling, the n-gram worker, the auto glue's pieces, batch selection)
 
 over the steady decode steps (a decode step followed by another of the same batch size; gaps longer
-than 0.5 s between two steps are pauses and left out), per kind of step for a server in auto verify
+than 0.5 s between two steps are pauses and left out; for a server started with a within-process
+A/B, its steps of variant a only: lab/ab_within.py prices variant b), per kind of step for a server in auto verify
 mode (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from,
 ``plain path``: a step on SGLang's own decode path, patch 0012, ``spec``: drafts verified), for
 the steps right after each prefill (the time to first token and the next
@@ -363,7 +364,9 @@ def slow_stretches(steady, t0: float, window: int = SLOW_WINDOW, over: float = S
 
 def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict:
     rows = steps(records, pause_s)
-    steady = steady_steps(rows)
+    # a within-process A/B's variant "b" steps carry a piece of work the server does not do
+    # (lab/ab_within.py prices it): the statistics compare servers as they run, without them
+    steady = [r for r in steady_steps(rows) if r.get("variant") != "b"]
     kinds, by_bs = {}, {}
     for r in steady:
         kinds.setdefault(_kind_label(r), []).append(r)
@@ -401,6 +404,7 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         "slow_stretches": slow_stretches(steady, rows[0]["start"] if rows else 0.0),
         "time_by_category": time_by_category(rows),
         "compiled": compiled_kernels(records),
+        "ab_b_steps_left_out": sum(1 for r in steady_steps(rows) if r.get("variant") == "b"),
     }
 
 
@@ -556,6 +560,12 @@ def render(results: dict) -> str:
             out.append(f"  at {f['at_s']:8.2f} s  {f['steps']:5d} steps  {f['over_ms']:7.1f} ms "
                        f"over  late {f['late_share']:.2f}  launch median "
                        f"{f['launch_median_ms']:.3f}{span}")
+    for lab in labels:
+        if results[lab].get("ab_b_steps_left_out"):
+            out.append("")
+            out.append(f"{lab}: {results[lab]['ab_b_steps_left_out']} steady decode steps of a "
+                       "within-process A/B's variant b left out of the statistics above "
+                       "(lab/ab_within.py prices that variant; the time by category counts them)")
     out.extend(_render_time_by_category(results, labels, width))
     for lab in labels:
         kernels = results[lab].get("compiled") or {}

@@ -252,3 +252,30 @@ def test_the_evaluation_prices_the_ab_of_the_servers_started_with_one(tmp_path):
     assert data["results"]["auto_never_b"]["kind"] == "path"
     assert "--kind path" in data["repro_command"]
     assert "LOG profile none: within-process A/B of auto_never_b (rc=0): auto_never_b" in out.stdout
+
+
+def test_the_step_statistics_compare_servers_without_the_b_steps(tmp_path, capsys):
+    """lab/step_trace.py on an A/B server's trace: its statistics keep the steps of variant a
+    only (the server as it runs), and it says how many it left out."""
+    import step_trace
+
+    recs = synthetic(n=2000, extra_ms=0.5, kind="path")
+    res = step_trace.analyze(recs)
+    kept = res["decode"]["steps"]
+    assert res["ab_b_steps_left_out"] > 900 and kept + res["ab_b_steps_left_out"] > 1990
+    # the 0.5 ms of the b steps is not in the median period of what is kept: that is the median
+    # of the a steps' own periods, and all steps' median lies well above it
+    runs = [r for r in recs if r[0] == "R"]
+    periods = {"a": [], "all": []}
+    for cur, nxt in zip(runs, runs[1:]):
+        if cur[3] == nxt[3] == "DECODE" and cur[4] == nxt[4]:
+            ms = 1000.0 * (nxt[1] - cur[1])
+            periods["all"].append(ms)
+            if cur[10] == "a":
+                periods["a"].append(ms)
+    median_a, median_all = (sorted(v)[len(v) // 2] for v in (periods["a"], periods["all"]))
+    assert abs(res["decode"]["period_median"] - median_a) < 0.01 < median_all - median_a - 0.1
+    f = tmp_path / "steps-3.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert step_trace.main([f"auto_never_b={f}"]) == 0
+    assert "variant b left out of the statistics above" in capsys.readouterr().out
