@@ -19,8 +19,9 @@ distribution and not only the mean:
 over the steady decode steps (a decode step followed by another of the same batch size; gaps longer
 than 0.5 s between two steps are pauses and left out; for a server started with a within-process
 A/B, its steps of variant a only: lab/ab_within.py prices variant b), per kind of step for a
-server in auto verify mode (``lean``: no lookup, ``lean probe``: drafts looked up behind only to learn from,
-``plain path``: a step on SGLang's own decode path, patch 0012, ``spec``: drafts verified), for
+server in auto verify mode (``lean``: no lookup, ``lean probe``: drafts looked up behind only to
+learn from, ``plain path``: a step on SGLang's own decode path, patch 0012, ``spec``: drafts
+verified), for
 the steps right after each prefill (the time to first token and the next
 tokens), the time of every step (steady or not) summed by category (prefills, the three steps after
 each, the other decode steps by kind), so that two servers' difference on one load splits into where
