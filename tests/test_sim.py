@@ -8,6 +8,8 @@ plus: with acceptance held flat, the decision flips with the fabric (cost table)
 
 Both cost tables are the sim's "h200-nvlink" (CONTEXT.md measurements) and "pcie-comm-bound" (the
 reference report's box). Throughput is simulated from the tables, not timed."""
+import json
+
 import pytest
 
 from fastverify import sim
@@ -401,3 +403,21 @@ def test_measured_costs_do_not_depend_on_the_periods_lag(ps):
     assert runs[1].options == runs[0].options
     assert runs[1].tokens_per_s == pytest.approx(runs[0].tokens_per_s)
     assert any(o != NONE for o in runs[0].options)  # it speculated somewhere: a real comparison
+
+
+def test_a_cost_table_file_in_the_servers_form_is_a_table(tmp_path, capsys):
+    """`--tables` takes the file `--speculative-ngram-auto-cost-table` reads (decode_ms,
+    verify_ms): its points are the simulated costs, and a broken one is refused with the
+    server's own message."""
+    f = tmp_path / "costs.json"
+    f.write_text(json.dumps({"decode_ms": {"1": 2.0, "64": 2.0},
+                             "verify_ms": {"1": 2.0, "64": 4.0}}))
+    t = sim.cost_table(str(f))
+    assert t.decode_ms(4) == 2.0 and t.verify_ms(64) == 4.0 and t.source == str(f)
+    assert sim.main(["--tables", str(f), "--batch-sizes", "1", "--requests", "2",
+                     "--length", "32"]) == 0
+    assert f"# cost table {f} (ms): 1:2.00" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"decode_ms": {"1": 2.0}}))
+    assert sim.main(["--tables", str(bad), "--batch-sizes", "1"]) == 2
+    assert "missing key 'verify_ms'" in capsys.readouterr().err

@@ -55,11 +55,13 @@ import json
 import random
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from fastverify.controller import (CHAIN, NONE, PLAN_PROBE, AutoConfig, Controller, Option,
                                    RequestView, follow_bound_steps, options_for)
-from fastverify.costs import LEAN, PROBE, SPEC, CostTable, StepCosts, steady_period
+from fastverify.costs import (LEAN, PROBE, SPEC, CostTable, CostTableError, StepCosts,
+                              load_cost_table, steady_period)
 from fastverify.gains import DraftFeatures
 
 PROBE_MAX, COST_SYNC_STEPS = AutoConfig.probe_max, AutoConfig.cost_sync_steps  # the server's
@@ -91,10 +93,31 @@ _DUMMY24_VERIFY = ((1, 4.4967), (2, 4.6166), (4, 4.6370), (8, 4.8352), (16, 4.92
 REFERENCE_PROFILE = "reference-kimi-tp8"  # the profile behind "pcie-comm-bound"
 
 
+def _server_table_file(name: str) -> bool:
+    """Is ``name`` a JSON file in the form the server's auto cost table flag reads (decode_ms and
+    verify_ms, or those under "cost_table")?"""
+    p = Path(name)
+    if p.suffix != ".json" or not p.is_file():
+        return False
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and ("decode_ms" in obj or "cost_table" in obj)
+
+
 def cost_table(name: str) -> CostTable:
-    """A built-in table by name, or a pass-cost profile (name, file, or bench json[#backend])."""
+    """A built-in table by name, a cost table file in the server's form (what
+    ``--speculative-ngram-auto-cost-table`` reads, such as a calibration's), or a pass-cost profile
+    (name, file, or bench json[#backend])."""
     if name == "h200-dummy24":
         return CostTable(_DUMMY24_DECODE, _DUMMY24_VERIFY, name)
+    if _server_table_file(name):
+        try:
+            table = load_cost_table(name, "--tables")
+        except CostTableError as e:
+            raise ValueError(str(e)) from None
+        return CostTable(table.decode, table.verify, name)
     if name == "h200-nvlink":
         def f(t):
             return _compute_ms(9.7, t) + 122 * _h200_allreduce_us(t) / 1000.0
@@ -759,8 +782,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _fill_parser(p):
     p.add_argument("--batch-sizes", default="1,8,64", help="comma-separated concurrent requests")
     p.add_argument("--tables", default=",".join(COST_TABLES),
-                   help=f"comma-separated cost tables: {', '.join(ALL_TABLES)}, or pass-cost "
-                        "profiles "
+                   help=f"comma-separated cost tables: {', '.join(ALL_TABLES)}, a cost table "
+                        "file as --speculative-ngram-auto-cost-table reads it (decode_ms, "
+                        "verify_ms), or pass-cost profiles "
                         "(a built-in name, a profile file, a `fastverify bench allreduce --json` "
                         "result[#backend])")
     p.add_argument("--requests", type=int, default=48)
