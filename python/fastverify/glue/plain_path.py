@@ -398,13 +398,13 @@ def _after_prefill(state, batch) -> tuple:
     back to back and merged them before the first decode step, as at c=4: `AutoState.prefill_rids`;
     before, that step ran in the worker, a likely cause of most of the ~70 decode steps each auto
     server ran there in `twins-smollm2-tp1`, at 5.3 ms median against 1.96 ms on the path), their
-    KV is
-    laid out as a plain server's would be (`_join_lens`: the prefill allocated exactly the prompts'
-    slots) and their first lookups may wait (`Controller.defer_first_lookup`, as for the worker's
-    first step after a prefill). The new requests then get the features of no draft, and the
-    stretch starts from their committed lengths (the prefill's tokens are written by the first step
-    on the path, as a plain server's first decode step writes them). Before, the step right after
-    a prefill ran in the worker: 0.5-0.86 ms over a plain server's step on one H200 at TP=1."""
+    KV is laid out as a plain server's would be (`_join_lens`: the prefill allocated exactly the
+    prompts' slots) and their first lookups may wait (`Controller.defer_first_lookup`, as for the
+    worker's first step after a prefill). The new requests then get the features of no draft, and
+    the stretch starts from their committed lengths (the prefill's tokens are written by the first
+    step on the path, as a plain server's first decode step writes them). Before, the step right
+    after a prefill ran in the worker: 0.5-0.86 ms over a plain server's step on one H200 at
+    TP=1."""
     why = (0, "the last forward verified or prefilled", None)
     rids = [req.rid for req in batch.reqs]
     if (state.since_prefill != 0 or frozenset(rids) != state.prefill_rids
