@@ -10,7 +10,9 @@ batch's filter, memory check and decode preparation), the n-gram branch of _rela
 and resolve_forward_inputs' gather of the input ids for a batch that reads as not speculative in
 an n-gram server; then a stretch's way through SGLang's own FutureMap of an n-gram server (live
 for n-gram in 0.5.23: it stashes the accept tokens and lengths and gathers them by future indices)
-with plain_path's own relay, leave and fill_roots.
+with plain_path's own relay, leave and fill_roots; last, the scheduler's run_batch (overlap path)
+for a decode batch of a plain server, of the plain path in an n-gram server and of a speculative
+one: the lengths it publishes to the future map, and whether the worker is handed on_publish.
 """
 import inspect
 import json
