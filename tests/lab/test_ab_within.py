@@ -233,24 +233,29 @@ def test_the_evaluation_prices_the_ab_of_the_servers_started_with_one(tmp_path):
     start = script.index("within_ab() {")
     body = script[start:script.index("\n}\n", start) + 3]
     w, r = tmp_path / "w", tmp_path / "r"
-    for name in ("A", "auto_never_b"):
+    for name in ("A", "auto_never_b", "P"):
         d = w / "steps" / f"none.{name}"
         d.mkdir(parents=True)
         (d / "steps-1.jsonl").write_text(
             "".join(json.dumps(x) + "\n" for x in synthetic(n=2000, kind="path")))
     r.mkdir()
-    shell = (f"log() {{ echo \"LOG $*\"; }}\n"
-             "servers_of() { printf 'A|plain|30000|x\\nauto_never_b|auto|30010|y\\n'; }\n"
+    shell = (f"set -u\nlog() {{ echo \"LOG $*\"; }}\n"  # (evaluate.sh runs under set -u)
+             "servers_of() { printf 'A|plain|30000|x\\nauto_never_b|auto|30010|y\\n"
+             "P|plain|30020|z\\n'; }\n"
              f"W={w} R={r} ROOT={root}\n{body}\nwithin_ab none 0\n")
-    env = dict(os.environ, ENV_SERVER_auto_never_b="FASTVERIFY_STEP_TRACE_AB=publish")
+    env = dict(os.environ, ENV_SERVER_auto_never_b="FASTVERIFY_STEP_TRACE_AB=publish",
+               ENV_SERVER_P="FASTVERIFY_STEP_TRACE_AB=spin:20")
     out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert sorted(p.name for p in r.iterdir()) == ["ab_none.auto_never_b.json",
-                                                   "ab_none.auto_never_b.txt"]
+    assert sorted(p.name for p in r.iterdir()) == [
+        "ab_none.P.json", "ab_none.P.txt", "ab_none.auto_never_b.json", "ab_none.auto_never_b.txt"]
     data = json.loads((r / "ab_none.auto_never_b.json").read_text())
     assert data["results"]["auto_never_b"]["kind"] == "path"
     assert "--kind path" in data["repro_command"]
+    # the spin variant adds work to every decode step: no kind kept apart
+    data = json.loads((r / "ab_none.P.json").read_text())
+    assert data["results"]["P"]["kind"] is None and "--kind" not in data["repro_command"]
     assert "LOG profile none: within-process A/B of auto_never_b (rc=0): auto_never_b" in out.stdout
 
 
