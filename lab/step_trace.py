@@ -367,7 +367,8 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
     rows = steps(records, pause_s)
     # a within-process A/B's variant "b" steps carry a piece of work the server does not do
     # (lab/ab_within.py prices it): the statistics compare servers as they run, without them
-    steady = [r for r in steady_steps(rows) if r.get("variant") != "b"]
+    all_steady = steady_steps(rows)
+    steady = [r for r in all_steady if r.get("variant") != "b"]
     kinds, by_bs = {}, {}
     for r in steady:
         kinds.setdefault(_kind_label(r), []).append(r)
@@ -405,7 +406,7 @@ def analyze(records, pause_s: float = PAUSE_S, long_ms: float = LONG_MS) -> dict
         "slow_stretches": slow_stretches(steady, rows[0]["start"] if rows else 0.0),
         "time_by_category": time_by_category(rows),
         "compiled": compiled_kernels(records),
-        "ab_b_steps_left_out": sum(1 for r in steady_steps(rows) if r.get("variant") == "b"),
+        "ab_b_steps_left_out": len(all_steady) - len(steady),
     }
 
 
