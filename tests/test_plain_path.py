@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastverify.controller import PLAN_PROBE
+from fastverify.controller import HELD, PLAN_PROBE
 from fastverify.costs import LEAN, PATH, PATH_PROBE, PROBE, SPEC, SWITCH
 from fastverify.gains import DraftFeatures
 from fastverify.glue import auto, plain_path
@@ -368,9 +368,10 @@ def test_a_stretch_on_the_plain_path_keeps_the_kv_books_of_both_paths(tmp_path, 
     c = state.controller.counters
     assert c["plain_path_probes"] == 1 and w.ngram_corpus.gets == [["r0", "r1"]]
     assert c["plain_path_steps"] == 6 and state.noted == 6 and state.stretch == 11
-    # the corpus got the stretch's output as the step before the probe was launched, so that the
-    # probe's lookup does not wait for that insert
-    assert w.ngram_corpus.events == [("put", 5), ("get", 6)]
+    # the corpus got the stretch's output put_lead(2) = 3 steps before the probe, so that the
+    # probe's lookup does not wait for that insert; the probe itself puts nothing
+    assert plain_path.put_lead(2) == 3
+    assert w.ngram_corpus.events == [("put", 3), ("get", 6)]
     # the probe's host time is measured and reaches the controller's costs (the probe credit)
     assert state.controller.costs.samples(PATH_PROBE, 2, 1) == 1
     # each step on the path counts in the scheduler's speculative statistics as a step that
@@ -577,6 +578,33 @@ def test_a_stretch_starts_where_the_lookup_due_can_only_be_a_probe(tmp_path, lay
     assert b.spec_algorithm is Algo.NONE and b.spec_info is None
     assert state.probe_now == (due == 0) and state.stretch_len == 1 and not state.path_refusals
     assert state.noted == (1 if due == 0 else 0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_probe_whose_early_put_was_missed_looks_up_before_it_puts(tmp_path, layout):
+    """The corpus gets a stretch's output `put_lead` steps before its lookup is due; where the
+    lookup comes later than that (here: the controller holds it for five steps), the probe finds
+    the corpus as that put left it and puts the output since then after its lookup, which would
+    otherwise wait for that insert (SGLang's lookup waits for the corpus' pending inserts)."""
+    w, state = _state(tmp_path, stretch_from_now=4)
+    ctl = state.controller
+    asked, real = [], ctl.lookup_on_plain_path
+
+    def held_five_times(views, probe_max, refill=False):
+        asked.append(HELD if len(asked) < 5 else real(views, probe_max, refill=refill))
+        return asked[-1]
+
+    ctl.lookup_on_plain_path = held_five_times
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], layout)
+    path = _run_steps(w, state, books, 14)
+    assert path == ["spec"] + ["plain"] * 13 and asked == [HELD] * 5 + [PLAN_PROBE]
+    # the lookup was due at the stretch's step 4: its output went to the corpus at step 4 -
+    # put_lead(2) = 1 (iteration 2); held through steps 4-8, the probe at step 9 (iteration 10)
+    # looked up first, then put the output of the 8 steps since (depth 6 + 8 - 1 tokens each)
+    assert w.ngram_corpus.events == [("put", 2), ("get", 10), ("put", 10)]
+    assert [len(c) for c in w.ngram_corpus.puts[-1]] == [13, 13] and state.put == 9
+    # the next put comes put_lead steps before the next lookup again
+    assert state.stretch_len - plain_path.put_lead(2) > state.stretch
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -20,8 +20,9 @@ times it (`_time`: its period is what the controller's no speculation costs). Wh
 controller's next lookup comes due, the stretch's steps are counted in one call
 (`Controller.note_plain_path`) and the controller says what that lookup is
 (`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
-path, on the host behind the step's forward, the corpus given the stretch's output as the step
-before was launched (`step`, `_probe`), and one held for want of probe credit waits there; the
+path, on the host behind the step's forward, the corpus given the stretch's output a few steps
+before (`put_lead`: so that the probe's lookup does not wait for the insert), and one held for want
+of probe credit waits there; the
 stretch then goes on to the next lookup. Requests that join the batch (their prefill merged
 into it between two of its steps) stay on the path, their first lookup a probe there, where even
 drafts that matched in full would not be verified (`_join`). A stretch ends when a lookup is a
@@ -103,6 +104,20 @@ LOOKUP_DUE = "a lookup is due"
 SWITCH_MAX_STEPS = 8
 # why a stretch ends where requests joined its batch and their first lookup is left to the worker
 REQUEST_JOINED = "request joined"
+# the most steps before its next lookup that a stretch's output goes to the corpus (`put_lead`)
+PUT_LEAD_MAX = 16
+
+
+def put_lead(bs: int) -> int:
+    """How many steps before the next lookup the corpus is given a stretch's output at batch size
+    ``bs``, so that a probe's lookup, which waits for the corpus' pending inserts, finds them done.
+    SGLang's corpus inserts on a thread of its own, one request's context at a time; with its
+    default capacity (10,000,000 trie nodes) one request's put of a 32-step stretch (49 tokens at
+    trie depth 18) took ~0.7 ms on an AMD EPYC host, and a probe whose put was issued one 1.9 ms
+    step earlier waited 0.75 ms at bs 4 (none at bs 1; `lab/probe_put_lead.py`). Two steps, and one
+    more for every two requests (steps take >= 1.5 ms): the probe's drafts then miss only n-grams
+    whose continuation lies in those last steps' output."""
+    return min(2 + bs // 2, PUT_LEAD_MAX)
 
 
 def _state(scheduler):
@@ -608,10 +623,11 @@ def step(worker, batch, state):
     if state.probe_now:
         state.probe_now = False
         _probe(worker, batch, state, before)
-    elif state.stretch >= state.stretch_len and before > state.put:
-        # the next step asks the controller for its lookup: the corpus gets the stretch's output
-        # now, so that a probe there does not wait for the insert (the lookup waits for the
-        # corpus' pending puts; on one H200, a probe that put first took 1.2 ms, median)
+    elif before == state.stretch_len - put_lead(state.path_bs) and before > state.put:
+        # the controller is asked for its next lookup `put_lead` steps from here: the corpus gets
+        # the stretch's output now, so that a probe there does not wait for the insert (the lookup
+        # waits for the corpus' pending puts; on one H200 a probe that put first took 1.2 ms
+        # median, one whose put was made a step earlier 0.62 ms)
         _put_upto(worker, batch, state, before)
     return result
 
@@ -637,32 +653,36 @@ def _time(state, k: int, bs: int) -> None:
 
 
 def _probe(worker, batch, state, before: int) -> None:
-    """A probe on the plain path, on the host while the GPU runs the step just launched: the corpus
-    is given the stretch's output since its last put (``before``: the stretch's steps launched
-    before this one), the drafts of earlier probes are scored against the output the host has, and
-    drafts are looked up on the host's tokens, recorded to be scored later and reported
-    (`Controller.note_probe`, which counts this step). The stretch then runs until the next lookup
-    the controller expects; none where the drafts found make speculation look worthwhile (the next
-    step goes back to the worker, which looks up for real). The corpus was given the output up to
-    the step before as that step was launched (`step`); one token more is not worth waiting for its
-    insert (an n-gram that ends at the last token the host has continues nowhere yet), more is put
-    here. The probe's host time is measured (PATH_PROBE: `Controller.probe_cost`, what the probe
-    credit weighs) and the controller's copy of the measured costs refreshed: with one rank at each
-    probe; with TP > 1 from rank 0's (a CPU-side broadcast every rank makes at the same probe) once
-    `AutoConfig.cost_sync_steps` of the controller's steps passed since the last, the cadence of
-    the worker's steps (probes come 1, 2, 4, ... steps apart again after every join and at every
-    stretch's start, and each broadcast pickles the costs and runs two collectives on the host)."""
+    """A probe on the plain path, on the host while the GPU runs the step just launched: the drafts
+    of earlier probes are scored against the output the host has, and drafts are looked up on the
+    host's tokens, recorded to be scored later and reported (`Controller.note_probe`, which counts
+    this step). The stretch then runs until the next lookup the controller expects; none where the
+    drafts found make speculation look worthwhile (the next step goes back to the worker, which
+    looks up for real). The corpus was given the stretch's output `put_lead` steps before (`step`):
+    the lookup waits for the corpus' pending inserts, and those few steps' output only holds
+    n-grams whose continuation is yet to come or lies in those steps. Where no put was made then
+    (``before``: the stretch's steps launched before this one; a lookup due sooner), the output
+    since the last put is put after the lookup. The probe's host time is measured (PATH_PROBE:
+    `Controller.probe_cost`, what the probe credit weighs) and the controller's copy of the
+    measured costs refreshed: with one rank at each probe; with TP > 1 from rank 0's (a CPU-side
+    broadcast every rank makes at the same probe) once `AutoConfig.cost_sync_steps` of the
+    controller's steps passed since the last, the cadence of the worker's steps (probes come 1, 2,
+    4, ... steps apart again after every join and at every stretch's start, and each broadcast
+    pickles the costs and runs two collectives on the host)."""
     # (looked up on auto at each probe, not bound at import: the step tracer, lab/steptrace,
     # times these two by wrapping them on auto; tests/lab/test_step_trace.py checks that no
     # module binds a traced function at import)
     from fastverify.glue.auto import _sync_requests, probe_behind
 
     t0 = state.clock()
-    if before - state.put > 1:
-        _put_upto(worker, batch, state, before)
     _sync_requests(state, batch)
     erase_departed(worker, batch)
     views = probe_behind(worker, state, batch)
+    if before - state.put > put_lead(len(batch.reqs)):
+        # no put was made `put_lead` steps before (a lookup due sooner than that, after a join or
+        # a probe held): the output since the last put goes to the corpus after the lookup, which
+        # would otherwise wait for its insert; the next probe finds it
+        _put_upto(worker, batch, state, before)
     ctl = state.controller
     ctl.note_probe(views)
     if state.costs is not None:
