@@ -135,6 +135,22 @@ def test_step_costs_table_then_host_part_then_medians():
         c.record("decode", 1, 1, 1.0)
 
 
+def test_medians_by_batch_size_of_one_kind():
+    """What the plain path's log line reports of its probes: per batch size, the median of the
+    recent periods of one kind, no other kind's and no width but 1."""
+    from fastverify.costs import PATH, PATH_PROBE, SPEC, StepCosts
+
+    c = StepCosts(LINEAR, window=3, min_samples=3)
+    assert c.medians_by_bs(PATH_PROBE) == {}
+    for ms in (0.9, 0.4, 0.5, 0.6):  # the window keeps the last 3
+        c.record(PATH_PROBE, 4, 1, ms)
+    c.record(PATH_PROBE, 1, 1, 0.3)  # one sample is enough for a median here
+    c.record(PATH, 1, 1, 2.0)
+    c.record(SPEC, 1, 8, 5.0)
+    assert c.medians_by_bs(PATH_PROBE) == {1: 0.3, 4: 0.5}
+    assert c.medians_by_bs(SPEC) == {} and c.medians_by_bs(PATH) == {1: 2.0}
+
+
 def test_a_period_is_kept_only_between_two_steps_of_one_class():
     from fastverify.costs import LEAN, PROBE, SPEC, steady_period
 

@@ -1356,6 +1356,10 @@ def test_probes_on_the_path_that_find_paying_drafts_send_the_batch_back_to_the_w
     assert path[1:back] == ["plain"] * (back - 1) and c["plain_path_probes"] >= 1
     assert c["plain_path_stretches"] == 1
     assert "the last one ended: a lookup is due" in caplog.text
+    # with the probes' host time on the path, median by batch size (the fake clock: 10 ms a call)
+    probes = state.costs.medians_by_bs(PATH_PROBE)
+    assert list(probes) == [2] and probes[2] > 0
+    assert f"a probe on it, ms by batch size: {{2: {round(probes[2], 3)}}}" in caplog.text
     # the requests' drafts were scored: the gain model expects drafts that match in full to pay
     assert state.controller._full_match_wanted(["r0", "r1"])
 

@@ -358,6 +358,12 @@ class StepCosts:
         kept = [x for x in q if x <= cut]
         return sum(kept) / len(kept)
 
+    def medians_by_bs(self, kind: str) -> dict:
+        """{batch size: the median of kind's recent periods (ms)} at every batch size it was
+        recorded at (width 1: the kinds that have no other)."""
+        return {bs: _median(q) for (k, bs, w), q in sorted(self._periods.items())
+                if k == kind and w == 1 and q}
+
     def host_ms(self, kind: str) -> float:
         h = self._host[kind]
         return max(_median(h), 0.0) if h else 0.0

@@ -528,20 +528,23 @@ LOG_EVERY_S = 30.0
 
 def _log_stretches(state, why) -> None:
     """Now and then (`LOG_EVERY_S`), a line on the stretches so far: how many, how many steps, why
-    the last one ended (``why``; None: asked where no stretch started) and why steps of the worker
-    did not start one."""
+    the last one ended (``why``; None: asked where no stretch started), why steps of the worker
+    did not start one, and a probe's host time on the path (the median of the recent ones at each
+    batch size, as measured for the probe credit)."""
     now = state.clock()
     if state.path_logged_at is not None and now - state.path_logged_at < LOG_EVERY_S:
         return
     state.path_logged_at = now
     c = state.controller.counters
     n, steps = c["plain_path_stretches"], c["plain_path_steps"]
+    probe_ms = ({bs: round(ms, 3) for bs, ms in state.costs.medians_by_bs(PATH_PROBE).items()}
+                if state.costs is not None else {})
     logger.info("auto verify: %d stretches on the plain decode path, %d steps (%.1f each, %.0f %% "
                 "of the decode steps, %d probes on it, %d requests joined it)%s; no stretch from a "
-                "worker's step: %s", n, steps, steps / max(n, 1),
-                100.0 * steps / max(c["steps"], 1), c["plain_path_probes"], c["plain_path_joins"],
-                f", the last one ended: {why}" if why else "",
-                dict(sorted(state.path_refusals.items())) or "-")
+                "worker's step: %s; a probe on it, ms by batch size: %s", n, steps,
+                steps / max(n, 1), 100.0 * steps / max(c["steps"], 1), c["plain_path_probes"],
+                c["plain_path_joins"], f", the last one ended: {why}" if why else "",
+                dict(sorted(state.path_refusals.items())) or "-", probe_ms or "-")
 
 
 def _put_stretch(worker, reqs, n: int) -> None:
