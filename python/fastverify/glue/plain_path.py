@@ -112,11 +112,12 @@ def put_lead(bs: int) -> int:
     """How many steps before the next lookup the corpus is given a stretch's output at batch size
     ``bs``, so that a probe's lookup, which waits for the corpus' pending inserts, finds them done.
     SGLang's corpus inserts on a thread of its own, one request's context at a time; with its
-    default capacity (10,000,000 trie nodes) one request's put of a 32-step stretch (49 tokens at
-    trie depth 18) took ~0.7 ms on an AMD EPYC host, and a probe whose put was issued one 1.9 ms
-    step earlier waited 0.75 ms at bs 4 (none at bs 1; `lab/probe_put_lead.py`). Two steps, and one
-    more for every two requests (steps take >= 1.5 ms): the probe's drafts then miss only n-grams
-    whose continuation lies in those last steps' output."""
+    default capacity (10,000,000 trie nodes) one request's put of a 32-step stretch (49 new tokens
+    at trie depth 18) took 0.86 ms on an AMD EPYC host, and a probe whose put was made one 1.9 ms
+    step earlier waited 2.5 ms at bs 4 and 17 ms at bs 16; made `put_lead` steps earlier, 0.17 and
+    0.44 ms, the lookup's own time (bs 1: 0.09 ms either way; `lab/probe_put_lead.py`). Two steps,
+    and one more for every two requests (a step takes >= 1.5 ms): the probe's drafts then miss only
+    n-grams whose continuation lies in those last steps' output."""
     return min(2 + bs // 2, PUT_LEAD_MAX)
 
 
