@@ -13,6 +13,8 @@ output since the last put (each request's last depth + n - 1 tokens, as `plain_p
 gives it) is put ``lead`` steps before the probe: 1, where the plain path put it before, and
 `plain_path.put_lead(bs)`, where it puts it now, in alternating cycles (A B B A ...) on the same
 corpus. Before the cycles, one put's insert alone is timed (`synchronize` right after the put).
+Then cycles that end in a real lookup (the stretch leaves the path for it): the output since the
+early put put before the lookup, as `leave` did, or after it (`plain_path.put_pending`).
 Absolute times are this host's: the trie's insert is memory-bound and its speed differs between
 hosts; run it on the GPU machine's host for that host's numbers.
 """
@@ -43,50 +45,90 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+class Requests:
+    """``bs`` requests writing novel tokens into SGLang's corpus as a stretch on the plain path
+    does: their prompts put first (a prefill's put), then steps of one token each, a busy wait of
+    ``a.step_ms`` a step, the output since the last put put as `plain_path._put_stretch` gives it
+    (each request's last depth + n - 1 tokens)."""
+
+    def __init__(self, corpus, bs, a, rng, tag):
+        self.corpus, self.a, self.rng = corpus, a, rng
+        self.outs = [[rng.randrange(a.vocab) for _ in range(a.prompt)] for _ in range(bs)]
+        corpus.batch_put([list(o) for o in self.outs])
+        corpus.synchronize()
+        self.rids = [f"{tag}-{i}" for i in range(bs)]
+        self.unput = 0  # steps written since the last put
+
+    def put(self, n=None):
+        n = self.unput if n is None else n
+        self.corpus.batch_put([list(o[-(self.a.depth + n - 1):]) for o in self.outs])
+        self.unput = 0
+
+    def stretch(self, lead):
+        """``a.interval`` steps, the output since the last put put at the step ``lead`` steps
+        before the interval's end (where its lookup is due)."""
+        for s in range(self.a.interval):
+            for o in self.outs:
+                o.append(self.rng.randrange(self.a.vocab))
+            self.unput += 1
+            if s == self.a.interval - lead:
+                self.put()
+            spin(self.a.step_ms)
+
+    def lookup_us(self):
+        """A lookup on each request's last depth tokens, timed with its wait for the inserts."""
+        ctx = [list(o[-self.a.depth:]) for o in self.outs]
+        totals = [len(o) for o in self.outs]
+        t = time.perf_counter()
+        self.corpus.synchronize()
+        self.corpus.batch_get(self.rids, ctx, totals)
+        return (time.perf_counter() - t) * 1e6
+
+
+def abba(a_value, b_value, n):
+    """n values alternating A B B A A B B A ..."""
+    return [a_value if c % 4 in (0, 3) else b_value for c in range(n)]
+
+
 def run_bs(corpus, bs, a, leads, rng, tag):
     """Cycles of ``a.interval`` steps at batch size ``bs``, the put ``lead`` steps before each
     probe (leads alternating A B B A ...). Returns {lead: [wait us per probe]} and the insert
     alone (us per put of one interval's output, median of ``a.cycles // 4 + 1``)."""
-    vocab = a.vocab
-    outs = [[rng.randrange(vocab) for _ in range(a.prompt)] for _ in range(bs)]
-    corpus.batch_put([list(o) for o in outs])  # the prompts (a prefill's put)
-    corpus.synchronize()
-    rids = [f"{tag}-{i}" for i in range(bs)]
-    depth = a.depth
-
-    def contexts(n):
-        return [list(o[-(depth + n - 1):]) for o in outs]
-
+    r = Requests(corpus, bs, a, rng, tag)
     alone = []
     for _ in range(a.cycles // 4 + 1):
-        for o in outs:
-            o.extend(rng.randrange(vocab) for _ in range(a.interval))
+        for o in r.outs:
+            o.extend(rng.randrange(a.vocab) for _ in range(a.interval))
         t = time.perf_counter()
-        corpus.batch_put(contexts(a.interval))
+        r.put(a.interval)
         corpus.synchronize()
         alone.append((time.perf_counter() - t) * 1e6)
     waits = {lead: [] for lead in leads}
-    order = []
-    for c in range(a.cycles):
-        order.append(leads[0] if c % 4 in (0, 3) else leads[1])
-    unput = 0  # steps written since the last put
-    for lead in order:
-        for s in range(a.interval):
-            for o in outs:
-                o.append(rng.randrange(vocab))
-            unput += 1
-            if s == a.interval - lead:
-                corpus.batch_put(contexts(unput))
-                unput = 0
-            spin(a.step_ms)
-        ctx = [list(o[-depth:]) for o in outs]
-        totals = [len(o) for o in outs]
-        t = time.perf_counter()
-        corpus.synchronize()
-        corpus.batch_get(rids, ctx, totals)
-        waits[lead].append((time.perf_counter() - t) * 1e6)
-    corpus.erase_match_state(rids)
+    for lead in abba(leads[0], leads[1], a.cycles):
+        r.stretch(lead)
+        waits[lead].append(r.lookup_us())
+    corpus.erase_match_state(r.rids)
     return waits, statistics.median(alone)
+
+
+def run_leave(corpus, bs, a, rng, tag):
+    """Cycles of ``a.interval`` steps at batch size ``bs`` ending in a real lookup: the stretch
+    leaves the path, its output since the early put (made `put_lead` steps before) still to be
+    put. Alternating (A B B A ...): the put first and then the lookup (how `leave` did it), or the
+    lookup first and then the put (`plain_path.put_pending`). Returns {order: [wait us]}."""
+    from fastverify.glue.plain_path import put_lead
+
+    r = Requests(corpus, bs, a, rng, tag)
+    waits = {"put first": [], "look up first": []}
+    for first in abba("put first", "look up first", a.cycles):
+        r.stretch(put_lead(bs))
+        if first == "put first":
+            r.put()
+        waits[first].append(r.lookup_us())
+        if first == "look up first":
+            r.put()
+        corpus.erase_match_state(r.rids)  # (the worker's lookups start from a fresh state)
+    return waits
 
 
 def main(argv=None) -> int:
@@ -138,7 +180,7 @@ def main(argv=None) -> int:
           f"{a.step_ms} ms steps, a probe every {a.interval} steps, depth {a.depth}")
     print(f"{'bs':>3} {'insert alone':>13} {'lead':>5} {'wait median':>12} {'p90':>9} "
           f"{'probes':>7}")
-    rows = []
+    rows, leaves = [], []
     for bs in sizes:
         leads = [1, put_lead(bs)]
         if leads[1] == 1:
@@ -154,9 +196,20 @@ def main(argv=None) -> int:
             print(f"{bs:>3} {alone:>10.0f} us {lead:>5} {row['wait_median_us']:>9.0f} us "
                   f"{row['wait_p90_us']:>6.0f} us {len(w):>7}"
                   + ("  (baseline: the put one step before)" if lead == 1 else "  (put_lead)"))
+        for first, w in run_leave(corpus, bs, a, rng, f"leave{bs}").items():
+            leaves.append({"bs": bs, "order": first, "baseline": first == "put first",
+                           "wait_median_us": round(statistics.median(w), 1),
+                           "wait_p90_us": round(pct(w, 0.9), 1), "lookups": len(w)})
+    print("# a real lookup after the stretch leaves the path (the early put made put_lead steps "
+          "before): its wait")
+    print(f"{'bs':>3} {'order':>14} {'wait median':>12} {'p90':>9} {'lookups':>8}")
+    for r in leaves:
+        print(f"{r['bs']:>3} {r['order']:>14} {r['wait_median_us']:>9.0f} us "
+              f"{r['wait_p90_us']:>6.0f} us {r['lookups']:>8}"
+              + ("  (baseline)" if r["baseline"] else "  (put_pending)"))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"environment": env, "rows": rows,
+            json.dump({"environment": env, "rows": rows, "real_lookups": leaves,
                        "repro_command": "python lab/probe_put_lead.py " + " ".join(
                            sys.argv[1:] if argv is None else argv)}, fh, indent=1)
     return 0

@@ -95,6 +95,25 @@ def test_perfect_drafts_pick_the_widest_chain_when_verify_is_cheap(tmp_path):
     assert widths[-10:] == [K] * 10
 
 
+def test_a_speculating_step_puts_a_stretchs_held_back_output_after_its_lookup(tmp_path):
+    """A stretch left for a real lookup holds its last output back (`plain_path.leave`); the
+    worker's step that looks up for real puts it once its drafts are there (step_drafts), not
+    before its lookup, and only once."""
+    worker = _worker()
+    puts = []
+    worker.ngram_corpus = SimpleNamespace(batch_put=puts.append)
+    streams = [list(range(100, 400))]
+    _run(worker, _spec(tmp_path, CHEAP), streams, 2, lambda s, n: s[n:n + K - 1])
+    state = worker._fv_auto
+    state.pending_put = [[7, 8, 9]]
+    reqs = [SimpleNamespace(rid="r0", output_ids=streams[0][:50])]
+    toks, mask = _drafts([streams[0][50:53]])
+    auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False), toks, mask, 1)
+    assert puts == [[[7, 8, 9]]] and state.pending_put is None
+    auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False), toks, mask, 1)
+    assert puts == [[[7, 8, 9]]]
+
+
 def test_useless_drafts_keep_width_one(tmp_path):
     streams = [list(range(100, 400))]
     widths = _run(_worker(), _spec(tmp_path, DEAR), streams, 60, lambda s, n: [7, 7, 7])

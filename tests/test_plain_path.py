@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastverify.controller import HELD, PLAN_PROBE
+from fastverify.controller import HELD, LOOKUP, PLAN_PROBE
 from fastverify.costs import LEAN, PATH, PATH_PROBE, PROBE, SPEC, SWITCH
 from fastverify.gains import DraftFeatures
 from fastverify.glue import auto, plain_path
@@ -631,10 +631,10 @@ def test_leaving_makes_a_speculative_input_of_one_token_and_counts_the_stretch(t
     assert info.accept_tokens.shape == (2 * K,) and info.accept_lens.tolist() == [1, 1]
     assert state.controller.step == steps_before + 3 and state.stretch == 0
     assert state.last_start is None  # the switch's period is not measured
-    # the corpus got each request's last max_trie_depth + 2 tokens, once
-    (contexts,) = w.ngram_corpus.puts
-    assert contexts == [([1, 2, 3] + books.reqs[0].output_ids)[-8:],
-                        ([4, 5] + books.reqs[1].output_ids)[-8:]]
+    # each request's last max_trie_depth + 2 tokens go to the corpus once the worker's step
+    # that follows has looked up (none put yet)
+    assert w.ngram_corpus.puts == [] and state.pending_put == [
+        ([1, 2, 3] + books.reqs[0].output_ids)[-8:], ([4, 5] + books.reqs[1].output_ids)[-8:]]
     # the worker's first step back fills each root from the future map's token buffer
     sched.future_map.output_tokens_buf[:2] = torch.tensor([41, 42])
     plain_path.fill_roots(w, b, state)
@@ -932,6 +932,65 @@ def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=
         out = r.output_ids
         assert all(out[i + 1] == _nxt(out[i]) for i in range(len(out) - 1))
     return books, state, corpus, path
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stretch_left_for_a_real_lookup_puts_its_last_output_after_that_lookup(
+        tmp_path, layout, monkeypatch):
+    """Where a stretch ends because a lookup due is a real one, the output of its steps since the
+    last put goes to the corpus after the worker's step has looked up (`plain_path.put_pending`),
+    not before it: SGLang's lookup waits for the corpus' pending inserts (at bs 4 on the CPU host
+    1-2.4 ms). Here the controller's third ask answers a real lookup; the worker's step after it
+    looks drafts up behind its launch, then puts its own step's output, then the stretch's."""
+    from fastverify.controller import Controller
+
+    asks, answer = [], Controller.lookup_on_plain_path
+
+    def third_is_real(self, views, probe_max, refill=False):
+        asks.append(LOOKUP if len(asks) == 2 else answer(self, views, probe_max, refill=refill))
+        return asks[-1]
+
+    monkeypatch.setattr(Controller, "lookup_on_plain_path", third_is_real)
+    held = []
+    put_pending = plain_path.put_pending
+
+    def recorded(worker, state):
+        held.append((worker.ngram_corpus.step, list(state.pending_put)))
+        put_pending(worker, state)
+
+    monkeypatch.setattr(plain_path, "put_pending", recorded)
+    books, state, corpus, path = _serve(tmp_path, layout, 40)
+    back = path.index("worker", 1)  # the iteration whose path choice left for the lookup
+    assert LOOKUP in asks and set(path[1:back]) == {"plain"}
+    # the worker's lookup, its own step's put, then the stretch's held-back output
+    assert [e for e in corpus.events if e[1] == back] == [("get", back), ("put", back),
+                                                          ("put", back)]
+    ((at, contexts),) = held
+    puts = [e[1] for e in corpus.events if e[0] == "put"]  # (one entry of corpus.puts each)
+    last_at_back = len(puts) - 1 - puts[::-1].index(back)
+    assert at == back and corpus.puts[last_at_back] == contexts
+    assert state.pending_put is None and len(contexts) == 2
+    for req, ctx in zip(books.reqs, contexts):  # a window of each request's tokens
+        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        assert any(tokens[i:i + len(ctx)] == ctx for i in range(len(tokens) - len(ctx) + 1))
+    # the stretch's steps since the early put: depth 6 + n - 1 tokens each
+    assert 6 < len(contexts[0]) <= 6 + plain_path.put_lead(2)
+
+
+def test_a_held_back_put_not_made_by_the_worker_is_made_by_the_next_step_on_the_path(tmp_path):
+    """Output held back for a lookup (`leave`) that the worker's step did not put (its batch
+    emptied before that step, say) goes to the corpus at the next step on the path, once."""
+    w, state = _state(tmp_path, stretch_from_now=20)
+    books = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
+    assert _run_steps(w, state, books, 3) == ["spec", "plain", "plain"]
+    state.pending_put = [[1, 2, 3], [4, 5]]
+    puts = len(w.ngram_corpus.puts)
+    books2 = Books([[1, 2, 3], [4, 5, 6, 7, 8]], LAYOUTS[0])
+    b = books2.batch
+    b.spec_algorithm = Algo.NONE
+    for _ in range(2):
+        plain_path.step(w, b, state)
+    assert w.ngram_corpus.puts[puts:] == [[[1, 2, 3], [4, 5]]] and state.pending_put is None
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -1263,8 +1322,9 @@ def test_a_join_the_path_cannot_take_ends_the_stretch_untouched(tmp_path, monkey
     # the stretch's steps counted at the batch size they ran at (2), not the merged one
     assert uncounted > 0 and ctl.counters["requests"] == requests + 2 * uncounted
     assert "r2" not in state.features and ctl._probe_gap == gap
-    # (leaving puts the stretch's output for every request of the batch, as before)
-    assert len(w.ngram_corpus.puts) == puts + 1 and len(w.ngram_corpus.puts[-1]) == 3
+    # (leaving holds the stretch's output back for every request of the batch, as before, to be
+    # put after the worker's step has looked up)
+    assert len(w.ngram_corpus.puts) == puts and len(state.pending_put) == 3
 
 
 def test_a_prefill_between_two_steps_of_a_stretch_ends_the_timed_period(tmp_path):

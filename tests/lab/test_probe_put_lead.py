@@ -47,8 +47,8 @@ def test_each_cycle_puts_lead_steps_before_its_probe(monkeypatch, tmp_path):
     assert calls[0][0] == "put" and calls[0][1] == [10] * 4 and calls[1] == ("sync",)
     assert [c[0] for c in calls[2:6]] == ["put", "sync", "put", "sync"]
     assert calls[2][1] == calls[4][1] == [12] * 4
-    cycles = calls[6:-1]
-    assert calls[-1] == ("erase", [f"bs4-{i}" for i in range(4)])
+    end = calls.index(("erase", [f"bs4-{i}" for i in range(4)]))
+    cycles, leave = calls[6:end], calls[end + 1:]
     assert put_lead(4) == 4
     # A B B A: leads 1, 4, 4, 1; every cycle is a put, then the probe's wait and lookup
     assert [c[0] for c in cycles] == ["put", "sync", "get"] * 4
@@ -59,10 +59,22 @@ def test_each_cycle_puts_lead_steps_before_its_probe(monkeypatch, tmp_path):
     assert all(c[1] == [f"bs4-{i}" for i in range(4)] and c[2] == [5] * 4 for c in cycles[2::3])
     totals = [c[3][0] for c in cycles[2::3]]
     assert totals == [10 + 2 * 8 + 8 * k for k in (1, 2, 3, 4)]
-    assert len(steps) == 4 * 8 and set(steps) == {0.5}
+    # then the cycles that end in a real lookup (after the prompts' put): the early put 4 steps
+    # before, then A B B A: the rest put before the lookup, or after it; each lookup's match
+    # state erased
+    assert leave[:2] == [("put", [10] * 4, leave[0][2]), ("sync",)]
+    kinds = [c[0] for c in leave[2:]]
+    assert kinds == (["put", "put", "sync", "get", "erase"] + ["put", "sync", "get", "put", "erase"]
+                     * 2 + ["put", "put", "sync", "get", "erase"])
+    # each cycle's early put (at step 4 of 8: 5 steps, depth 5 + 5 - 1 tokens a request), then
+    # the rest (the 3 steps after it: 5 + 3 - 1)
+    assert [c[1] for c in leave[2:] if c[0] == "put"] == [[9] * 4, [7] * 4] * 4
+    assert len(steps) == 2 * 4 * 8 and set(steps) == {0.5}
     data = json.loads(out.read_text())
     assert [(r["bs"], r["lead"], r["baseline"], r["probes"]) for r in data["rows"]] == [
         (4, 1, True, 2), (4, 4, False, 2)]
+    assert [(r["bs"], r["order"], r["lookups"]) for r in data["real_lookups"]] == [
+        (4, "put first", 2), (4, "look up first", 2)]
     assert data["environment"]["capacity"] == 10_000_000
     assert data["repro_command"].startswith("python lab/probe_put_lead.py --bs 4")
 

@@ -190,6 +190,9 @@ class AutoState:
     path_refusals: dict = field(default_factory=dict)  # why -> steps that started no stretch
     # the controller's step at the last broadcast of the costs made at a probe on the plain path
     path_synced_at: int = None
+    # a stretch's last output, held back by plain_path.leave for the lookup it left for: put after
+    # that lookup (plain_path.put_pending)
+    pending_put: list = None
 
 
 def setup(worker, spec=None, observability=None, plain=None):
@@ -384,6 +387,10 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
     hook = (lambda: probed.append(probe_behind(worker, state, batch))) if probe else None
     result = run_plain_decode(worker, batch, state.plain, state.k, on_publish, roots_first=ones,
                               before_put=hook)
+    if state.pending_put is not None:  # (after this step's lookups, if any)
+        from fastverify.glue.plain_path import put_pending
+
+        put_pending(worker, state)
     if probe:
         d = ctl.note_probe(probed[0])
     d = d if d is not None else ctl.note_lean(bs)
@@ -697,6 +704,10 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     from fastverify.widths import truncate_drafts
 
     k = state.k
+    if state.pending_put is not None:  # (the lookup the stretch left for is made)
+        from fastverify.glue.plain_path import put_pending
+
+        put_pending(worker, state)
     if state.behind is not None:  # looked up behind, recorded and decided in plain_step
         d, lens = state.behind.decision, state.behind.lens
     else:
