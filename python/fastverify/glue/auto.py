@@ -190,8 +190,8 @@ class AutoState:
     path_refusals: dict = field(default_factory=dict)  # why -> steps that started no stretch
     # the controller's step at the last broadcast of the costs made at a probe on the plain path
     path_synced_at: int = None
-    # a stretch's last output, held back by plain_path.leave for the lookup it left for: put after
-    # that lookup (plain_path.put_pending)
+    # a stretch's last output, held back by plain_path.leave: put once the worker's step that
+    # follows has looked up (plain_path.put_pending)
     pending_put: list = None
 
 

@@ -22,10 +22,9 @@ controller's next lookup comes due, the stretch's steps are counted in one call
 (`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
 path, on the host behind the step's forward, the corpus given the stretch's output a few steps
 before (`put_lead`: so that the probe's lookup does not wait for the insert), and one held for want
-of probe credit waits there; the
-stretch then goes on to the next lookup. Requests that join the batch (their prefill merged
-into it between two of its steps) stay on the path, their first lookup a probe there, where even
-drafts that matched in full would not be verified (`_join`). A stretch ends when a lookup is a
+of probe credit waits there; the stretch then goes on to the next lookup. Requests that join the
+batch (their prefill merged into it between two of its steps) stay on the path, their first lookup
+a probe there, where even drafts that matched in full would not be verified (`_join`). A stretch ends when a lookup is a
 real one (drafts would be verified: a probe found them worth it, or even full matches would be),
 when requests join whose first lookup could pay, or when the batch cannot run plain
 (`auto._plain_capable`); the batch then reads as
@@ -586,9 +585,10 @@ def _stretch_contexts(reqs, n: int, depth: int) -> list:
 
 
 def put_pending(worker, state) -> None:
-    """The stretch's output held back by `leave` for the lookup it left for goes to the corpus:
-    after that lookup (`auto.step_drafts`, the end of `auto.plain_step`'s steps without
-    speculation), or at the next step on the path, whichever comes first."""
+    """The stretch's output held back by `leave` goes to the corpus once the worker's step that
+    follows has looked up (`auto.step_drafts`, once the step's drafts are there; the end of
+    `auto.plain_step`'s step without speculation), or at the next step on the path, whichever
+    comes first."""
     contexts, state.pending_put = state.pending_put, None
     if contexts:
         worker.ngram_corpus.batch_put(contexts)
