@@ -24,15 +24,15 @@ path, on the host behind the step's forward, the corpus given the stretch's outp
 before (`put_lead`: so that the probe's lookup does not wait for the insert), and one held for want
 of probe credit waits there; the stretch then goes on to the next lookup. Requests that join the
 batch (their prefill merged into it between two of its steps) stay on the path, their first lookup
-a probe there, where even drafts that matched in full would not be verified (`_join`). A stretch ends when a lookup is a
-real one (drafts would be verified: a probe found them worth it, or even full matches would be),
-when requests join whose first lookup could pay, or when the batch cannot run plain
-(`auto._plain_capable`); the batch then reads as
-speculative again, with each request's last token as the root of its next step, and the worker's
-own logic goes on (`auto.plain_step`). An excursion for a real lookup is timed until the batch is
-back on the path, against the costs of its steps in the worker as the controller decided them: what
-it took beyond them is what starting a spell of speculation costs (`_excursion_ends`,
-`StepCosts.switch_ms`).
+a probe there, where even drafts that matched in full would not be verified (`_join`). A stretch
+ends when a lookup is a real one (drafts would be verified: a probe found them worth it, or even
+full matches would be), when requests join whose first lookup could pay, or when the batch cannot
+run plain (`auto._plain_capable`); the batch then reads as speculative again, with each request's
+last token as the root of its next step, and the worker's own logic goes on (`auto.plain_step`);
+the stretch's last output goes to the corpus once that step has looked up (`put_pending`). An
+excursion for a real lookup is timed until the batch is back on the path, against the costs of its
+steps in the worker as the controller decided them: what it took beyond them is what starting a
+spell of speculation costs (`_excursion_ends`, `StepCosts.switch_ms`).
 
 Seams (patch 0012, the same shape in both pinned versions):
     Scheduler.update_running_batch      choose_path(scheduler, batch): after the batch's filter,
