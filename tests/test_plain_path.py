@@ -940,7 +940,7 @@ def test_a_stretch_left_for_a_real_lookup_puts_its_last_output_after_that_lookup
     """Where a stretch ends because a lookup due is a real one, the output of its steps since the
     last put goes to the corpus after the worker's step has looked up (`plain_path.put_pending`),
     not before it: SGLang's lookup waits for the corpus' pending inserts (at bs 4 on the CPU host
-    1-2.4 ms). Here the controller's third ask answers a real lookup; the worker's step after it
+    0.8-1.5 ms). Here the controller's third ask answers a real lookup; the worker's step after it
     looks drafts up behind its launch, then puts its own step's output, then the stretch's."""
     from fastverify.controller import Controller
 

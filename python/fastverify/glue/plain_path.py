@@ -112,11 +112,12 @@ def put_lead(bs: int) -> int:
     ``bs``, so that a probe's lookup, which waits for the corpus' pending inserts, finds them done.
     SGLang's corpus inserts on a thread of its own, one request's context at a time; with its
     default capacity (10,000,000 trie nodes) one request's put of a 32-step stretch (49 new tokens
-    at trie depth 18) took 0.86 ms on an AMD EPYC host, and a probe whose put was made one 1.9 ms
-    step earlier waited 2.5 ms at bs 4 and 17 ms at bs 16; made `put_lead` steps earlier, 0.17 and
-    0.44 ms, the lookup's own time (bs 1: 0.09 ms either way; `lab/probe_put_lead.py`). Two steps,
-    and one more for every two requests (a step takes >= 1.5 ms): the probe's drafts then miss only
-    n-grams whose continuation lies in those last steps' output."""
+    at trie depth 18) took 0.8-0.93 ms on an AMD EPYC host, and a probe whose put was made one 1.9
+    ms step earlier waited 1.1-2.6 ms at bs 4 and 15-17 ms at bs 16; made `put_lead` steps earlier,
+    0.16-0.36 and 0.30-0.44 ms, the lookup's own time (bs 1: 0.07-0.11 ms either way; three runs of
+    `lab/probe_put_lead.py`). Two steps, and one more for every two requests (a step takes >= 1.5
+    ms): the probe's drafts then miss only n-grams whose continuation lies in those last steps'
+    output."""
     return min(2 + bs // 2, PUT_LEAD_MAX)
 
 
@@ -505,7 +506,7 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     state.last_start, state.step_before = None, None
     # the stretch's output since its last put: the worker's step that follows may look up (the
     # lookup the batch leaves for, a joining request's first), which would wait for this put's
-    # insert (at bs 4 on the CPU host 1.5 ms, against 0.21 ms with the lookup first;
+    # insert (at bs 4 on the CPU host 0.8-1.5 ms, against 0.15-0.21 ms with the lookup first;
     # lab/probe_put_lead.py): it goes to the corpus after that step's lookups (`put_pending`),
     # which find the corpus as a probe here would have
     n = state.stretch - state.put
