@@ -55,12 +55,17 @@ and ``lab/ab_within.py`` sets each ``b`` block against the ``a`` block before it
 (`AB_EXTRAS`): ``publish``, on each step of auto's plain path the lengths' publish to the future
 map that patch 0012 took out of SGLang's ``run_batch`` (the same call on the forward stream; nothing
 reads what it writes); ``spin:US``, a busy wait of US microseconds on every decode step (the known
-cost that shows the method recovers it).
+cost that shows the method recovers it). Or variant ``b`` runs the server with one of the plain
+path's earlier policies (`AB_POLICIES`, swapped in for each step before its path choice):
+``put_lead_1``, a stretch's output put one step before its lookup (not `plain_path.put_lead` steps);
+``put_first``, a stretch's last output put as it leaves the path (not after the worker's lookup,
+`plain_path.put_pending`).
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import importlib.abc
 import importlib.util
 import json
@@ -236,19 +241,66 @@ def spinner(us: float, clock: Callable[[], float] = time.perf_counter):
 AB_EXTRAS = {"publish": publish_on_path}
 
 
+class Swap:
+    """A policy variant: variant "b" runs with ``module.name`` replaced by ``make(original)``,
+    variant "a" with the original. Set for each step before its path choice (the scheduler asks
+    `plain_path.choose_path` before it runs the step's batch)."""
+
+    def __init__(self, module: str, name: str, make: Callable):
+        self.module, self.name, self.make = module, name, make
+        self._mod = self._original = self._b = None
+
+    def __call__(self, variant: str) -> None:
+        if self._mod is None:
+            self._mod = importlib.import_module(self.module)
+            self._original = getattr(self._mod, self.name)
+            self._b = self.make(self._original, self._mod)
+        setattr(self._mod, self.name, self._b if variant == "b" else self._original)
+
+
+def _lead_of_one(original, module):
+    """``put_lead_1``: a stretch's output put one step before its lookup, as before
+    `plain_path.put_lead`."""
+    return lambda bs: 1
+
+
+def _put_at_leave(original, module):
+    """``put_first``: a stretch's last output put as the batch leaves the path, before the worker's
+    lookup, as before `plain_path.put_pending`."""
+
+    def leave(scheduler, batch, state, why=""):
+        original(scheduler, batch, state, why)
+        module.put_pending(scheduler.model_worker, state)
+
+    return leave
+
+
+# the policies a variant "b" runs with: name -> Swap (its variant "a" is the server as it is)
+AB_POLICIES = {
+    "put_lead_1": ("fastverify.glue.plain_path", "put_lead", _lead_of_one),
+    "put_first": ("fastverify.glue.plain_path", "leave", _put_at_leave),
+}
+
+
 class WithinAB:
     """Variant of each step: decode steps (forward mode DECODE) alternate in blocks of ``block``,
     "a" first; other steps take the variant of the block they fall in. ``extra`` runs after each
-    step of variant "b" (`StepTrace.wrap_run_batch`)."""
+    step of variant "b"; ``policy`` (a `Swap`) is set for the next step's variant after each step,
+    and for variant "a" before the first (`StepTrace.wrap_run_batch`)."""
 
-    def __init__(self, extra: Callable, block: int = AB_BLOCK):
+    def __init__(self, extra: Optional[Callable] = None, block: int = AB_BLOCK,
+                 policy: Optional[Callable] = None):
         if int(block) < 1:
             raise ValueError(f"{AB_BLOCK_ENV} must be >= 1, got {block!r}")
-        self.extra, self.block = extra, int(block)
+        self.extra, self.block, self.policy = extra, int(block), policy
         self.decode_steps = 0
+        self.policy_set = False
+
+    def next_variant(self) -> str:
+        return "b" if (self.decode_steps // self.block) % 2 else "a"
 
     def variant(self, mode: str) -> str:
-        v = "b" if (self.decode_steps // self.block) % 2 else "a"
+        v = self.next_variant()
         if mode == "DECODE":
             self.decode_steps += 1
         return v
@@ -274,8 +326,11 @@ def within_ab(env=None) -> Optional[WithinAB]:
         if not us > 0:
             raise ValueError(f"{AB_ENV}={spec!r}: spin needs microseconds > 0 (spin:20)")
         return WithinAB(spinner(us), block)
+    if spec in AB_POLICIES:
+        return WithinAB(block=block, policy=Swap(*AB_POLICIES[spec]))
     if spec not in AB_EXTRAS:
-        raise ValueError(f"{AB_ENV}={spec!r}: one of {', '.join(sorted(AB_EXTRAS))} or spin:US")
+        names = ", ".join(sorted([*AB_EXTRAS, *AB_POLICIES]))
+        raise ValueError(f"{AB_ENV}={spec!r}: one of {names} or spin:US")
     return WithinAB(AB_EXTRAS[spec], block)
 
 
@@ -411,14 +466,19 @@ class StepTrace:
             on_path = on_plain_path(scheduler, batch)
             trace.idle_noted = False
             gpu, stream = trace.gpu, getattr(scheduler, "forward_stream", None)
+            ab = trace.ab
+            if ab is not None and ab.policy is not None and not ab.policy_set:
+                ab.policy(ab.next_variant())  # (the first step's: later ones are set below)
+                ab.policy_set = True
             t0 = trace.clock()
             if gpu is not None:
                 gpu.begin(stream)
             result = fn(scheduler, batch, *args, **kwargs)
-            ab = trace.ab
             variant = ab.variant(mode) if ab is not None else None
-            if variant == "b":
+            if variant == "b" and ab.extra is not None:
                 ab.extra(scheduler, batch, mode, on_path)
+            if ab is not None and ab.policy is not None:
+                ab.policy(ab.next_variant())  # before the next step's path choice
             marks = gpu.end(stream, t0) if gpu is not None else ()
             t1 = trace.clock()
             spans, trace.spans = trace.spans, {}

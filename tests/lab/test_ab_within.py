@@ -104,7 +104,7 @@ def test_spin_waits_its_microseconds_on_decode_steps():
 
 
 @pytest.mark.parametrize("env, error", [
-    ({"FASTVERIFY_STEP_TRACE_AB": "publsh"}, "one of publish or spin:US"),
+    ({"FASTVERIFY_STEP_TRACE_AB": "publsh"}, "one of publish, put_first, put_lead_1 or spin:US"),
     ({"FASTVERIFY_STEP_TRACE_AB": "spin:0"}, "microseconds > 0"),
     ({"FASTVERIFY_STEP_TRACE_AB": "spin:x"}, "microseconds > 0"),
     ({"FASTVERIFY_STEP_TRACE_AB": "publish", "FASTVERIFY_STEP_TRACE_AB_BLOCK": "0"}, ">= 1"),
@@ -121,6 +121,62 @@ def test_the_ab_env_picks_the_variant_and_block():
                               "FASTVERIFY_STEP_TRACE_AB_BLOCK": "8"})
     assert ab.extra is steptrace.publish_on_path and ab.block == 8
     assert steptrace.within_ab({"FASTVERIFY_STEP_TRACE_AB": "spin:15"}).block == steptrace.AB_BLOCK
+
+
+def test_a_policy_variant_runs_each_step_with_the_policy_of_its_block(tmp_path):
+    """``put_lead_1``: the plain path's put_lead is 1 for every step of a "b" block and its own in
+    an "a" block, set before each step's path choice (the end of the step before), and no extra
+    work is added."""
+    from fastverify.glue import plain_path
+
+    own = plain_path.put_lead
+    seen = []
+
+    class Scheduler:
+        def __init__(self):
+            self.draft_worker = types.SimpleNamespace(_fv_auto=types.SimpleNamespace(
+                last_step=None))
+
+        def run_batch(self, batch):
+            seen.append(plain_path.put_lead(4))  # what the step's own path logic reads
+            return "result"
+
+    ab = steptrace.within_ab({"FASTVERIFY_STEP_TRACE_AB": "put_lead_1",
+                              "FASTVERIFY_STEP_TRACE_AB_BLOCK": "2"})
+    assert ab.extra is None
+    trace = steptrace.StepTrace(str(tmp_path / "steps-1.jsonl"), clock=Clock())
+    trace.ab = ab
+    Scheduler.run_batch = trace.wrap_run_batch(Scheduler.run_batch)
+    s = Scheduler()
+    try:
+        for _ in range(6):
+            s.run_batch(path_batch())
+            # the next step's path choice (before its run_batch) reads the next step's policy
+            seen.append(("choice", plain_path.put_lead(4)))
+    finally:
+        plain_path.put_lead = own
+    assert [r[-1] for r in trace.records] == ["a", "a", "b", "b", "a", "a"]
+    assert seen == [4, ("choice", 4), 4, ("choice", 1), 1, ("choice", 1), 1, ("choice", 4),
+                    4, ("choice", 4), 4, ("choice", 1)]
+
+
+def test_the_put_first_variant_puts_a_stretchs_last_output_as_it_leaves(monkeypatch):
+    """``put_first`` (variant "b"): the stretch's held-back output goes to the corpus right after
+    `plain_path.leave`, before the worker's lookup; variant "a" leaves it held back."""
+    from fastverify.glue import plain_path
+
+    calls = []
+    monkeypatch.setattr(plain_path, "leave",
+                        lambda sched, batch, state, why="": calls.append(("leave", why)))
+    monkeypatch.setattr(plain_path, "put_pending",
+                        lambda worker, state: calls.append(("put", worker)))
+    swap = steptrace.Swap(*steptrace.AB_POLICIES["put_first"])
+    sched = types.SimpleNamespace(model_worker="w")
+    swap("b")
+    plain_path.leave(sched, None, None, "a lookup is due")
+    swap("a")
+    plain_path.leave(sched, None, None, "request joined")
+    assert calls == [("leave", "a lookup is due"), ("put", "w"), ("leave", "request joined")]
 
 
 def synthetic(n=6000, block=32, extra_ms=0.02, seed=1, kind="path"):
@@ -233,7 +289,7 @@ def test_the_evaluation_prices_the_ab_of_the_servers_started_with_one(tmp_path):
     start = script.index("within_ab() {")
     body = script[start:script.index("\n}\n", start) + 3]
     w, r = tmp_path / "w", tmp_path / "r"
-    for name in ("A", "auto_never_b", "P"):
+    for name in ("A", "auto_never_b", "P", "auto_w_b"):
         d = w / "steps" / f"none.{name}"
         d.mkdir(parents=True)
         (d / "steps-1.jsonl").write_text(
@@ -241,15 +297,20 @@ def test_the_evaluation_prices_the_ab_of_the_servers_started_with_one(tmp_path):
     r.mkdir()
     shell = (f"set -u\nlog() {{ echo \"LOG $*\"; }}\n"  # (evaluate.sh runs under set -u)
              "servers_of() { printf 'A|plain|30000|x\\nauto_never_b|auto|30010|y\\n"
-             "P|plain|30020|z\\n'; }\n"
+             "P|plain|30020|z\\nauto_w_b|auto|30030|v\\n'; }\n"
              f"W={w} R={r} ROOT={root}\n{body}\nwithin_ab none 0\n")
     env = dict(os.environ, ENV_SERVER_auto_never_b="FASTVERIFY_STEP_TRACE_AB=publish",
-               ENV_SERVER_P="FASTVERIFY_STEP_TRACE_AB=spin:20")
+               ENV_SERVER_P="FASTVERIFY_STEP_TRACE_AB=spin:20",
+               ENV_SERVER_auto_w_b="FASTVERIFY_STEP_TRACE_AB=put_lead_1")
     out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in r.iterdir()) == [
-        "ab_none.P.json", "ab_none.P.txt", "ab_none.auto_never_b.json", "ab_none.auto_never_b.txt"]
+        "ab_none.P.json", "ab_none.P.txt", "ab_none.auto_never_b.json", "ab_none.auto_never_b.txt",
+        "ab_none.auto_w_b.json", "ab_none.auto_w_b.txt"]
+    # the put_lead_1 policy changes auto's plain path alone, as the publish does
+    assert json.loads((r / "ab_none.auto_w_b.json").read_text())["results"]["auto_w_b"][
+        "kind"] == "path"
     data = json.loads((r / "ab_none.auto_never_b.json").read_text())
     assert data["results"]["auto_never_b"]["kind"] == "path"
     assert "--kind path" in data["repro_command"]
