@@ -477,10 +477,10 @@ class StepTrace:
             variant = ab.variant(mode) if ab is not None else None
             if variant == "b" and ab.extra is not None:
                 ab.extra(scheduler, batch, mode, on_path)
-            if ab is not None and ab.policy is not None:
-                ab.policy(ab.next_variant())  # before the next step's path choice
             marks = gpu.end(stream, t0) if gpu is not None else ()
             t1 = trace.clock()
+            if ab is not None and ab.policy is not None:
+                ab.policy(ab.next_variant())  # before the next step's path choice (not timed)
             spans, trace.spans = trace.spans, {}
             # (a prefill is no auto step: the worker's last step kind is
             # still its last decode step's)
