@@ -27,15 +27,19 @@ def path_batch(mode="DECODE", on_path=True):
                                  seq_lens=10)
 
 
+class AutoScheduler:
+    """A stand-in scheduler of an auto-mode n-gram server whose worker has run no step yet (what
+    the step recorder reads of it); each test adds its own run_batch."""
+
+    def __init__(self):
+        self.draft_worker = types.SimpleNamespace(_fv_auto=types.SimpleNamespace(last_step=None))
+
+
 def test_variants_alternate_in_blocks_of_decode_steps_and_b_adds_its_work(tmp_path):
     clock = Clock()
     extras = []
 
-    class Scheduler:
-        def __init__(self):
-            self.draft_worker = types.SimpleNamespace(_fv_auto=types.SimpleNamespace(
-                last_step=None))
-
+    class Scheduler(AutoScheduler):
         def run_batch(self, batch):
             clock.advance(0.001)
             return "result"
@@ -132,11 +136,7 @@ def test_a_policy_variant_runs_each_step_with_the_policy_of_its_block(tmp_path):
     own = plain_path.put_lead
     seen = []
 
-    class Scheduler:
-        def __init__(self):
-            self.draft_worker = types.SimpleNamespace(_fv_auto=types.SimpleNamespace(
-                last_step=None))
-
+    class Scheduler(AutoScheduler):
         def run_batch(self, batch):
             seen.append(plain_path.put_lead(4))  # what the step's own path logic reads
             return "result"
