@@ -13,7 +13,7 @@ For every pair of blocks and batch size with at least ``--min-steps`` steady dec
 blocks: the median period of the ``b`` steps less that of the ``a`` steps; a pair's difference is
 the mean of its batch sizes' weighted by the smaller count, the estimate the mean over pairs
 weighted the same way, with a 95 % bootstrap interval over pairs. ``--kind path`` keeps the steps
-of auto's plain decode path only (the ``publish`` variant adds work to those alone). A server's
+of auto's plain decode path only (for a piece of work added to those alone). A server's
 medians per variant are printed as well. DIR is a server's ``FASTVERIFY_STEP_TRACE`` folder (or
 one file of it); the first process with steps is read, as lab/step_trace.py does.
 """

@@ -44,9 +44,9 @@
 #                 spans, so that every server pays the same tracing cost a step and the periods
 #                 compare to 0.01 ms); lab/step_trace.py compares every server of a profile with
 #                 its plain server A: steptrace_<profile>.txt. A server started with
-#                 ENV_SERVER_<name>="FASTVERIFY_STEP_TRACE_AB=publish" (or spin:US) alternates blocks
-#                 of steps with and without that piece of work, or (put_lead_1, put_first) with an
-#                 earlier policy of the plain path and its own (lab/steptrace/steptrace.py), and
+#                 ENV_SERVER_<name>="FASTVERIFY_STEP_TRACE_AB=spin:US" alternates blocks of steps
+#                 with and without that busy wait, or (put_first) with an earlier policy of the
+#                 plain path and its own (lab/steptrace/steptrace.py), and
 #                 lab/ab_within.py prices it inside that process: ab_<profile>.<name>.txt, its last
 #                 line also in the timeline
 #   PYSPY_SERVERS (e.g. "A auto_never") each named server's TP-0 scheduler sampled by py-spy
@@ -290,14 +290,11 @@ step_traces() {  # profile index: its servers' traces against its plain server A
   within_ab "$1" "$2"
 }
 within_ab() {  # profile index: each server started with a within-process A/B, its paired result
-  local n own kind
+  local n own
   while IFS='|' read -r n _; do
     own="ENV_SERVER_$n"
     [[ "${!own:-}" == *FASTVERIFY_STEP_TRACE_AB=* ]] && [ -d "$W/steps/$1.$n" ] || continue
-    kind=()  # (the publish and put_lead_1 variants change the steps of auto's plain path alone)
-    [[ "${!own}" == *FASTVERIFY_STEP_TRACE_AB=publish* || "${!own}" == *FASTVERIFY_STEP_TRACE_AB=put_lead_1* ]] \
-      && kind=(--kind path)
-    python3 "$ROOT/lab/ab_within.py" "$n=$W/steps/$1.$n" "${kind[@]}" \
+    python3 "$ROOT/lab/ab_within.py" "$n=$W/steps/$1.$n" \
       --json "$R/ab_$1.$n.json" > "$R/ab_$1.$n.txt" 2>&1
     log "profile $1: within-process A/B of $n (rc=$?): $(tail -n 1 "$R/ab_$1.$n.txt")"
   done < <(servers_of "$2" "$1")

@@ -51,14 +51,11 @@ own offsets (0.04-0.07 ms a step between two identical auto servers on one H200,
 costs looked for), so a piece of host work is priced inside one process instead: its decode steps
 alternate in blocks of ``FASTVERIFY_STEP_TRACE_AB_BLOCK`` (32) between variant ``a`` (the server
 as it runs) and ``b`` (the same plus one piece of work, done right after the step's ``run_batch``),
-and ``lab/ab_within.py`` sets each ``b`` block against the ``a`` block before it. The pieces
-(`AB_EXTRAS`): ``publish``, on each step of auto's plain path the lengths' publish to the future
-map that patch 0012 took out of SGLang's ``run_batch`` (the same call on the forward stream; nothing
-reads what it writes); ``spin:US``, a busy wait of US microseconds on every decode step (the known
-cost that shows the method recovers it). Or variant ``b`` runs the server with one of the plain
-path's earlier policies (`AB_POLICIES`, swapped in for each step before its path choice):
-``put_lead_1``, a stretch's output put one step before its lookup (not `plain_path.put_lead` steps);
-``put_first``, a stretch's last output put as it leaves the path (not after the worker's lookup,
+and ``lab/ab_within.py`` sets each ``b`` block against the ``a`` block before it. The piece of
+work: ``spin:US``, a busy wait of US microseconds on every decode step (the known cost that shows
+the method recovers it). Or variant ``b`` runs the server with one of the plain path's earlier
+policies (`AB_POLICIES`, swapped in for each step before its path choice): ``put_first``, a
+stretch's last output put as it leaves the path (not after the worker's lookup,
 `plain_path.put_pending`).
 """
 
@@ -213,16 +210,6 @@ class GpuMarks:
         return out
 
 
-def publish_on_path(scheduler, batch, mode: str, on_path: bool) -> None:
-    """Variant ``publish``: after a step on auto's plain path, the publish of its lengths that
-    SGLang's ``run_batch`` makes for a batch without speculation and patch 0012 skips in an n-gram
-    server, on the forward stream as there."""
-    if not (on_path and mode == "DECODE"):
-        return
-    with scheduler.forward_stream_ctx:
-        scheduler.future_map.publish(batch.req_pool_indices, batch.seq_lens + 1)
-
-
 def spinner(us: float, clock: Callable[[], float] = time.perf_counter):
     """Variant ``spin:US``: a busy wait of ``us`` microseconds after every decode step."""
     seconds = us / 1e6
@@ -235,10 +222,6 @@ def spinner(us: float, clock: Callable[[], float] = time.perf_counter):
             pass
 
     return spin
-
-
-# the pieces of work a variant "b" adds: name -> function(scheduler, batch, mode, on_path)
-AB_EXTRAS = {"publish": publish_on_path}
 
 
 class Swap:
@@ -258,12 +241,6 @@ class Swap:
         setattr(self._mod, self.name, self._b if variant == "b" else self._original)
 
 
-def _lead_of_one(original, module):
-    """``put_lead_1``: a stretch's output put one step before its lookup, as before
-    `plain_path.put_lead`."""
-    return lambda bs: 1
-
-
 def _put_at_leave(original, module):
     """``put_first``: a stretch's last output put as the batch leaves the path, before the worker's
     lookup, as before `plain_path.put_pending`."""
@@ -277,7 +254,6 @@ def _put_at_leave(original, module):
 
 # the policies a variant "b" runs with: name -> Swap (its variant "a" is the server as it is)
 AB_POLICIES = {
-    "put_lead_1": ("fastverify.glue.plain_path", "put_lead", _lead_of_one),
     "put_first": ("fastverify.glue.plain_path", "leave", _put_at_leave),
 }
 
@@ -328,10 +304,8 @@ def within_ab(env=None) -> Optional[WithinAB]:
         return WithinAB(spinner(us), block)
     if spec in AB_POLICIES:
         return WithinAB(block=block, policy=Swap(*AB_POLICIES[spec]))
-    if spec not in AB_EXTRAS:
-        names = ", ".join(sorted([*AB_EXTRAS, *AB_POLICIES]))
-        raise ValueError(f"{AB_ENV}={spec!r}: one of {names} or spin:US")
-    return WithinAB(AB_EXTRAS[spec], block)
+    names = ", ".join(sorted(AB_POLICIES))
+    raise ValueError(f"{AB_ENV}={spec!r}: one of {names} or spin:US")
 
 
 class StepTrace:

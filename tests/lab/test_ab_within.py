@@ -69,27 +69,6 @@ def test_variants_alternate_in_blocks_of_decode_steps_and_b_adds_its_work(tmp_pa
     assert len(trace.records[-1]) == 10
 
 
-def test_the_publish_variant_repeats_the_publish_patch_0012_took_out_on_the_path_only():
-    calls = []
-
-    class Ctx:
-        def __enter__(self):
-            calls.append("forward stream")
-
-        def __exit__(self, *exc):
-            calls.append("back")
-
-    scheduler = types.SimpleNamespace(
-        forward_stream_ctx=Ctx(),
-        future_map=types.SimpleNamespace(publish=lambda fi, lens: calls.append((fi, lens))))
-    steptrace.publish_on_path(scheduler, path_batch(), "DECODE", True)
-    assert calls == ["forward stream", ("rows", 11), "back"]
-    calls.clear()
-    steptrace.publish_on_path(scheduler, path_batch(), "DECODE", False)  # a speculative step
-    steptrace.publish_on_path(scheduler, path_batch("EXTEND"), "EXTEND", True)
-    assert calls == []
-
-
 def test_spin_waits_its_microseconds_on_decode_steps():
     clock = Clock()
     ticks = []
@@ -108,11 +87,12 @@ def test_spin_waits_its_microseconds_on_decode_steps():
 
 
 @pytest.mark.parametrize("env, error", [
-    ({"FASTVERIFY_STEP_TRACE_AB": "publsh"}, "one of publish, put_first, put_lead_1 or spin:US"),
+    ({"FASTVERIFY_STEP_TRACE_AB": "put_frist"}, "one of put_first or spin:US"),
     ({"FASTVERIFY_STEP_TRACE_AB": "spin:0"}, "microseconds > 0"),
     ({"FASTVERIFY_STEP_TRACE_AB": "spin:x"}, "microseconds > 0"),
-    ({"FASTVERIFY_STEP_TRACE_AB": "publish", "FASTVERIFY_STEP_TRACE_AB_BLOCK": "0"}, ">= 1"),
-    ({"FASTVERIFY_STEP_TRACE_AB": "publish", "FASTVERIFY_STEP_TRACE_AB_BLOCK": "x"}, "integer"),
+    ({"FASTVERIFY_STEP_TRACE_AB": "spin:5", "FASTVERIFY_STEP_TRACE_AB_BLOCK": "0"}, ">= 1"),
+    ({"FASTVERIFY_STEP_TRACE_AB": "put_first", "FASTVERIFY_STEP_TRACE_AB_BLOCK": "0"}, ">= 1"),
+    ({"FASTVERIFY_STEP_TRACE_AB": "put_first", "FASTVERIFY_STEP_TRACE_AB_BLOCK": "x"}, "integer"),
 ])
 def test_a_misnamed_ab_stops_the_launch_with_what_it_accepts(env, error):
     with pytest.raises(ValueError, match=error):
@@ -121,43 +101,44 @@ def test_a_misnamed_ab_stops_the_launch_with_what_it_accepts(env, error):
 
 def test_the_ab_env_picks_the_variant_and_block():
     assert steptrace.within_ab({}) is None
-    ab = steptrace.within_ab({"FASTVERIFY_STEP_TRACE_AB": "publish",
+    ab = steptrace.within_ab({"FASTVERIFY_STEP_TRACE_AB": "put_first",
                               "FASTVERIFY_STEP_TRACE_AB_BLOCK": "8"})
-    assert ab.extra is steptrace.publish_on_path and ab.block == 8
+    assert ab.extra is None and isinstance(ab.policy, steptrace.Swap) and ab.block == 8
     assert steptrace.within_ab({"FASTVERIFY_STEP_TRACE_AB": "spin:15"}).block == steptrace.AB_BLOCK
 
 
 def test_a_policy_variant_runs_each_step_with_the_policy_of_its_block(tmp_path):
-    """``put_lead_1``: the plain path's put_lead is 1 for every step of a "b" block and its own in
-    an "a" block, set before each step's path choice (the end of the step before), and no extra
-    work is added."""
+    """``put_first``: the plain path's leave is the variant's for every step of a "b" block and its
+    own in an "a" block, set before each step's path choice (the end of the step before), and no
+    extra work is added."""
     from fastverify.glue import plain_path
 
-    own = plain_path.put_lead
+    own = plain_path.leave
     seen = []
 
     class Scheduler(AutoScheduler):
         def run_batch(self, batch):
-            seen.append(plain_path.put_lead(4))  # what the step's own path logic reads
+            seen.append(plain_path.leave is own)  # what the step's own path logic calls
             return "result"
 
-    ab = steptrace.within_ab({"FASTVERIFY_STEP_TRACE_AB": "put_lead_1",
+    ab = steptrace.within_ab({"FASTVERIFY_STEP_TRACE_AB": "put_first",
                               "FASTVERIFY_STEP_TRACE_AB_BLOCK": "2"})
     assert ab.extra is None
     trace = steptrace.StepTrace(str(tmp_path / "steps-1.jsonl"), clock=Clock())
+    trace.span_targets = ()  # (a span would wrap leave itself)
     trace.ab = ab
     Scheduler.run_batch = trace.wrap_run_batch(Scheduler.run_batch)
     s = Scheduler()
     try:
         for _ in range(6):
             s.run_batch(path_batch())
-            # the next step's path choice (before its run_batch) reads the next step's policy
-            seen.append(("choice", plain_path.put_lead(4)))
+            # the next step's path choice (before its run_batch) sees the next step's policy
+            seen.append(("choice", plain_path.leave is own))
     finally:
-        plain_path.put_lead = own
+        plain_path.leave = own
     assert [r[-1] for r in trace.records] == ["a", "a", "b", "b", "a", "a"]
-    assert seen == [4, ("choice", 4), 4, ("choice", 1), 1, ("choice", 1), 1, ("choice", 4),
-                    4, ("choice", 4), 4, ("choice", 1)]
+    assert seen == [True, ("choice", True), True, ("choice", False), False, ("choice", False),
+                    False, ("choice", True), True, ("choice", True), True, ("choice", False)]
 
 
 def test_the_put_first_variant_puts_a_stretchs_last_output_as_it_leaves(monkeypatch):
@@ -278,8 +259,7 @@ def test_the_recorder_with_spin_and_the_analysis_agree(tmp_path):
 
 def test_the_evaluation_prices_the_ab_of_the_servers_started_with_one(tmp_path):
     """evaluate.sh's within_ab, run on its own: only the server whose ENV_SERVER_<name> sets an A/B
-    gets an analysis, kept to auto's plain path for the publish variant, with its last line
-    logged."""
+    gets an analysis of all its decode steps, with its last line logged."""
     import os
     import subprocess
     from pathlib import Path
@@ -299,24 +279,20 @@ def test_the_evaluation_prices_the_ab_of_the_servers_started_with_one(tmp_path):
              "servers_of() { printf 'A|plain|30000|x\\nauto_never_b|auto|30010|y\\n"
              "P|plain|30020|z\\nauto_w_b|auto|30030|v\\n'; }\n"
              f"W={w} R={r} ROOT={root}\n{body}\nwithin_ab none 0\n")
-    env = dict(os.environ, ENV_SERVER_auto_never_b="FASTVERIFY_STEP_TRACE_AB=publish",
+    env = dict(os.environ, ENV_SERVER_auto_never_b="FASTVERIFY_STEP_TRACE_AB=put_first",
                ENV_SERVER_P="FASTVERIFY_STEP_TRACE_AB=spin:20",
-               ENV_SERVER_auto_w_b="FASTVERIFY_STEP_TRACE_AB=put_lead_1")
+               ENV_SERVER_auto_w_b="FASTVERIFY_STEP_TRACE_AB=put_first")
     out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in r.iterdir()) == [
         "ab_none.P.json", "ab_none.P.txt", "ab_none.auto_never_b.json", "ab_none.auto_never_b.txt",
         "ab_none.auto_w_b.json", "ab_none.auto_w_b.txt"]
-    # the put_lead_1 policy changes auto's plain path alone, as the publish does
-    assert json.loads((r / "ab_none.auto_w_b.json").read_text())["results"]["auto_w_b"][
-        "kind"] == "path"
-    data = json.loads((r / "ab_none.auto_never_b.json").read_text())
-    assert data["results"]["auto_never_b"]["kind"] == "path"
-    assert "--kind path" in data["repro_command"]
-    # the spin variant adds work to every decode step: no kind kept apart
-    data = json.loads((r / "ab_none.P.json").read_text())
-    assert data["results"]["P"]["kind"] is None and "--kind" not in data["repro_command"]
+    # every variant left changes steps of every kind: no kind kept apart
+    for name in ("auto_never_b", "P", "auto_w_b"):
+        data = json.loads((r / f"ab_none.{name}.json").read_text())
+        assert data["results"][name]["kind"] is None and "--kind" not in data["repro_command"]
+    assert data["results"][name]["b_minus_a"]["pairs"] > 20
     assert "LOG profile none: within-process A/B of auto_never_b (rc=0): auto_never_b" in out.stdout
 
 
