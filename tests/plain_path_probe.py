@@ -63,7 +63,7 @@ state = types.SimpleNamespace(path_ok=True, k=K, info_type=NgramVerifyInput, spe
                               path_bs=0,
                               since_prefill=0, last_start=None,
                               step_before=None, last_forward_plain=True, path_logged_at=0.0,
-                              clock=lambda: 1.0, future_map=None)
+                              clock=lambda: 1.0, future_map=None, path_ended={})
 worker = types.SimpleNamespace(_fv_auto=state)
 server = types.SimpleNamespace(spec_algorithm=NGRAM, future_map=fmap, model_worker=worker)
 fi = torch.tensor([2, 5])

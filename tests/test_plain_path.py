@@ -1035,6 +1035,7 @@ def test_a_batch_just_prefilled_starts_on_the_plain_path(tmp_path, layout):
     assert path == ["plain"] * 40
     c = state.controller.counters
     assert c["plain_path_stretches"] == 0 and not state.path_refusals
+    assert state.path_begun == {plain_path.BEGUN_AFTER_PREFILL: 1}
     assert [r.output_ids[0] for r in books.reqs] == [99, 99]
     assert [r.spec_verify_ct for r in books.reqs] == [40, 40]
     gets = [step for kind, step in corpus.events if kind == "get"]
@@ -1420,6 +1421,11 @@ def test_probes_on_the_path_that_find_paying_drafts_send_the_batch_back_to_the_w
     probes = state.costs.medians_by_bs(PATH_PROBE)
     assert list(probes) == [2] and probes[2] > 0
     assert f"a probe on it, ms by batch size: {{2: {round(probes[2], 3)}}}" in caplog.text
+    # what came before the stretch, why it ended, and the probes held for want of credit
+    assert state.path_begun == {plain_path.BEGUN_AFTER_PLAIN: 1}
+    assert state.path_ended == {"a lookup is due": 1}
+    assert (f"begun: {{\"after a worker's plain step\": 1}}; ended: {{'a lookup is due': 1}}; "
+            f"probes held: {c['probes_held']}; a probe on it") in caplog.text
     # the requests' drafts were scored: the gain model expects drafts that match in full to pay
     assert state.controller._full_match_wanted(["r0", "r1"])
 
@@ -1439,6 +1445,7 @@ def test_a_stretch_whose_batch_emptied_is_counted_when_the_next_batch_comes(tmp_
     c = state.controller.counters
     assert state.controller.step == steps + 5 and c["plain_path_steps"] == 5
     assert c["plain_path_stretches"] == 1 and state.stretch == state.noted == 0
+    assert state.path_ended == {plain_path.FINISHED: 1}
     assert nxt.batch.spec_algorithm is Algo.NGRAM  # (its request is looked up in the worker first)
 
 

@@ -378,7 +378,7 @@ done
 # each auto server's last line on its stretches without speculation on the plain decode path (how
 # many of its decode steps ran there, and why the others did not)
 { for f in "$W"/logs/*.log; do
-    l=$(grep -h "stretches on the plain decode path" "$f" | tail -1 | cut -c1-900)
+    l=$(grep -h "stretches on the plain decode path" "$f" | tail -1 | cut -c1-1200)
     [ -n "$l" ] && echo "$(basename "$f" .log): $l"
   done; } > "$R/stretches.txt" 2>/dev/null
 [ -s "$R/stretches.txt" ] || echo "(no server logged stretches on the plain decode path)" \

@@ -188,6 +188,8 @@ class AutoState:
     books_warned: bool = False
     path_logged_at: float = None  # host clock of the last log line on the stretches
     path_refusals: dict = field(default_factory=dict)  # why -> steps that started no stretch
+    path_begun: dict = field(default_factory=dict)  # what came before -> stretches begun so
+    path_ended: dict = field(default_factory=dict)  # why -> stretches ended so
     # the controller's step at the last broadcast of the costs made at a probe on the plain path
     path_synced_at: int = None
     # a stretch's last output, held back by plain_path.leave: put once the worker's step that

@@ -178,6 +178,8 @@ def choose_path(scheduler, batch) -> None:
         state.path_refusals[why] = state.path_refusals.get(why, 0) + 1
         _log_stretches(state, None)
         return
+    begun = BEGUN_AFTER_PLAIN if state.last_forward_plain else BEGUN_AFTER_PREFILL
+    state.path_begun[begun] = state.path_begun.get(begun, 0) + 1
     enter(batch, state, n, lens)
     if n == 0:  # this first step is the one the next lookup is due at: a probe, or one held
         why = _lookup_due(state, batch)
@@ -207,7 +209,8 @@ def _emptied(state) -> None:
     there; the corpus is not given the rest of its output (the requests that wrote it are gone)."""
     _note(state, state.path_bs, ends=True)
     _new_stretch(state, 0)
-    _log_stretches(state, "its requests finished")
+    _ended(state, FINISHED)
+    _log_stretches(state, FINISHED)
 
 
 def must_leave(state, batch, worker) -> str:
@@ -517,6 +520,7 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     _new_stretch(state, 0)
     if why == LOOKUP_DUE:
         state.controller.excursion_begins(state.clock(), bs)
+    _ended(state, why)
     _log_stretches(state, why)
 
 
@@ -535,13 +539,24 @@ def _excursion_ends(state, bs: int) -> None:
 
 # seconds between two log lines on the stretches
 LOG_EVERY_S = 30.0
+# what came before a stretch (its log line counts them): the prefill of all of its requests
+# (`_after_prefill`), or a step of the worker's without speculation
+BEGUN_AFTER_PREFILL, BEGUN_AFTER_PLAIN = "after a prefill", "after a worker's plain step"
+FINISHED = "its requests finished"
+
+
+def _ended(state, why) -> None:
+    """A stretch ended for ``why`` (a `leave` reason, or `FINISHED`): counted for the log line."""
+    why = why or "-"
+    state.path_ended[why] = state.path_ended.get(why, 0) + 1
 
 
 def _log_stretches(state, why) -> None:
     """Now and then (`LOG_EVERY_S`), a line on the stretches so far: how many, how many steps, why
     the last one ended (``why``; None: asked where no stretch started), why steps of the worker
-    did not start one, and a probe's host time on the path (the median of the recent ones at each
-    batch size, as measured for the probe credit)."""
+    did not start one, what came before the stretches and why they ended, the probes held for
+    want of credit (on the path and in the worker), and a probe's host time on the path (the median
+    of the recent ones at each batch size, as measured for the probe credit)."""
     now = state.clock()
     if state.path_logged_at is not None and now - state.path_logged_at < LOG_EVERY_S:
         return
@@ -552,10 +567,13 @@ def _log_stretches(state, why) -> None:
                 if state.costs is not None else {})
     logger.info("auto verify: %d stretches on the plain decode path, %d steps (%.1f each, %.0f %% "
                 "of the decode steps, %d probes on it, %d requests joined it)%s; no stretch from a "
-                "worker's step: %s; a probe on it, ms by batch size: %s", n, steps,
+                "worker's step: %s; begun: %s; ended: %s; probes held: %d; a probe on it, ms by "
+                "batch size: %s", n, steps,
                 steps / max(n, 1), 100.0 * steps / max(c["steps"], 1), c["plain_path_probes"],
                 c["plain_path_joins"], f", the last one ended: {why}" if why else "",
-                dict(sorted(state.path_refusals.items())) or "-", probe_ms or "-")
+                dict(sorted(state.path_refusals.items())) or "-",
+                dict(sorted(state.path_begun.items())) or "-",
+                dict(sorted(state.path_ended.items())) or "-", c["probes_held"], probe_ms or "-")
 
 
 def _put_stretch(worker, reqs, n: int) -> None:
