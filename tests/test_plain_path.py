@@ -1043,6 +1043,26 @@ def test_a_batch_just_prefilled_starts_on_the_plain_path(tmp_path, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_first_probe_of_a_batch_just_prefilled_does_not_wait_for_credit(tmp_path, layout,
+                                                                            monkeypatch):
+    """A probe dearer than the probe credit: the new requests' first lookup, deferred to the
+    path, is still made once the steps right after the prefill passed (a repeated prompt's drafts
+    may pay from its first step; held for credit it came only probe_max steps after the last
+    lookup: stretches of ~31 steps in a memorised load on one H100). The probes after it wait for
+    credit again."""
+    from fastverify.controller import Controller
+
+    monkeypatch.setattr(Controller, "_plain_and_probe", lambda self, bs: (1.0, 0.5))
+    books, state, corpus, path = _serve(tmp_path, layout, 40, draft=_wrong_drafts, in_flight=True,
+                                        observed=True)
+    assert path == ["plain"] * 40
+    gets = [step for kind, step in corpus.events if kind == "get"]
+    # the owed probe, then (its cost in debt, 0.002 ms of credit a step) the next one at probe_max
+    probe_max = state.controller.cfg.probe_max
+    assert gets == [auto.REFILL_STEPS, auto.REFILL_STEPS + probe_max]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_requests_prefilled_one_after_another_start_on_the_plain_path_together(tmp_path, layout):
     """Two requests arrived one after the other: SGLang ran their prefills back to back and merged
     them before the first decode step (as at c=4). That step runs on the plain path as after one
@@ -1339,6 +1359,37 @@ def test_a_prefill_between_two_steps_of_a_stretch_ends_the_timed_period(tmp_path
     auto.not_a_decode_step(state)
     plain_path._time(state, 2, 2)
     assert state.costs.samples(PATH, 2, 1) == 0
+
+
+def test_the_probe_owed_to_deferred_first_lookups_waits_for_the_refill_alone(tmp_path):
+    """`defer_first_lookup` owes the new requests a probe: in the worker (plan_lookup) and for a
+    stretch (steps_without_lookup) it waits for the steps right after the prefill and the probe
+    gap, not for credit; once made (or once any lookup is), probes wait for credit again."""
+    c = auto.setup(_worker(), _spec(tmp_path, DEAR), plain=PLAIN).controller
+    c._plain_and_probe = lambda bs: (1.0, 0.5)  # a probe far dearer than the credit
+    c.gain.version = 1  # (the gain model has observed drafts: first lookups may wait)
+    c._probe_gap, c._since_lookup, c._probe_credit = 8, 5, 0.0
+    assert c.defer_first_lookup(["x"])
+    views = [auto.RequestView("x", c.no_draft("x"))]
+    assert c.steps_without_lookup(32, 256, ["x"], 1, refill_steps=3) == 3
+    for j in range(3):
+        assert not c.plan_lookup(views, 32, behind=True, refill=True)
+        c.note_lean(1)
+    assert c.plan_lookup(views, 32, behind=True) and c.planned == PLAN_PROBE
+    assert c._probe_credit < 0  # in debt: the next probe waits for credit, up to probe_max
+    c.note_probe(views)  # (found nothing: the gap doubles to 2)
+    assert c.steps_without_lookup(32, 256, ["x"], 1) == 1
+    assert not c.plan_lookup(views, 32, behind=True)
+    c.note_lean(1)
+    assert c.steps_without_lookup(32, 256, ["x"], 1) == 30
+    assert not c.plan_lookup(views, 32, behind=True)
+    # a real lookup pays the owed probe too
+    assert c.defer_first_lookup(["y"])
+    c._wanted = lambda requests: True
+    assert c.plan_lookup(views, 32, behind=True) and c.planned != PLAN_PROBE
+    del c._wanted
+    c._probe_gap, c._since_lookup = 1, 5
+    assert c.steps_without_lookup(32, 256, ["x"], 1) == 26
 
 
 @pytest.mark.parametrize("credit", [1.0, 0.0])

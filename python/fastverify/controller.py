@@ -272,6 +272,9 @@ class Controller:
         self._probe_gap = 1
         # ms that probes may still add (`probe_cost`; grows with each step's cost)
         self._probe_credit = 0.0
+        # new requests' first lookups were deferred (`defer_first_lookup`): the probe that makes
+        # them does not wait for credit, only for the steps right after the prefill
+        self._probe_owed = False
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
         # requests that sample (note_sampling); the others decode greedily
@@ -343,7 +346,7 @@ class Controller:
         were looked up without waiting for the step in flight (counted apart)."""
         self.step += 1
         self.counters["behind_lookups"] += int(behind)
-        self._since_lookup = 0
+        self._since_lookup, self._probe_owed = 0, False
         self._accrue_probe_credit(len(requests))
         per_req, evals = self._evaluate(requests, self.step)
         chosen = choose(evals, self.current, self.cfg.hysteresis)
@@ -399,7 +402,7 @@ class Controller:
             self.planned = PLAN_WANTED
             return True
         if self._wanted(requests):
-            self._since_lookup = 0
+            self._since_lookup, self._probe_owed = 0, False
             self.planned = PLAN_WANTED
             return True
         if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
@@ -409,17 +412,20 @@ class Controller:
             # behind, scored, the step stays plain), but not free where the host has little time to
             # spare: it waits until the probe credit covers its measured cost (the next step asks
             # again), though never past `probe_max` steps since the last lookup (so that a change in
-            # acceptance is still noticed within follow_bound_steps)
+            # acceptance is still noticed within follow_bound_steps); the probe owed to new requests
+            # whose first lookups were deferred waits for the refill alone (one per join: their
+            # drafts may pay at once, as a repeated prompt's do)
             promising = self._full_match_wanted([r.req_id for r in requests])
             if not promising:
                 cost = self._plain_and_probe(len(requests))[1]
-                if (refill or cost > self._probe_credit) and self._since_lookup + 1 < probe_max:
+                short = cost > self._probe_credit and not self._probe_owed
+                if (refill or short) and self._since_lookup + 1 < probe_max:
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
                     return False
                 # below 0 after a probe the credit did not cover: paid back first
                 self._probe_credit -= cost
-            self._since_lookup = 0
+            self._since_lookup, self._probe_owed = 0, False
             self.planned = PLAN_WANTED if promising else PLAN_PROBE
             return True
         self._since_lookup += 1
@@ -536,7 +542,8 @@ class Controller:
         if self._full_match_wanted(req_ids):
             return False
         self.planned = PLAN_PROBE
-        self._since_lookup = 0  # a probe like plan_lookup's: the next one after the backed-off gap
+        # a probe like plan_lookup's: the next one after the backed-off gap
+        self._since_lookup, self._probe_owed = 0, False
         return True
 
     def defer_first_lookup(self, req_ids: Sequence) -> bool:
@@ -545,14 +552,16 @@ class Controller:
         be verified for any request of the batch (`_full_match_wanted`): the lookup can then only be
         a probe, and made in this step it delays the new requests' first token (the scheduler
         processes the prefill's result after launching this step), while made later it runs on the
-        host as the GPU decodes. The probe gap goes to 1: the first `plan_lookup` not in the steps
-        right after the prefill (``refill``) looks up. Asked too where new requests join a batch on
-        the server's own decode path (``glue.plain_path``): True keeps them there, their first
-        lookup a probe on the path. False: look up now; always before the gain model observed
+        host as the GPU decodes. The probe gap goes to 1, and that probe is owed: the first
+        `plan_lookup` not in the steps right after the prefill (``refill``) looks up, whatever the
+        probe credit (a repeated prompt's drafts may pay from its first step; held for credit, its
+        probe came only `probe_max` steps after the last lookup). Asked too where new requests join
+        a batch on the server's own decode path (``glue.plain_path``): True keeps them there, their
+        first lookup a probe on the path. False: look up now; always before the gain model observed
         anything (a cold start learns from these first drafts)."""
         if not req_ids or self.gain.version == 0 or self._full_match_wanted(req_ids):
             return False
-        self._probe_gap = 1
+        self._probe_gap, self._probe_owed = 1, True
         return True
 
     def _back_off(self, speculating: bool) -> None:
@@ -629,7 +638,9 @@ class Controller:
         plain, cost = self._plain_and_probe(bs)
         gain = self.cfg.probe_budget * plain
         forced = probe_max - self._since_lookup - 1  # held at most until then
-        if gain > 0:
+        if self._probe_owed:  # held by the steps right after the prefill alone
+            forced = min(forced, max(refill_steps, due))
+        elif gain > 0:
             # the j-th step from now sees the credit of j - 1 more steps and is held while it
             # does not cover the probe
             short = cost - self._probe_credit
