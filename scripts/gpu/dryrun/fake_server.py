@@ -25,7 +25,7 @@ if mode == ["auto"]:
     # the shape of auto's log line on its plain-path stretches (evaluate.sh collects the last one)
     print("auto verify: 0 stretches on the plain decode path, 0 steps (0.0 each, 0 % of the decode "
           "steps, 0 probes on it); no stretch from a worker's step: {'a stand-in server': 1}; "
-          "a probe on it, ms by batch size: -",
+          "begun: -; ended: -; probes held: 0; a probe on it, ms by batch size: -",
           flush=True)
 time.sleep(1.0)   # a start-up delay, so the health wait loop runs more than once
 served = [0]
