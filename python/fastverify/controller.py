@@ -346,7 +346,7 @@ class Controller:
         were looked up without waiting for the step in flight (counted apart)."""
         self.step += 1
         self.counters["behind_lookups"] += int(behind)
-        self._since_lookup, self._probe_owed = 0, False
+        self._looked_up()
         self._accrue_probe_credit(len(requests))
         per_req, evals = self._evaluate(requests, self.step)
         chosen = choose(evals, self.current, self.cfg.hysteresis)
@@ -402,7 +402,7 @@ class Controller:
             self.planned = PLAN_WANTED
             return True
         if self._wanted(requests):
-            self._since_lookup, self._probe_owed = 0, False
+            self._looked_up()
             self.planned = PLAN_WANTED
             return True
         if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
@@ -425,7 +425,7 @@ class Controller:
                     return False
                 # below 0 after a probe the credit did not cover: paid back first
                 self._probe_credit -= cost
-            self._since_lookup, self._probe_owed = 0, False
+            self._looked_up()
             self.planned = PLAN_WANTED if promising else PLAN_PROBE
             return True
         self._since_lookup += 1
@@ -543,7 +543,7 @@ class Controller:
             return False
         self.planned = PLAN_PROBE
         # a probe like plan_lookup's: the next one after the backed-off gap
-        self._since_lookup, self._probe_owed = 0, False
+        self._looked_up()
         return True
 
     def defer_first_lookup(self, req_ids: Sequence) -> bool:
@@ -563,6 +563,11 @@ class Controller:
             return False
         self._probe_gap, self._probe_owed = 1, True
         return True
+
+    def _looked_up(self) -> None:
+        """A lookup was made (real, or a probe): the steps since the last one start again, and a
+        probe owed to deferred first lookups is paid."""
+        self._since_lookup, self._probe_owed = 0, False
 
     def _back_off(self, speculating: bool) -> None:
         """Lookups back off while they buy nothing: after a lookup (or probe) the gap goes back to 1
