@@ -14,6 +14,7 @@ with plain_path's own relay, leave and fill_roots; last, the scheduler's run_bat
 for a decode batch of a plain server, of the plain path in an n-gram server and of a speculative
 one: the lengths it publishes to the future map, and whether the worker is handed on_publish.
 """
+import collections
 import inspect
 import json
 import sys
@@ -63,7 +64,8 @@ state = types.SimpleNamespace(path_ok=True, k=K, info_type=NgramVerifyInput, spe
                               path_bs=0,
                               since_prefill=0, last_start=None,
                               step_before=None, last_forward_plain=True, path_logged_at=0.0,
-                              clock=lambda: 1.0, future_map=None, path_ended={})
+                              clock=lambda: 1.0, future_map=None,
+                              path_ended=collections.Counter())
 worker = types.SimpleNamespace(_fv_auto=state)
 server = types.SimpleNamespace(spec_algorithm=NGRAM, future_map=fmap, model_worker=worker)
 fi = torch.tensor([2, 5])

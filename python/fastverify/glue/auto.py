@@ -80,6 +80,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -187,9 +188,9 @@ class AutoState:
     future_map: object = None  # the scheduler's (its token buffer holds the plain path's tokens)
     books_warned: bool = False
     path_logged_at: float = None  # host clock of the last log line on the stretches
-    path_refusals: dict = field(default_factory=dict)  # why -> steps that started no stretch
-    path_begun: dict = field(default_factory=dict)  # what came before -> stretches begun so
-    path_ended: dict = field(default_factory=dict)  # why -> stretches ended so
+    path_refusals: Counter = field(default_factory=Counter)  # why -> steps that started no stretch
+    path_begun: Counter = field(default_factory=Counter)  # what came before -> stretches begun so
+    path_ended: Counter = field(default_factory=Counter)  # why -> stretches ended so
     # the controller's step at the last broadcast of the costs made at a probe on the plain path
     path_synced_at: int = None
     # a stretch's last output, held back by plain_path.leave: put once the worker's step that

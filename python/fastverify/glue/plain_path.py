@@ -175,11 +175,11 @@ def choose_path(scheduler, batch) -> None:
         _emptied(state)
     n, why, lens = may_enter(state, batch)
     if why:
-        state.path_refusals[why] = state.path_refusals.get(why, 0) + 1
+        state.path_refusals[why] += 1
         _log_stretches(state, None)
         return
     begun = BEGUN_AFTER_PLAIN if state.last_forward_plain else BEGUN_AFTER_PREFILL
-    state.path_begun[begun] = state.path_begun.get(begun, 0) + 1
+    state.path_begun[begun] += 1
     enter(batch, state, n, lens)
     if n == 0:  # this first step is the one the next lookup is due at: a probe, or one held
         why = _lookup_due(state, batch)
@@ -209,7 +209,7 @@ def _emptied(state) -> None:
     there; the corpus is not given the rest of its output (the requests that wrote it are gone)."""
     _note(state, state.path_bs, ends=True)
     _new_stretch(state, 0)
-    _ended(state, FINISHED)
+    state.path_ended[FINISHED] += 1
     _log_stretches(state, FINISHED)
 
 
@@ -520,7 +520,7 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     _new_stretch(state, 0)
     if why == LOOKUP_DUE:
         state.controller.excursion_begins(state.clock(), bs)
-    _ended(state, why)
+    state.path_ended[why or "-"] += 1
     _log_stretches(state, why)
 
 
@@ -542,13 +542,8 @@ LOG_EVERY_S = 30.0
 # what came before a stretch (its log line counts them): the prefill of all of its requests
 # (`_after_prefill`), or a step of the worker's without speculation
 BEGUN_AFTER_PREFILL, BEGUN_AFTER_PLAIN = "after a prefill", "after a worker's plain step"
+# why a stretch ended where its batch emptied (else a `leave` reason)
 FINISHED = "its requests finished"
-
-
-def _ended(state, why) -> None:
-    """A stretch ended for ``why`` (a `leave` reason, or `FINISHED`): counted for the log line."""
-    why = why or "-"
-    state.path_ended[why] = state.path_ended.get(why, 0) + 1
 
 
 def _log_stretches(state, why) -> None:
