@@ -833,7 +833,7 @@ def _nxt(t):  # the target's greedy output after token t
 
 
 def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=False,
-           observed=False, finishes=(), staggered=False):
+           observed=False, finishes=(), staggered=False, table=None):
     """The real auto.plain_step and run_plain_decode (a load where verifying never pays: only
     probes), the scheduler's hooks and its KV books and future map as in each pinned version (in
     0.5.23 the worker's roots come through the future map's accept token buffer, which a stretch
@@ -846,8 +846,10 @@ def _serve(tmp_path, layout, steps, joins=None, draft=lambda ctx: [], in_flight=
     ``staggered`` (with ``in_flight``): the two requests were prefilled one after the other, the
     first one's result processed, the second one's the forward in flight. Returns
     (books, state, corpus, the path of each iteration: plain, worker or prefill); the books are
-    checked once every forward is processed."""
-    table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
+    checked once every forward is processed. ``table``: the cost table (default: verifying never
+    pays)."""
+    if table is None:
+        table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": 1e5, "64": 1e5}}
     spec = _spec(tmp_path, table)
     books = Books([[1, 2, 3], [4, 5, 6, 7]], layout, in_flight=in_flight)
     b = books.batch
@@ -1060,6 +1062,35 @@ def test_the_first_probe_of_a_batch_just_prefilled_does_not_wait_for_credit(tmp_
     # the owed probe, then (its cost in debt, 0.002 ms of credit a step) the next one at probe_max
     probe_max = state.controller.cfg.probe_max
     assert gets == [auto.REFILL_STEPS, auto.REFILL_STEPS + probe_max]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("verify_ms", [1.5, 1e5])
+def test_a_new_requests_probe_that_matched_in_full_owes_the_probe_that_scores_it(
+        tmp_path, layout, verify_ms, monkeypatch):
+    """The owed first probe finds drafts of the longest chain for requests the gain model does not
+    trust yet: where such drafts accepted in full would pay (a verify pass of 1.5 ms against a
+    1 ms step), the next probe comes once they are decided, whatever the credit (it scores them:
+    a repeated prompt's first probe found its full match, and the probe that taught the model so
+    came ~32 steps later, on one H200); once per request, then the probes wait for credit again.
+    Where nothing could pay, no such probe."""
+    from fastverify.controller import Controller
+
+    monkeypatch.setattr(Controller, "_plain_and_probe", lambda self, bs: (1.0, 0.5))
+    table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": verify_ms, "64": verify_ms}}
+    books, state, corpus, path = _serve(tmp_path, layout, 60, draft=lambda ctx: [1, 2, 3],
+                                        in_flight=True, observed=True, table=table)
+    assert path == ["plain"] * 60
+    gets = [step for kind, step in corpus.events if kind == "get"]
+    ctl = state.controller
+    first, probe_max = auto.REFILL_STEPS, ctl.cfg.probe_max
+    if verify_ms < 1e5:
+        confirm = first + ctl.cfg.max_chain + 2
+        assert gets == [first, confirm, confirm + probe_max]
+        assert ctl.counters["confirming_probes"] == 1
+    else:
+        assert gets == [first, first + probe_max]
+        assert ctl.counters["confirming_probes"] == 0
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -264,7 +264,8 @@ class Controller:
         self.counters = {"steps": 0, "switches": 0, "gated_requests": 0, "requests": 0,
                          "lean_steps": 0, "probe_lookups": 0, "behind_lookups": 0, "probes_held": 0,
                          "plain_path_steps": 0, "plain_path_stretches": 0,
-                         "plain_path_probes": 0, "plain_path_joins": 0}
+                         "plain_path_probes": 0, "plain_path_joins": 0,
+                         "confirming_probes": 0}
         # why the last plan_lookup looked up: PLAN_PROBE or PLAN_WANTED
         self.planned: Optional[str] = None
         self._since_lookup = 0
@@ -275,6 +276,12 @@ class Controller:
         # new requests' first lookups were deferred (`defer_first_lookup`): the probe that makes
         # them does not wait for credit, only for the steps right after the prefill
         self._probe_owed = False
+        # requests still running that were owed a confirming probe (`note_probe`), and the step
+        # from which that probe is owed (None: none owed)
+        self._confirmed: set = set()
+        self._confirm_step: Optional[int] = None
+        # (costs key, {bs: would drafts matched and accepted in full pay}): `_full_acceptance_pays`
+        self._full_pays = (None, {})
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
         # requests that sample (note_sampling); the others decode greedily
@@ -405,7 +412,8 @@ class Controller:
             self._looked_up()
             self.planned = PLAN_WANTED
             return True
-        if probe_max > 0 and self._since_lookup + 1 >= min(self._probe_gap, probe_max):
+        if probe_max > 0 and (self._since_lookup + 1 >= min(self._probe_gap, probe_max)
+                              or self._confirming()):
             # a probe that may find drafts worth verifying at once is a real lookup; one whose
             # drafts would not pay even if they matched in full (the requests' own acceptance of
             # matching drafts is low) is for learning only, and cheaper (PLAN_PROBE: looked up
@@ -418,7 +426,8 @@ class Controller:
             promising = self._full_match_wanted([r.req_id for r in requests])
             if not promising:
                 cost = self._plain_and_probe(len(requests))[1]
-                short = cost > self._probe_credit and not self._probe_owed
+                owed = self._probe_owed or self._confirming()
+                short = cost > self._probe_credit and not owed
                 if (refill or short) and self._since_lookup + 1 < probe_max:
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
@@ -504,10 +513,54 @@ class Controller:
         scored, and which ran without speculation: `requests` carry the features of those drafts.
         The probe gap goes back to 1 when they make speculation look worthwhile (the next step then
         looks up for real) and doubles otherwise; the step counts as a step without a lookup's
-        drafts verified (`note_lean`)."""
-        self._back_off(self._wanted(requests))
+        drafts verified (`note_lean`).
+        A probe whose drafts are not trusted but reach (nearly) the longest chain, for a new request
+        (none of its matched drafts scored yet, none owed before), where drafts matched and
+        accepted in full would pay: the next probe is owed as soon as those drafts are decided
+        (`max_chain` + 2 steps, whatever the probe credit), since a probe's drafts are scored only
+        at the next lookup; not where the next probe comes by then anyway. Without it a request
+        whose output repeats earlier output learns so only ~`probe_max` steps later, since a new
+        request's drafts are judged by all requests' recent acceptance, which a novel load leaves
+        at the pessimistic floor (one H200, SmolLM2 memorised: 100 steps on the plain path before
+        chain 8, where the first probe came at step 3). Once per request: a running request's own
+        drafts already speak for it, and a spell begun on one scored draft of a request that was
+        not new failed more often than it held (the simulator's switching loads)."""
+        wanted = self._wanted(requests)
+        self._back_off(wanted)
+        if not wanted:
+            self._owe_confirmation(requests)
         self.counters["probe_lookups"] += 1
         return self.note_lean(len(requests))
+
+    def _owe_confirmation(self, requests: Sequence[RequestView]) -> None:
+        """`note_probe`'s confirming probe: owed where a request of `requests` qualifies."""
+        new = [r.req_id for r in requests
+               if r.features.match_len >= self.cfg.max_chain - 1 and r.req_id not in self._confirmed
+               and not self.gain.scored(r.req_id)]
+        if not new or not self._full_acceptance_pays(len(requests)):
+            return
+        soon = min(self._probe_gap, self.cfg.probe_max) <= self.cfg.max_chain + 2
+        if soon and self._plain_and_probe(len(requests))[1] <= self._probe_credit:
+            return  # the next probe comes by then anyway, and is not held for credit
+        self._confirmed.update(new)
+        # (the probe step is not counted yet: its drafts are decided K + 1 tokens on, the host a
+        # step behind)
+        self._confirm_step = self.step + self.cfg.max_chain + 2
+        self.counters["confirming_probes"] += 1
+
+    def _full_acceptance_pays(self, bs: int) -> bool:
+        """Would chains that matched in full and were accepted in full beat no speculation (by the
+        hysteresis) at batch size `bs`, by the costs alone? Kept until the costs change."""
+        key = self._costs_key()
+        if key != self._full_pays[0]:
+            self._full_pays = (key, {})
+        hit = self._full_pays[1].get(bs)
+        if hit is None:
+            evals = [evaluate(o, self.costs, [float(o.k if o.kind == CHAIN else 0)] * bs,
+                              self.cfg.shape) for o in self.options if o.kind != TREE]
+            hit = choose(evals, self.options[0], self.cfg.hysteresis).option.kind != NONE
+            self._full_pays[1][bs] = hit
+        return hit
 
     def lean_pays(self, bs: int, margin: float = 0.02) -> bool:
         """Is a step without a lookup measured to be cheaper than a lookup step that verifies
@@ -566,8 +619,15 @@ class Controller:
 
     def _looked_up(self) -> None:
         """A lookup was made (real, or a probe): the steps since the last one start again, and a
-        probe owed to deferred first lookups is paid."""
+        probe owed to deferred first lookups is paid, as is a confirming probe once its step came
+        (a probe before it cannot score the drafts it is owed for)."""
         self._since_lookup, self._probe_owed = 0, False
+        if self._confirming():
+            self._confirm_step = None
+
+    def _confirming(self) -> bool:
+        """Is the confirming probe (`note_probe`) owed at this step?"""
+        return self._confirm_step is not None and self.step >= self._confirm_step
 
     def _back_off(self, speculating: bool) -> None:
         """Lookups back off while they buy nothing: after a lookup (or probe) the gap goes back to 1
@@ -636,6 +696,8 @@ class Controller:
         if probe_max <= 0:
             return cap
         due = min(self._probe_gap, probe_max) - self._since_lookup - 1
+        if self._confirm_step is not None:  # a confirming probe is due at its step
+            due = min(due, max(self._confirm_step - self.step, 0))
         if due > 0 and due >= refill_steps:
             return min(due, cap)
         if self._full_match_wanted(list(req_ids)):
@@ -645,6 +707,8 @@ class Controller:
         forced = probe_max - self._since_lookup - 1  # held at most until then
         if self._probe_owed:  # held by the steps right after the prefill alone
             forced = min(forced, max(refill_steps, due))
+        if self._confirm_step is not None:  # a confirming probe is owed from its step on
+            forced = min(forced, max(refill_steps, self._confirm_step - self.step))
         elif gain > 0:
             # the j-th step from now sees the credit of j - 1 more steps and is held while it
             # does not cover the probe
@@ -766,6 +830,7 @@ class Controller:
         chose to speculate for: the decision log samples one step in 30 s)."""
         self.gain.drop(req_id)
         self._sampled.discard(req_id)
+        self._confirmed.discard(req_id)
         r = self._verified_by_request.pop(req_id, None)
         if r is not None and self._log is not None:
             self._log({"request": str(req_id), "verified_drafts": r[0],

@@ -128,6 +128,10 @@ class GainModel:
             if tree_accept is not None and self.D:
                 pair[1].add(tree_accept, step, self.decay)
 
+    def scored(self, req_id) -> bool:
+        """Has a matched draft of this request been scored (observed)?"""
+        return (req_id, True) in self._local
+
     def drop(self, req_id) -> None:
         self.version += 1
         self._local.pop((req_id, False), None)
