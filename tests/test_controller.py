@@ -625,3 +625,70 @@ def test_a_request_whose_drafts_were_verified_logs_what_they_were_expected_to_ac
     assert len(logged) == 1
     # the calibration counts all three
     assert c._verified[0] == pytest.approx(8.5) and c._verified[1] == pytest.approx(5.0)
+
+
+def test_a_confirming_probe_is_owed_once_to_a_new_request_whose_probe_matched_in_full():
+    """`note_probe` of drafts the model does not trust: a new request's long match owes the probe
+    that scores it `max_chain` + 2 steps on, whatever the credit (`plan_lookup` makes it, the
+    probes before it wait for credit); once per request, never for a request whose matched drafts
+    were scored, never where full acceptance could not pay, nor where the next probe comes by then
+    and is not held for credit. One scored full acceptance then makes the request's full match
+    worth verifying (an H200's measured costs: a plain step 1.58 ms, chain 8 2.75 ms)."""
+    h200 = CostTable(((1, 1.58), (8, 1.58)), ((1, 2.75), (64, 2.9)), "h200")
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
+
+    def probed(ctl, views, credit=0.0):
+        ctl._plain_and_probe = lambda bs: (1.58, 0.5)  # a probe dearer than the credit
+        ctl._probe_credit = credit
+        ctl._since_lookup, ctl._probe_gap = 31, 32
+        assert ctl.plan_lookup(views, 32, behind=True) and ctl.planned == "probe"
+        ctl.note_probe(views)
+
+    def after_a_novel_load():
+        ctl = Controller(cfg, h200)
+        for i in range(40):  # matched drafts, none accepted
+            ctl.gain.observe("old", DraftFeatures(6, 1), i * 15, 0)
+        ctl.finish("old")
+        ctl.step = 700
+        return ctl
+
+    ctl = after_a_novel_load()
+    full = [RequestView("new", DraftFeatures(7, 1))]
+    assert not ctl._full_match_wanted(["new"])
+    probed(ctl, full)
+    assert ctl.counters["confirming_probes"] == 1 and ctl._confirm_step == 700 + 9
+    # the steps before it: held for credit (the gap of 2 passed at 702)
+    n = ctl.steps_without_lookup(32, 256, ["new"], 1)
+    assert n == 8
+    for _ in range(n):
+        assert not ctl.plan_lookup(full, 32, behind=True)
+        ctl.note_lean(1)
+    assert ctl.step == 709 and ctl.plan_lookup(full, 32, behind=True) and ctl.planned == "probe"
+    assert ctl._confirm_step is None
+    # that probe scored the first one's drafts: accepted in full, the full match is now wanted
+    ctl.gain.observe("new", DraftFeatures(6, 1), ctl.step, 7)
+    assert ctl._wanted(full)
+    # once per request: a second long match of the same request owes nothing
+    ctl._wanted = lambda views: False
+    ctl.note_probe(full)
+    assert ctl.counters["confirming_probes"] == 1 and ctl._confirm_step is None
+    del ctl._wanted
+    # a request whose matched drafts were scored, or a short match: nothing owed
+    ctl = after_a_novel_load()
+    ctl.gain.observe("seen", DraftFeatures(6, 1), ctl.step, 0)
+    for views in ([RequestView("seen", DraftFeatures(7, 1))],
+                  [RequestView("short", DraftFeatures(2, 1))]):
+        probed(ctl, views)
+        assert ctl.counters["confirming_probes"] == 0 and ctl._confirm_step is None
+    # the next probe (gap 2) comes by then and the credit covers it: nothing owed; held: owed
+    ctl._probe_gap, ctl._probe_credit = 2, 10.0
+    ctl._owe_confirmation([RequestView("cheap", DraftFeatures(7, 1))])
+    assert ctl.counters["confirming_probes"] == 0
+    ctl._probe_credit = 0.0
+    ctl._owe_confirmation([RequestView("cheap", DraftFeatures(7, 1))])
+    assert ctl.counters["confirming_probes"] == 1
+    # where verifying never pays, nothing owed
+    never = Controller(cfg, CostTable(((1, 1.0), (8, 1.0)), ((1, 1e5), (64, 1e5)), "never"))
+    never.gain.version = 1
+    probed(never, [RequestView("x", DraftFeatures(7, 1))])
+    assert never.counters["confirming_probes"] == 0
