@@ -430,12 +430,16 @@ class SimResult:
 def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int,
              shape: str = "ragged", max_chain: int = 7, tree_width: int = 8,
              regime_of_step: Optional[Callable[[int], int]] = None, lookup_ms: float = 0.0,
-             probe_ms: float = 0.0) -> SimResult:
+             probe_ms: float = 0.0, scored_at_lookups: bool = False) -> SimResult:
     """Run `requests` through a decode loop of at most `bs` concurrent requests (refilled in order).
     `lookup_ms`: what a step that looked drafts up costs on top of its pass (0: passes only).
     `probe_ms`: what a probe (`AutoPolicy.probed`: drafts looked up behind the launch only to be
     scored) adds to its step, where the host has less time to spare than the lookup takes (0: it
-    fits in the host's slack)."""
+    fits in the host's slack).
+    `scored_at_lookups`: drafts are scored only in steps that look drafts up (a lookup or a probe),
+    as the server scores them where its steps without speculation run on SGLang's own decode path
+    (`glue.plain_path`: the shadow tracker advances at probes and at the worker's steps); else as
+    soon as the output decides them."""
     res = SimResult(policy.label)
     queue = list(requests)[::-1]
     active: dict = {}  # rid -> [request, pos, pending drafts [(pos, regime)]]
@@ -493,7 +497,10 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int,
             res.tokens += adv
             st[1] = pos + adv
             keep = []
-            for p0, rg in st[2]:  # shadow resolution: the first divergence is known once produced
+            pending = st[2] if policy.looked_up or not scored_at_lookups else []
+            if not pending:
+                keep = st[2]
+            for p0, rg in pending:  # shadow resolution: the first divergence is known once produced
                 f, a_c, a_t = req.regimes[rg][0][p0], req.regimes[rg][1][p0], req.regimes[rg][2][p0]
                 need = max(min(a_c + 1, max_chain), min(a_t + 1, cap_tree))
                 if st[1] - p0 >= need:
@@ -519,11 +526,12 @@ def fixed_policies(max_chain: int, tree_width: int) -> list:
 
 
 def run_all(requests, costs, bs, cfg: AutoConfig, regime_of_step=None, controller_costs=None,
-            lookup_ms: float = 0.0, probe_max: int = None, probe_ms: float = 0.0) -> dict:
+            lookup_ms: float = 0.0, probe_max: int = None, probe_ms: float = 0.0,
+            scored_at_lookups: bool = False) -> dict:
     """Every fixed option and auto on the same requests; returns label -> SimResult. With
     `lookup_ms` or `probe_ms` > 0 the steps cost more than their passes, and auto decides on
     whole-step costs measured as it runs (as the server does); otherwise on the table
-    (`controller_costs`, default: the true one)."""
+    (`controller_costs`, default: the true one). `scored_at_lookups`: see `simulate`."""
     out = {}
     table = controller_costs or costs
     measured = StepCosts(table) if lookup_ms > 0 or probe_ms > 0 else None
@@ -531,7 +539,8 @@ def run_all(requests, costs, bs, cfg: AutoConfig, regime_of_step=None, controlle
                       PROBE_MAX if probe_max is None else probe_max, measured)
     for pol in fixed_policies(cfg.max_chain, cfg.tree_width) + [auto]:
         out[pol.label] = simulate(requests, pol, costs, bs, cfg.shape, cfg.max_chain,
-                                  cfg.tree_width, regime_of_step, lookup_ms, probe_ms)
+                                  cfg.tree_width, regime_of_step, lookup_ms, probe_ms,
+                                  scored_at_lookups)
     return out
 
 
