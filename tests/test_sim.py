@@ -431,8 +431,9 @@ def _novel_then_memorised(bs: int, scored_at_lookups: bool = False) -> tuple:
     """Eight requests whose drafts never pay, then eight whose drafts match almost always and are
     accepted (a prompt repeated: its earlier output is in the corpus), on one controller whose
     probes cost host time (0.8 ms, the 2x H200 at batch size 4); ``scored_at_lookups``: drafts
-    scored only at lookups, as on the server's own decode path (`sim.simulate`). Returns (auto's tokens/s over the
-    second load against the best fixed option's, auto's steps without speculation there)."""
+    scored only at lookups, as on the server's own decode path (`sim.simulate`). Returns (auto's
+    tokens/s over the second load against the best fixed option's, auto's steps without
+    speculation there)."""
     first = sim.synthetic_requests(8, 200, (0.0,), CFG.max_chain, CFG.tree_width, seed=0)
     second = sim.synthetic_requests(8, 200, (0.97,), CFG.max_chain, CFG.tree_width,
                                     match_rate=0.99, seed=5)
