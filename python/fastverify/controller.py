@@ -701,7 +701,7 @@ class Controller:
         if due > 0 and due >= refill_steps:
             return min(due, cap)
         if self._full_match_wanted(list(req_ids)):
-            return min(max(due, 0), cap)  # the lookup due is a real one
+            return min(max(due, 0), cap)  # the lookup due is wanted: never held for credit
         plain, cost = self._plain_and_probe(bs)
         gain = self.cfg.probe_budget * plain
         forced = probe_max - self._since_lookup - 1  # held at most until then
@@ -743,27 +743,34 @@ class Controller:
         self.steps_by_mode[NONE] += n
 
     def lookup_is_real(self, requests: Sequence[RequestView]) -> bool:
-        """Would a lookup made now for `requests` be a real one: are their drafts (their last known
-        features), or drafts that matched in full, expected to be worth verifying? False: the next
-        lookup can only be a probe (`plan_lookup`'s PLAN_PROBE), or held."""
-        return self._wanted(requests) or self._full_match_wanted([r.req_id for r in requests])
+        """Would a lookup made now for `requests` on the server's own decode path be a real one: are
+        their drafts (their last known features) expected to be worth verifying? False: the next
+        lookup there is a probe (`lookup_on_plain_path`), or held. Drafts that would be worth it
+        only if they matched in full are looked for by a probe on the path first: left for the
+        worker's lookup, each that found nothing there cost a lookup step and a plain step in the
+        worker (~3 ms on one H200 at TP=1, against ~1.6 ms for two steps on the path) and the
+        gap between them doubled up to `probe_max`, where a memorised request's drafts failed at
+        a branch point mid-request (one H100, SmolLM2: open prompts at 0.81-0.88x chain +
+        widths)."""
+        return self._wanted(requests)
 
     def lookup_on_plain_path(self, requests: Sequence[RequestView], probe_max: int,
                              refill: bool = False) -> str:
         """A stretch on the server's own decode path (``glue.plain_path``) has reached the step its
         next lookup is due at (`steps_without_lookup` gave 0, the stretch's steps counted by
-        `note_plain_path`). LOOKUP where that lookup is a real one (drafts of these requests, or
-        drafts that matched in full, would be verified): the batch goes back to the worker, whose
-        `plan_lookup` makes it, nothing is counted here. Otherwise what `plan_lookup` answers for
-        this step, and the step stays on the path: PLAN_PROBE (a probe: the caller looks drafts up
-        behind the step and reports them with `note_probe`, which counts the step) or HELD (the
+        `note_plain_path`). LOOKUP where that lookup is a real one (the requests' last drafts would
+        be verified: `lookup_is_real`): the batch goes back to the worker, whose `plan_lookup` makes
+        it, nothing is counted here. Otherwise what `plan_lookup` answers for this step, and the
+        step stays on the path: PLAN_PROBE (a probe: the caller looks drafts up behind the step and
+        reports them with `note_probe`, which counts the step; where drafts that matched in full
+        would be verified, the lookup `plan_lookup` wants is this probe, never held for credit, and
+        drafts it finds worth verifying send the batch to the worker at the next step) or HELD (the
         probe waits for credit, or for the steps after a prefill to pass: the step is counted here
         as `note_lean` counts it)."""
         if self.lookup_is_real(requests):
             return LOOKUP
         if self.plan_lookup(requests, probe_max, behind=True, refill=refill):
-            if self.planned != PLAN_PROBE:  # cannot happen: a wanted lookup was ruled out above
-                return LOOKUP
+            self.planned = PLAN_PROBE  # (a wanted lookup: drafts that matched in full would pay)
             return PLAN_PROBE
         self.note_lean(len(requests))
         return HELD

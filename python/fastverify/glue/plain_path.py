@@ -10,29 +10,29 @@ is host-bound, that wrapping cost 0.75 ms a step over the plain server's 2.2 ms
 (benchmark/results/h200/auto-floor-smollm2-tp1/).
 
 Here, once a step has run without speculation and the controller's next lookup is not a real one
-due at once (`Controller.lookup_is_real`: neither the requests' last drafts nor drafts that matched
-in full would be verified), the running batch is handed to SGLang's own non-speculative path for
-the steps that follow: from the scheduler's point of view it is a batch of a server without
-speculation. Its preparation allocates one KV slot per request, its input ids come from the future
-map's token buffer as a plain server's do, its result is processed as a plain server's, and the
-n-gram worker only swaps in the plain decode runtime around the forward and, one step in eight,
-times it (`_time`: its period is what the controller's no speculation costs). When the
-controller's next lookup comes due, the stretch's steps are counted in one call
-(`Controller.note_plain_path`) and the controller says what that lookup is
-(`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from) is made on the
-path, on the host behind the step's forward, the corpus given the stretch's output a few steps
-before (`put_lead`: so that the probe's lookup does not wait for the insert), and one held for want
-of probe credit waits there; the stretch then goes on to the next lookup. Requests that join the
-batch (their prefill merged into it between two of its steps) stay on the path, their first lookup
-a probe there, where even drafts that matched in full would not be verified (`_join`). A stretch
-ends when a lookup is a real one (drafts would be verified: a probe found them worth it, or even
-full matches would be), when requests join whose first lookup could pay, or when the batch cannot
-run plain (`auto._plain_capable`); the batch then reads as speculative again, with each request's
-last token as the root of its next step, and the worker's own logic goes on (`auto.plain_step`);
-the stretch's last output goes to the corpus once that step has looked up (`put_pending`). An
-excursion for a real lookup is timed until the batch is back on the path, against the costs of its
-steps in the worker as the controller decided them: what it took beyond them is what starting a
-spell of speculation costs (`_excursion_ends`, `StepCosts.switch_ms`).
+due at once (`Controller.lookup_is_real`: the requests' last drafts would not be verified), the
+running batch is handed to SGLang's own non-speculative path for the steps that follow: from the
+scheduler's point of view it is a batch of a server without speculation. Its preparation allocates
+one KV slot per request, its input ids come from the future map's token buffer as a plain server's
+do, its result is processed as a plain server's, and the n-gram worker only swaps in the plain
+decode runtime around the forward and, one step in eight, times it (`_time`: its period is what the
+controller's no speculation costs). When the controller's next lookup comes due, the stretch's
+steps are counted in one call (`Controller.note_plain_path`) and the controller says what that
+lookup is (`Controller.lookup_on_plain_path`): a probe (drafts looked up only to learn from, or to
+find drafts worth verifying where drafts that matched in full would be) is made on the path, on the
+host behind the step's forward, the corpus given the stretch's output a few steps before
+(`put_lead`: so that the probe's lookup does not wait for the insert), and one held for want of
+probe credit waits there; the stretch then goes on to the next lookup. Requests that join the batch
+(their prefill merged into it between two of its steps) stay on the path, their first lookup a
+probe there, where even drafts that matched in full would not be verified (`_join`). A stretch ends
+when a lookup is a real one (drafts would be verified: a probe found them worth it), when requests
+join whose first lookup could pay, or when the batch cannot run plain (`auto._plain_capable`); the
+batch then reads as speculative again, with each request's last token as the root of its next step,
+and the worker's own logic goes on (`auto.plain_step`); the stretch's last output goes to the
+corpus once that step has looked up (`put_pending`). An excursion for a real lookup is timed until
+the batch is back on the path, against the costs of its steps in the worker as the controller
+decided them: what it took beyond them is what starting a spell of speculation costs
+(`_excursion_ends`, `StepCosts.switch_ms`).
 
 Seams (patch 0012, the same shape in both pinned versions):
     Scheduler.update_running_batch      choose_path(scheduler, batch): after the batch's filter,
