@@ -690,9 +690,9 @@ class Controller:
         and past it the steps a probe that could not pay is held for want of probe credit or
         because they are among the ``refill_steps`` next steps right after a prefill (its
         ``refill``; never past ``probe_max`` steps since the last lookup; ``probe_max`` 0: no
-        probes, so ``cap``). A lookup that would be a real one is held by neither. Asked after a
-        step that ran without a lookup, before a stretch of steps that make none
-        (`note_plain_path`)."""
+        probes, so ``cap``); a confirming probe (`note_probe`) waits for its step alone. A lookup
+        that would be a real one is held by neither. Asked after a step that ran without a lookup,
+        before a stretch of steps that make none (`note_plain_path`)."""
         if probe_max <= 0:
             return cap
         due = min(self._probe_gap, probe_max) - self._since_lookup - 1
@@ -707,14 +707,14 @@ class Controller:
         forced = probe_max - self._since_lookup - 1  # held at most until then
         if self._probe_owed:  # held by the steps right after the prefill alone
             forced = min(forced, max(refill_steps, due))
-        if self._confirm_step is not None:  # a confirming probe is owed from its step on
-            forced = min(forced, max(refill_steps, self._confirm_step - self.step))
         elif gain > 0:
             # the j-th step from now sees the credit of j - 1 more steps and is held while it
             # does not cover the probe
             short = cost - self._probe_credit
             wait = max(math.ceil(short / gain), 0) if short > 0 else 0
             forced = min(forced, max(wait, refill_steps, due))
+        if self._confirm_step is not None:  # a confirming probe is owed from its step on
+            forced = min(forced, max(refill_steps, self._confirm_step - self.step))
         return max(min(forced, cap), 0)
 
     def note_plain_path(self, bs: int, n: int, ends: bool = True) -> None:
