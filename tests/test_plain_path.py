@@ -1647,3 +1647,51 @@ def test_the_steps_in_the_middle_of_a_stretch_run_no_import_and_no_generator(tmp
     assert not importing, f"per-step functions with an import statement: {sorted(importing)}"
     generators = {c.co_name for c in called if c.co_filename.endswith("contextlib.py")}
     assert not generators, f"a context manager entered per step: {sorted(generators)}"
+
+
+@pytest.mark.parametrize("case", ["finish mid-stretch", "join after a finish"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_request_that_finishes_on_the_path_gives_the_corpus_its_last_output(tmp_path, layout,
+                                                                              case, monkeypatch):
+    """A request that finished on the path: the corpus gets its output since the stretch's last
+    put, as it gets the running requests' at the next put (without it the last up to probe_max
+    tokens of every reply that ended on the path stayed out of the corpus, and a repeated prompt
+    decoded them without drafts again). Its puts cover its output to the end, without a gap."""
+    puts = []  # (request, its output length at the put, tokens given)
+    put_stretch = plain_path._put_stretch
+
+    def recorded(worker, reqs, n):
+        for r in reqs:
+            puts.append((r, len(r.output_ids), worker.max_trie_depth + n - 1 if n > 0 else 0))
+        put_stretch(worker, reqs, n)
+
+    monkeypatch.setattr(plain_path, "_put_stretch", recorded)
+    finished = []
+    finish_last = Books.finish_last
+    monkeypatch.setattr(Books, "finish_last",
+                        lambda self: finished.append(finish_last(self)) or finished[-1])
+    joins = {47: ([9, 8, 7, 6, 5], 140)} if case == "join after a finish" else None
+    books, state, corpus, path = _serve(tmp_path, layout, 80, finishes={45}, joins=joins,
+                                        in_flight=True, observed=True, draft=_wrong_drafts)
+    assert "worker" not in path
+    (gone,) = finished
+    mine = [(at, given) for r, at, given in puts if r is gone]
+    assert mine and mine[-1][0] == len(gone.output_ids), mine  # its last put reaches its end
+    covered = 0  # output positions given so far (a put gives the last `given` tokens)
+    for at, given in mine:
+        assert at - given <= covered, (mine, covered)
+        covered = at
+    assert covered == len(gone.output_ids) > 40
+
+
+def test_a_batch_that_emptied_on_the_path_gives_the_corpus_its_last_output(tmp_path):
+    """The stretch's batch emptied (every request finished on the path): the corpus gets their
+    output since the stretch's last put when the next batch comes (`_emptied`)."""
+    w, state = _state(tmp_path)
+    reqs = [SimpleNamespace(rid=f"r{i}", origin_input_ids=[1, 2, 3], output_ids=list(range(10, 30)))
+            for i in range(2)]
+    state.path_reqs, state.stretch, state.put, state.path_bs = reqs, 12, 5, 2
+    plain_path._emptied(state, w)
+    depth = w.max_trie_depth
+    assert w.ngram_corpus.puts == [[list(range(10, 30))[-(depth + 7 - 1):]] * 2]
+    assert state.stretch == 0 and state.path_reqs is None

@@ -176,6 +176,9 @@ class AutoState:
     noted: int = 0
     put: int = 0
     path_bs: int = 0  # the batch size of the stretch's last step
+    # the requests of the stretch's last step (None before its first): those that leave the batch
+    # on the path (they finished) give the corpus their output since the last put
+    path_reqs: list = None
     # (host clock, batch size, stretch step) at the start of the plain path's step being timed
     path_timing: tuple = None
     # this step on the plain path probes (looks drafts up behind its forward: `plain_path.step`)

@@ -172,7 +172,7 @@ def choose_path(scheduler, batch) -> None:
             _count_spec_step(scheduler, len(batch.reqs))
         return
     if state.stretch:
-        _emptied(state)
+        _emptied(state, scheduler.model_worker)
     n, why, lens = may_enter(state, batch)
     if why:
         state.path_refusals[why] += 1
@@ -202,12 +202,14 @@ def _count_spec_step(scheduler, bs: int) -> None:
         reporter.spec_num_accept_tokens += bs
 
 
-def _emptied(state) -> None:
+def _emptied(state, worker) -> None:
     """A speculative batch meets a stretch still open: the batch of that stretch emptied on the
     plain path (its requests all finished, and SGLang drops an empty running batch before asking
-    `choose_path`). Its steps not counted yet go to the controller's books and the stretch ends
-    there; the corpus is not given the rest of its output (the requests that wrote it are gone)."""
+    `choose_path`). Its steps not counted yet go to the controller's books, the corpus is given
+    the finished requests' output since the last put (`_put_departed`) and the stretch ends
+    there."""
     _note(state, state.path_bs, ends=True)
+    _put_departed(worker, state, frozenset())
     _new_stretch(state, 0)
     state.path_ended[FINISHED] += 1
     _log_stretches(state, FINISHED)
@@ -254,7 +256,9 @@ def _join(state, batch, worker) -> str:
     _note(state, state.path_bs or len(ran), ends=False)
     if not _first_lookups_wait(state, batch, joined):
         return REQUEST_JOINED
-    _put_stretch(worker, ran, state.stretch - state.put)
+    # (with the requests that finished on the path since its last step)
+    _put_stretch(worker, _departed(state, frozenset(r.rid for r in ran)) + ran,
+                 state.stretch - state.put)
     state.put = state.stretch
     if batch.seq_lens_cpu is None:
         import torch
@@ -477,6 +481,7 @@ def _new_stretch(state, n: int) -> None:
     state.stretch, state.stretch_len = 0, n
     state.noted = state.put = 0
     state.probe_now = False
+    state.path_reqs = None
 
 
 def leave(scheduler, batch, state, why: str = "") -> None:
@@ -514,8 +519,10 @@ def leave(scheduler, batch, state, why: str = "") -> None:
     # which find the corpus as a probe here would have
     n = state.stretch - state.put
     if n > 0:  # (after any output still held back: a batch that emptied before the worker ran)
+        # (with the requests that finished on the path since its last step)
         state.pending_put = (state.pending_put or []) + _stretch_contexts(
-            batch.reqs, n, int(scheduler.model_worker.max_trie_depth))
+            _departed(state, frozenset(r.rid for r in batch.reqs)) + list(batch.reqs), n,
+            int(scheduler.model_worker.max_trie_depth))
     state.put = state.stretch
     _new_stretch(state, 0)
     if why == LOOKUP_DUE:
@@ -598,6 +605,25 @@ def _stretch_contexts(reqs, n: int, depth: int) -> list:
     return contexts
 
 
+def _departed(state, rids) -> list:
+    """The requests of the stretch's last step not among ``rids`` (those that finished since)."""
+    return [r for r in state.path_reqs or () if r.rid not in rids]
+
+
+def _put_departed(worker, state, rids) -> None:
+    """Requests of the stretch's last step that are no longer in the batch (``rids``: its requests
+    now) finished on the path: the corpus gets their output since the stretch's last put, as it
+    gets the output of the requests still running at the next put. Without it a request that
+    finished on the path left its last up to `probe_max` tokens out of the corpus, and a memorised
+    load (a prompt repeated) decoded them without drafts again the next time, and lost them again
+    (one H100, SmolLM2: the last 26-31 steps of an open prompt's reply on the path in two
+    successive rounds, where chain + widths, whose worker puts every step's output, verified
+    them)."""
+    gone = _departed(state, rids)
+    if gone:
+        _put_stretch(worker, gone, state.stretch - state.put)
+
+
 def put_pending(worker, state) -> None:
     """The stretch's output held back by `leave` goes to the corpus once the worker's step that
     follows has looked up (`auto.step_drafts`, once the step's drafts are there; the end of
@@ -640,8 +666,8 @@ def step(worker, batch, state):
     if state.pending_put is not None:  # (back on the path before the worker's step flushed it)
         put_pending(worker, state)
     mr = worker.model_runner
-    state.in_flight_rids, state.last_batch_rids = (state.last_batch_rids,
-                                                   frozenset(r.rid for r in batch.reqs))
+    now = frozenset(r.rid for r in batch.reqs)
+    state.in_flight_rids, state.last_batch_rids = state.last_batch_rids, now
     saved = (mr.attn_backend, mr.decode_cuda_graph_runner, mr.spec_algorithm)
     plain = state.plain
     mr.attn_backend, mr.decode_cuda_graph_runner = plain.attn_backend, plain.graph_runner
@@ -650,6 +676,11 @@ def step(worker, batch, state):
         result = worker.target_worker.forward_batch_generation(batch)
     finally:
         mr.attn_backend, mr.decode_cuda_graph_runner, mr.spec_algorithm = saved
+    if state.path_reqs is not None and now != state.in_flight_rids:
+        # (the requests of the stretch's step before: after the launch, as the corpus' insert
+        # runs on its own thread)
+        _put_departed(worker, state, now)
+    state.path_reqs = list(batch.reqs)
     state.stretch += 1
     # counted here, not with the controller's books (`_note`): a prefill between two steps of a
     # stretch (a request joining, a chunk of a longer one) restarts the count
