@@ -861,3 +861,28 @@ def test_a_finished_request_logs_what_its_verified_drafts_were_expected_to_accep
     auto._sync_requests(state, SimpleNamespace(reqs=[]))  # it finished
     assert logged == [{"request": "a", "verified_drafts": 1, "expected_tokens": 2.5,
                        "accepted_tokens": 2.0}]
+
+
+def test_a_step_verifies_at_the_narrowest_width_that_holds_its_longest_draft(tmp_path):
+    """The controller chose the widest chain (its expectation follows the requests' history), but
+    the longest draft kept this step is one token: the step runs at width 2, the drafts as they
+    would be verified at the chosen width less the padding past them (chain mode never verifies
+    that padding either). With no draft kept it runs at width 1."""
+    from fastverify.widths import truncate_drafts
+
+    streams = [list(range(100, 400)), list(range(500, 800))]
+    worker = _worker()
+    _run(worker, _spec(tmp_path, CHEAP), streams, 30, lambda s, n: s[n:n + K - 1])
+    reqs = [SimpleNamespace(rid="r0", output_ids=streams[0][:200]),
+            SimpleNamespace(rid="r1", output_ids=streams[1][:200])]
+    toks, mask = _drafts([streams[0][200:201], streams[1][200:201]])
+    out_t, out_m = auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False),
+                                    toks, mask, 2)
+    d = worker._fv_auto.controller.last
+    assert d.option.width == K and d.speculate == (True, True)
+    assert worker.draft_token_num == 2
+    ref_t, ref_m = truncate_drafts(toks, mask, K, 2, [1, 1])
+    assert np.array_equal(out_t, ref_t) and np.array_equal(out_m, ref_m)
+    toks, mask = _drafts([[], []])
+    auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False), toks, mask, 2)
+    assert worker.draft_token_num == 1
