@@ -730,7 +730,8 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
         d = state.controller.decide(views)
     width = 1 if d.option.kind == "none" else d.option.width
     keep = [min(int(lens[i]), width - 1) if s else 0 for i, s in enumerate(d.speculate)]
-    width = _narrowest(worker, width, keep)
+    if d.option.kind == "chain":
+        width = _narrowest(worker, width, keep)
     if width < k or not all(d.speculate):
         # (at width k with every request taking part the drafts are verified as
         # looked up: nothing to cut)
