@@ -749,18 +749,17 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
 
 
 def _narrowest(worker, width: int, keep) -> int:
-    """The narrowest captured width, at most the option's ``width``, that holds every draft token
-    the step keeps (1 + the longest of ``keep``): what lies past the longest draft is padding,
-    which chain mode never verifies either (`widths.choose_width`), so the step verifies the same
-    drafts in a smaller pass; no draft kept: width 1 where captured. On one H100 (SmolLM2, memorised
-    prompts) auto's chain-8 steps at batch size 4 took 3.45 ms median against chain + widths'
-    2.97 ms; this is one of the two candidates for the difference."""
-    need = 1 + max(keep, default=0)
+    """The narrowest captured width that holds every draft token the step keeps (1 + the longest
+    of ``keep``, each at most the option's ``width`` - 1, so never wider than it), as chain mode
+    picks its width (`widths.choose_width`): what lies past the longest draft is padding, never
+    verified, so the step verifies the same drafts in a smaller pass; no draft kept: width 1 where
+    captured. On one H100 (SmolLM2, memorised prompts) auto's chain-8 steps at batch size 4 took
+    3.45 ms median against chain + widths' 2.97 ms; this is one of the two candidates for the
+    difference."""
+    from fastverify.widths import choose_width
+
     rts = getattr(worker, "_fv_widths", None)
-    if need >= width or rts is None:
-        return width
-    fits = [w for w in rts.config.widths if need <= w <= width]
-    return min(fits) if fits else width
+    return width if rts is None else choose_width(keep, rts.config)[0]
 
 
 def _vocab_size(worker):
