@@ -246,8 +246,9 @@ class Controller:
         self.costs = costs
         self._wanted_epoch, self._wanted_cache = None, {}
         self._evaluated = (None, None)  # (question, answer) of the last _evaluate
-        # (costs key, {bs: (plain step ms, probe cost ms)}): `_plain_and_probe`
-        self._step_costs = (None, {})
+        # answers kept per batch size until the costs change: (costs key, {(name, bs): answer})
+        # (`_per_bs`: `_plain_and_probe`, `_full_acceptance_pays`)
+        self._by_bs = (None, {})
         self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
         self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps,
                               cfg.prior_strength, prior_floor=cfg.prior_floor)
@@ -280,8 +281,6 @@ class Controller:
         # from which that probe is owed (None: none owed)
         self._confirmed: set = set()
         self._confirm_step: Optional[int] = None
-        # (costs key, {bs: would drafts matched and accepted in full pay}): `_full_acceptance_pays`
-        self._full_pays = (None, {})
         self.steps_by_mode = {o.label: 0 for o in self.options}
         self.last: Optional[Decision] = None
         # requests that sample (note_sampling); the others decode greedily
@@ -458,16 +457,22 @@ class Controller:
         worker = probe - plain if probe is not None and plain is not None else 0.0
         return max(worker, mean_ms(PATH_PROBE, bs, 1) or 0.0, 0.0)
 
+    def _per_bs(self, name: str, bs: int, compute: Callable[[], object]):
+        """``compute()``'s answer for ``name`` at batch size ``bs``, kept until the costs change."""
+        key = self._costs_key()
+        if key != self._by_bs[0]:
+            self._by_bs = (key, {})
+        kept = self._by_bs[1]
+        hit = kept.get((name, bs))
+        if hit is None:
+            hit = kept[(name, bs)] = compute()
+        return hit
+
     def _plain_and_probe(self, bs: int) -> tuple:
         """(a plain step's cost, `probe_cost`) at batch size `bs`, kept until the costs
         change (every step asks)."""
-        key = self._costs_key()
-        if key != self._step_costs[0]:
-            self._step_costs = (key, {})
-        hit = self._step_costs[1].get(bs)
-        if hit is None:
-            hit = self._step_costs[1][bs] = (self.costs.decode_ms(bs), self.probe_cost(bs))
-        return hit
+        return self._per_bs("plain_and_probe", bs,
+                            lambda: (self.costs.decode_ms(bs), self.probe_cost(bs)))
 
     def _accrue_probe_credit(self, bs: int) -> None:
         """Each step adds `probe_budget` of a plain step's cost to the probe credit, kept to at most
@@ -551,16 +556,12 @@ class Controller:
     def _full_acceptance_pays(self, bs: int) -> bool:
         """Would chains that matched in full and were accepted in full beat no speculation (by the
         hysteresis) at batch size `bs`, by the costs alone? Kept until the costs change."""
-        key = self._costs_key()
-        if key != self._full_pays[0]:
-            self._full_pays = (key, {})
-        hit = self._full_pays[1].get(bs)
-        if hit is None:
+        def pays() -> bool:
             evals = [evaluate(o, self.costs, [float(o.k if o.kind == CHAIN else 0)] * bs,
                               self.cfg.shape) for o in self.options if o.kind != TREE]
-            hit = choose(evals, self.options[0], self.cfg.hysteresis).option.kind != NONE
-            self._full_pays[1][bs] = hit
-        return hit
+            return choose(evals, self.options[0], self.cfg.hysteresis).option.kind != NONE
+
+        return self._per_bs("full_acceptance_pays", bs, pays)
 
     def lean_pays(self, bs: int, margin: float = 0.02) -> bool:
         """Is a step without a lookup measured to be cheaper than a lookup step that verifies
