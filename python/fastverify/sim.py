@@ -496,10 +496,9 @@ def simulate(requests: Sequence[SimRequest], policy, costs: CostTable, bs: int,
             adv = min(1 + acc, req.length - pos)
             res.tokens += adv
             st[1] = pos + adv
-            keep = []
-            pending = st[2] if policy.looked_up or not scored_at_lookups else []
-            if not pending:
-                keep = st[2]
+            # (drafts not scored this step wait for a step that is)
+            pending, keep = ((st[2], []) if policy.looked_up or not scored_at_lookups
+                             else ((), st[2]))
             for p0, rg in pending:  # shadow resolution: the first divergence is known once produced
                 f, a_c, a_t = req.regimes[rg][0][p0], req.regimes[rg][1][p0], req.regimes[rg][2][p0]
                 need = max(min(a_c + 1, max_chain), min(a_t + 1, cap_tree))
