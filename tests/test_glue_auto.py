@@ -120,13 +120,20 @@ def test_useless_drafts_keep_width_one(tmp_path):
     assert widths == [1] * 60
 
 
-def test_unmatched_request_is_gated_to_no_draft(tmp_path):
+def _two_streams(tmp_path, draft_of=lambda s, n: s[n:n + K - 1]):
+    """A worker whose gain model learnt two greedy streams (30 steps, verifying cheap, drafts by
+    ``draft_of``), the streams, and their two requests 200 tokens in."""
     streams = [list(range(100, 400)), list(range(500, 800))]
     worker = _worker()
-    spec = _spec(tmp_path, CHEAP)
-    _run(worker, spec, streams, 30, lambda s, n: s[n:n + K - 1] if s[0] == 100 else [])
+    _run(worker, _spec(tmp_path, CHEAP), streams, 30, draft_of)
     reqs = [SimpleNamespace(rid="r0", output_ids=streams[0][:200]),
             SimpleNamespace(rid="r1", output_ids=streams[1][:200])]
+    return worker, streams, reqs
+
+
+def test_unmatched_request_is_gated_to_no_draft(tmp_path):
+    worker, streams, reqs = _two_streams(
+        tmp_path, lambda s, n: s[n:n + K - 1] if s[0] == 100 else [])
     toks, mask = _drafts([streams[0][200:203], []])
     out_t, _ = auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False),
                                 toks, mask, 2)
@@ -142,11 +149,7 @@ def test_widest_chain_for_everyone_verifies_the_drafts_as_looked_up(tmp_path):
     request's own length gives."""
     from fastverify.widths import truncate_drafts
 
-    streams = [list(range(100, 400)), list(range(500, 800))]
-    worker = _worker()
-    _run(worker, _spec(tmp_path, CHEAP), streams, 30, lambda s, n: s[n:n + K - 1])
-    reqs = [SimpleNamespace(rid="r0", output_ids=streams[0][:200]),
-            SimpleNamespace(rid="r1", output_ids=streams[1][:200])]
+    worker, streams, reqs = _two_streams(tmp_path)
     # the second chain one token short
     toks, mask = _drafts([streams[0][200:203], streams[1][200:202]])
     out_t, out_m = auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False),
@@ -870,11 +873,7 @@ def test_a_step_verifies_at_the_narrowest_width_that_holds_its_longest_draft(tmp
     that padding either). With no draft kept it runs at width 1."""
     from fastverify.widths import truncate_drafts
 
-    streams = [list(range(100, 400)), list(range(500, 800))]
-    worker = _worker()
-    _run(worker, _spec(tmp_path, CHEAP), streams, 30, lambda s, n: s[n:n + K - 1])
-    reqs = [SimpleNamespace(rid="r0", output_ids=streams[0][:200]),
-            SimpleNamespace(rid="r1", output_ids=streams[1][:200])]
+    worker, streams, reqs = _two_streams(tmp_path)
     toks, mask = _drafts([streams[0][200:201], streams[1][200:201]])
     out_t, out_m = auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False),
                                     toks, mask, 2)
