@@ -325,9 +325,11 @@ def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
     views = [RequestView("r", DraftFeatures(7, 1))]
     assert (ctl.plan_lookup(views, 32) is True and ctl.decide(views).option.kind == CHAIN
             and len(calls) == 1)
-    assert ctl.plan_lookup(views, 32) is True and len(calls) == 2  # a new step: asked again
+    # the next step: the last one verified for "r", so the lookup is made without asking
+    # (`_still_verifying`); its decision asks, on the new drafts' features
+    assert ctl.plan_lookup(views, 32) is True and len(calls) == 1
     ctl.decide([RequestView("r", DraftFeatures(3, 1))])
-    assert len(calls) == 3  # other features
+    assert len(calls) == 2
     ctl.plan_lookup(views, 32)
     n = len(calls)
     ctl.observe("r", DraftFeatures(7, 1), 0)
@@ -692,3 +694,79 @@ def test_a_confirming_probe_is_owed_once_to_a_new_request_whose_probe_matched_in
     never.gain.version = 1
     probed(never, [RequestView("x", DraftFeatures(7, 1))])
     assert never.counters["confirming_probes"] == 0
+
+
+def test_the_step_after_one_that_verified_looks_up_without_evaluating_again():
+    """A step right after one that verified drafts for the same requests looks its drafts up without
+    evaluating the options on their last features (the decision before was made on them one step
+    earlier): on a memorised load, that second evaluation a step was half the controller's host
+    time (`_still_verifying`). It evaluates again where the requests changed, the last step
+    verified nothing or left a request out, and the step's own decision still stops speculating
+    where it no longer pays."""
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
+    ctl = Controller(cfg, _lean_cheaper())
+    for _ in range(6):
+        ctl.observe("r", DraftFeatures(7, 1), 7)
+        ctl.observe("s", DraftFeatures(7, 1), 7)
+    calls = []
+    real = ctl._evaluate_now
+    ctl._evaluate_now = lambda reqs, step: (calls.append([v.req_id for v in reqs]),
+                                            real(reqs, step))[1]
+    full = DraftFeatures(7, 1)
+    r = [RequestView("r", full)]
+    assert ctl.plan_lookup(r, 32) and ctl.decide(r).option.kind == CHAIN
+    assert calls == [["r"]]
+    assert ctl.plan_lookup(r, 32) and ctl.planned == "wanted" and calls == [["r"]]
+    rs = [RequestView("r", full), RequestView("s", full)]
+    ctl.decide(r)
+    assert ctl.plan_lookup(rs, 32) and calls[-1] == ["r", "s"]  # "s" joined: asked
+    n = len(calls)
+    ctl.note_lean(2)  # a step that verified nothing
+    ctl.plan_lookup(rs, 32)
+    assert len(calls) == n + 1
+    nothing = [RequestView("r", full), RequestView("s", DraftFeatures(0, 0))]
+    d = ctl.decide(nothing)
+    assert d.option.kind == CHAIN and d.speculate == (True, False)
+    n = len(calls)
+    assert ctl.plan_lookup(nothing, 32) and len(calls) == n + 1  # "s" was left out: asked
+    # the load stops paying: the lookup made without asking finds drafts the decision drops
+    assert ctl.decide(r).option.kind == CHAIN
+    for _ in range(200):
+        ctl.observe("r", full, 0)
+    n = len(calls)
+    assert ctl.plan_lookup(r, 32) and len(calls) == n
+    assert ctl.decide(r).option.kind == NONE and not ctl._still_verifying(r)
+
+
+def test_a_decision_asks_the_costs_once_per_option_until_they_change():
+    """The costs an option's evaluation reads (a plain step's, the pass's) are asked once per batch
+    size and kept until the costs change (`OptionCosts`): a decision is arithmetic on the gains.
+    Its answers are those of `evaluate` on the same costs."""
+    from fastverify.controller import evaluate
+    from fastverify.costs import SPEC, StepCosts
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
+    costs = StepCosts(LINEAR, min_samples=1)
+    asked = []
+    for name in ("decode_ms", "verify_step_ms"):
+        real = getattr(costs, name)
+        setattr(costs, name, lambda *a, _r=real, _n=name: (asked.append(_n), _r(*a))[1])
+    ctl = Controller(cfg, costs)
+    for _ in range(6):
+        ctl.observe("r", DraftFeatures(7, 1), 5)
+    views = [RequestView("r", DraftFeatures(m, 1)) for m in (7, 3, 1, 7, 5)]
+    for v in views:
+        d = ctl.decide([v])
+    first = len(asked)
+    assert first <= 3 * len(ctl.options)  # (a plain step, the full pass, the pass taken part in)
+    for v in views:
+        ctl.decide([v])
+    assert len(asked) == first
+    per_req, evals = ctl._evaluate_now([views[0]], ctl.step)
+    for o, e in zip(ctl.options, evals):
+        g = [0.0] if o.kind == NONE else [per_req[0][0][o.k - 1]]
+        assert e == evaluate(o, costs, g, cfg.shape)
+    costs.record(SPEC, 1, 8, 50.0)  # a record: the costs changed
+    ctl.decide([views[0]])
+    assert len(asked) > first
+    assert d.option is not None

@@ -76,6 +76,9 @@ PLAN_PROBE, PLAN_WANTED = "probe", "wanted"  # why Controller.plan_lookup looked
 LOOKUP, HELD = "lookup", "held"
 # Controller._wanted: an unchanged question is answered again after this many steps
 WANTED_REFRESH_STEPS = 4
+# Controller._still_verifying: a decision whose every request verified and whose expected rate beat
+# no speculation's by this much (relative) is not asked again on the same features at the next step
+CLEAR_MARGIN = 0.25
 
 
 # ----------------------------------------------------------------------------------------- the rule
@@ -100,25 +103,55 @@ class Evaluation:
     speculate: tuple  # per request: takes part (True) or verifies nothing (False)
 
 
+class OptionCosts:
+    """What `evaluate` reads from the costs for one option at one batch size: a plain step's cost,
+    the full pass's, and the pass with n requests taking part (asked for as n occurs). They change
+    only with the costs, so the controller keeps them until then (`Controller._per_bs`) and a
+    decision is arithmetic on the gains alone: two decisions a verify step, each of which had asked
+    the costs 2-3 times an option (SmolLM2 at TP=1, one H100: auto's verify steps took 0.15-0.28 ms
+    longer than chain + widths' at equal batch size, most of it the controller's host time)."""
+
+    __slots__ = ("option", "bs", "shape", "costs", "t_dec", "t_full", "_t_by_n", "_plain")
+
+    def __init__(self, option: Option, costs: CostTable, bs: int, shape: str = "ragged"):
+        self.option, self.bs, self.shape, self.costs = option, bs, shape, costs
+        self.t_dec = costs.decode_ms(bs)
+        self.t_full = (costs.verify_step_ms(bs, option.width, bs * option.width)
+                       if option.kind != NONE and bs else self.t_dec)
+        self._t_by_n: dict = {}
+        self._plain = Evaluation(option, bs / self.t_dec, self.t_dec, float(bs), (False,) * bs)
+
+    def pass_ms(self, n: int) -> float:
+        """The pass with `n` of the batch's requests taking part."""
+        t = self._t_by_n.get(n)
+        if t is None:
+            o, bs = self.option, self.bs
+            tokens = bs * o.width if self.shape == "uniform" else n * o.width + (bs - n)
+            t = self._t_by_n[n] = self.costs.verify_step_ms(bs, o.width, tokens)
+        return t
+
+    def evaluate(self, gains: Sequence[float], switch_ms: float = 0.0) -> "Evaluation":
+        if self.option.kind == NONE or not self.bs:
+            return self._plain
+        t_dec, t_full = self.t_dec, self.t_full
+        spec = tuple((1.0 + g) * t_dec >= t_full for g in gains)  # gain_i >= 1
+        n = sum(spec)
+        if n == 0:  # nobody speculates: the step is a plain decode step
+            return Evaluation(self.option, self.bs / t_dec, t_dec, float(self.bs), spec)
+        t = self.pass_ms(n)
+        emitted = self.bs + sum(g for g, s in zip(gains, spec) if s)
+        return Evaluation(self.option, emitted / (t + max(switch_ms, 0.0)), t, emitted, spec)
+
+
 def evaluate(option: Option, costs: CostTable, gains: Sequence[float],
              shape: str = "ragged", switch_ms: float = 0.0) -> Evaluation:
     """Expected batch rate of `option` given per-request E[accepted | option] (`gains`).
     ``switch_ms``: what starting a spell of speculation adds to its first step (from no
     speculation: `StepCosts.switch_ms`), in the rate of an option that speculates; not in its
-    ``pass_ms`` (the step's own cost) nor in who takes part (a per-request gate on the step)."""
-    bs = len(gains)
-    t_dec = costs.decode_ms(bs)
-    if option.kind == NONE or bs == 0:
-        return Evaluation(option, bs / t_dec, t_dec, float(bs), (False,) * bs)
-    t_full = costs.verify_step_ms(bs, option.width, bs * option.width)
-    spec = tuple((1.0 + g) * t_dec >= t_full for g in gains)  # gain_i >= 1
-    n = sum(spec)
-    if n == 0:  # nobody speculates: the step is a plain decode step
-        return Evaluation(option, bs / t_dec, t_dec, float(bs), spec)
-    tokens_in_pass = bs * option.width if shape == "uniform" else n * option.width + (bs - n)
-    t = costs.verify_step_ms(bs, option.width, tokens_in_pass)
-    emitted = bs + sum(g for g, s in zip(gains, spec) if s)
-    return Evaluation(option, emitted / (t + max(switch_ms, 0.0)), t, emitted, spec)
+    ``pass_ms`` (the step's own cost) nor in who takes part (a per-request gate on the step).
+    A request takes part where its gain pays for its share of the pass: (1 + gain) plain steps'
+    worth of tokens at least the full pass's cost."""
+    return OptionCosts(option, costs, len(gains), shape).evaluate(gains, switch_ms)
 
 
 def choose(evals: Sequence[Evaluation], current: Optional[Option], hysteresis: float) -> Evaluation:
@@ -249,6 +282,9 @@ class Controller:
         # answers kept per batch size until the costs change: (costs key, {(name, bs): answer})
         # (`_per_bs`: `_plain_and_probe`, `_full_acceptance_pays`)
         self._by_bs = (None, {})
+        # (the decision, its requests) of the last step, where it verified drafts
+        # (`_still_verifying`)
+        self._verified_for: Optional[tuple] = None
         self.options = options_for(cfg.max_chain, cfg.tree_width, cfg.chain_widths)
         self.gain = GainModel(cfg.max_chain, max(cfg.tree_width - 1, 0), cfg.half_life_steps,
                               cfg.prior_strength, prior_floor=cfg.prior_floor)
@@ -334,17 +370,22 @@ class Controller:
         f = self._calibration_key()
         if f < 1.0:
             per_req = [([x * f for x in c], t * f) for c, t in per_req]
+        bs = len(requests)
         switch_ms = getattr(self.costs, "switch_ms", None)
-        switch = switch_ms(len(requests)) if switch_ms is not None and self._switching() else 0.0
+        switch = (self._per_bs("switch_ms", bs, lambda: switch_ms(bs))
+                  if switch_ms is not None and self._switching() else 0.0)
+        priced = self._per_bs("option_costs", bs, lambda: tuple(
+            OptionCosts(o, self.costs, bs, self.cfg.shape) for o in self.options))
         evals = []
-        for o in self.options:
+        for pc in priced:
+            o = pc.option
             if o.kind == NONE:
-                g = [0.0] * len(per_req)
+                g = ()
             elif o.kind == CHAIN:
                 g = [c[o.k - 1] for c, _ in per_req]
             else:
                 g = [t for _, t in per_req]
-            evals.append(evaluate(o, self.costs, g, self.cfg.shape, switch))
+            evals.append(pc.evaluate(g, switch))
         return per_req, evals
 
     def decide(self, requests: Sequence[RequestView], behind: bool = False) -> Decision:
@@ -370,6 +411,9 @@ class Controller:
                      chosen.pass_ms, self.step, gains)
         self._back_off(chosen.option.kind != NONE)
         self._priced(d)
+        clear = (o.kind != NONE and all(chosen.speculate)
+                 and chosen.rate >= evals[0].rate * (1.0 + CLEAR_MARGIN))
+        self._verified_for = (d, tuple(r.req_id for r in requests)) if clear else None
         self.counters["steps"] += 1
         self.counters["requests"] += len(requests)
         self.counters["gated_requests"] += (sum(1 for s in chosen.speculate if not s)
@@ -407,7 +451,7 @@ class Controller:
         if not behind and not self.lean_pays(len(requests)):
             self.planned = PLAN_WANTED
             return True
-        if self._wanted(requests):
+        if self._still_verifying(requests) or self._wanted(requests):
             self._looked_up()
             self.planned = PLAN_WANTED
             return True
@@ -505,6 +549,21 @@ class Controller:
         if len(self._wanted_cache) < 64:
             self._wanted_cache[key] = wanted
         return wanted
+
+    def _still_verifying(self, requests: Sequence[RequestView]) -> bool:
+        """Did the last step verify drafts for these same requests, every one of them, at an
+        expected rate that beat no speculation's by `CLEAR_MARGIN`? Then their last features are
+        the ones that decision was made on one step before, by a margin one step's observations do
+        not undo, and the lookup is made without asking `_wanted` again: on a load that speculates
+        every step (a memorised one), that second evaluation a step was half the controller's host
+        time. The step's own decision (`decide`, on the drafts this lookup finds) still ends the
+        spell where speculation stops paying, at the cost of at most that one lookup. Closer
+        decisions, and those that left a request out, are asked again (in the simulator's switching
+        loads, asking only where the last step verified cost auto 0.3-1.3 % of its rate, lookups
+        paid where the last features no longer made one worth it)."""
+        last = self._verified_for
+        return (last is not None and last[0] is self.last
+                and last[1] == tuple(r.req_id for r in requests))
 
     def _full_match_wanted(self, req_ids: Sequence) -> bool:
         """Would drafts that matched in full (the longest chain) be worth verifying for these
