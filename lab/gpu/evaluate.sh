@@ -24,7 +24,10 @@
 #                 --per-set, --interleave wave: the servers take turns every c prompts rather
 #                 than every prompt set, ...); EVAL_ARGS_<profile> for one profile, after EVAL_ARGS
 #   STAGGER=1     start the profiles one after the other (each healthy before the next starts),
-#                 so that no server calibrates while another one captures graphs on the same GPU
+#                 so that no server calibrates while another one captures graphs on the same GPU;
+#                 the default with more than one profile on a card under 100 GiB (on one H100, ten
+#                 servers started at once: three failed SGLang's start-up memory check and were
+#                 started again one at a time, 190 s of the call); STAGGER=0 starts them together
 #   DEADLINE_S    (default 570) the whole command, with ANALYZE_S (default 35) kept for analysis
 #                 (a warning up front when less than a minute of measuring would be left after
 #                 START_GUESS_S, default 90, of server start-up)
@@ -150,6 +153,13 @@ pack() { cp "$W/timeline.txt" "$OUT/"; tidy_out
   if tar -C "$HOME" -cJf "$OUT/evaluate.tar.xz.tmp" eval; then
     mv "$OUT/evaluate.tar.xz.tmp" "$OUT/evaluate.tar.xz"
   else rm -f "$OUT/evaluate.tar.xz.tmp"; fi; }
+STAGGER_WHY=""
+if [ -z "${STAGGER+x}" ] && [ "$(echo "$PROFILES" | wc -w)" -gt 1 ]; then
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null \
+        | sort -n | head -n 1)
+  if [ -n "$mib" ] && [ "$mib" -lt 102400 ] 2>/dev/null; then
+    STAGGER=1; STAGGER_WHY=" (STAGGER=1: more than one profile on a card of $mib MiB)"; fi
+fi
 REPRO="PROFILES=\"$PROFILES\" SERVERS=\"$SERVERS\" TP=$TP EVAL_ARGS=\"${EVAL_ARGS:-}\""
 for g in $PROFILES; do
   v="EVAL_ARGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v:-}" ] && REPRO="$REPRO $v=\"${!v}\""
@@ -164,7 +174,7 @@ for v in $(compgen -v FLAGS_SERVER_) $(compgen -v ENV_SERVER_); do REPRO="$REPRO
 REPRO="$REPRO bash lab/gpu/evaluate.sh"
 R=$W/out  # the results that travel inside evaluate.tar.xz only (tidy_out)
 mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw" "$R"; : > "$W/timeline.txt"
-log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP"
+log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP$STAGGER_WHY"
 # servers took 60-90 s to answer on the H200 machine; a deadline that leaves less than a minute of
 # measuring after that and the analysis ends with no round at all: said now, not after the call
 if [ $((DEADLINE_S - ANALYZE_S - ${START_GUESS_S:-90})) -lt 60 ]; then

@@ -7,6 +7,8 @@
 #   [PROFILES="none reference-kimi-tp8"] [EVAL_ARGS=...] [FAIL_ONCE="PORT ..."] \
 #     bash lab/gpu/evaluate_dryrun.sh [WORKDIR]
 # FAIL_ONCE: the stand-ins on those ports exit at their first start (rehearses the retry).
+# FAKE_GPU_MIB: an nvidia-smi stand-in that reports one GPU of that many MiB (rehearses what
+# evaluate.sh decides from the card, e.g. STAGGER's default under 100 GiB)
 # Needs a python3 with torch, numpy, safetensors (and matplotlib for the PNG): PY=/path/python
 # BUNDLE, STAGE: the bundle and its chunk folder (default .scratch/gpu-bundle; STAGE by default the
 # bundle's sibling, gpu-bundle* -> gpu-stage*, as in lossless_dryrun.sh; the 0.5.23 build's needs a
@@ -27,6 +29,16 @@ printf '#!/bin/sh\nexec %s "$@"\n' "$PY" > "$D/bin/python3"; chmod +x "$D/bin/py
   # (named as SGLang's scheduler at TP=1: evaluate.sh's PYSPY_SERVERS finds the process by it)
   echo "exec python3 -X sglang::scheduler $ROOT/scripts/gpu/dryrun/fake_server.py \"\$@\""; } > "$D/bin/launch"
 chmod +x "$D/bin/launch"
+if [ -n "${FAKE_GPU_MIB:-}" ]; then
+  { echo '#!/bin/bash'
+    echo 'case "$*" in'
+    echo '  *-L*) echo "GPU 0: stand-in (UUID: GPU-0)";;'
+    echo "  *name*) echo \"stand-in, $FAKE_GPU_MIB MiB\";;"
+    echo "  *nounits*) echo $FAKE_GPU_MIB;;"
+    echo "  *) echo \"0, 0 MiB, $FAKE_GPU_MIB MiB\";;"
+    echo 'esac'; } > "$D/bin/nvidia-smi"
+  chmod +x "$D/bin/nvidia-smi"
+fi
 for c in "$STAGE"/chunk-*; do
   python3 "$ROOT/scripts/gpu/stage_chunks.py" receive "$c" "$D/store"
 done
