@@ -107,9 +107,10 @@ class OptionCosts:
     """What `evaluate` reads from the costs for one option at one batch size: a plain step's cost,
     the full pass's, and the pass with n requests taking part (asked for as n occurs). They change
     only with the costs, so the controller keeps them until then (`Controller._per_bs`) and a
-    decision is arithmetic on the gains alone: two decisions a verify step, each of which had asked
-    the costs 2-3 times an option (SmolLM2 at TP=1, one H100: auto's verify steps took 0.15-0.28 ms
-    longer than chain + widths' at equal batch size, most of it the controller's host time)."""
+    decision is arithmetic on the gains alone, where each evaluation had asked the costs 2-3 times
+    an option (SmolLM2 at TP=1, one H100: auto's verify steps took 0.15-0.28 ms longer than chain +
+    widths' at equal batch size, py-spy putting about half of auto's own host work in its
+    controller)."""
 
     __slots__ = ("option", "bs", "shape", "costs", "t_dec", "t_full", "_t_by_n", "_plain")
 
@@ -554,13 +555,16 @@ class Controller:
         """Did the last step verify drafts for these same requests, every one of them, at an
         expected rate that beat no speculation's by `CLEAR_MARGIN`? Then their last features are
         the ones that decision was made on one step before, by a margin one step's observations do
-        not undo, and the lookup is made without asking `_wanted` again: on a load that speculates
-        every step (a memorised one), that second evaluation a step was half the controller's host
-        time. The step's own decision (`decide`, on the drafts this lookup finds) still ends the
-        spell where speculation stops paying, at the cost of at most that one lookup. Closer
-        decisions, and those that left a request out, are asked again (in the simulator's switching
-        loads, asking only where the last step verified cost auto 0.3-1.3 % of its rate, lookups
-        paid where the last features no longer made one worth it)."""
+        not undo, and the lookup is made without asking `_wanted` again. Where the drafts' features
+        change from step to step, that question was a second evaluation of the options a step (on
+        the CPU, the simulator's memorised load: ~60 to ~35 us of controller time a step at batch
+        size 1); where they stay the same, the decision shared its evaluation and the saving is the
+        question's own bookkeeping (~34 to ~26 us, with `OptionCosts`). The step's own decision
+        (`decide`, on the drafts this lookup finds) still ends the spell where speculation stops
+        paying, at the cost of at most that one lookup. Closer decisions, and those that left a
+        request out, are asked again (in the simulator's switching loads, asking only where the last
+        step verified cost auto 0.3-1.3 % of its rate, lookups paid where the last features no
+        longer made one worth it)."""
         last = self._verified_for
         return (last is not None and last[0] is self.last
                 and last[1] == tuple(r.req_id for r in requests))
