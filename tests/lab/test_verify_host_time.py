@@ -1,0 +1,49 @@
+"""lab/verify_host_time.py runs on the CPU tests' stand-ins: its load reaches auto's widest chain
+(the steady memorised steps it is meant to time), every piece is timed, the baseline with every
+lookup asking the controller is there, and the JSON carries the environment and the repro
+command."""
+import json
+
+import verify_host_time
+
+
+def test_the_verify_host_time_run_times_a_steady_memorised_load(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert verify_host_time.main(["--bs", "1,2", "--steps", "40", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["environment"]["bs"] == [1, 2] and data["environment"]["k"] == 8
+    assert data["repro_command"] == "python lab/verify_host_time.py --bs 1,2 --steps 40 --json " \
+        + str(out)
+    for bs in ("1", "2"):
+        row = data["us_per_step"][bs]
+        # a steady memorised load: after the controller's cold start, chain 7 (width 8) every step
+        assert row["auto verify steps at the widest width"] >= 30
+        for key in ("auto: sync, plan_lookup, step_drafts", "chain: verify_runtime.step_drafts",
+                    "auto, asking at every lookup", "Controller.decide", "Controller.plan_lookup",
+                    "_sync_requests", "_record_drafts", "_narrowest", "checked_drafts"):
+            assert row[key] > 0, key
+        assert data["auto_minus_chain_us"][bs] == round(
+            row["auto: sync, plan_lookup, step_drafts"]
+            - row["chain: verify_runtime.step_drafts"], 2)
+    assert "auto - chain" in capsys.readouterr().out
+
+
+def test_bad_batch_sizes_are_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        verify_host_time.main(["--bs", "x"])
+    assert "--bs" in capsys.readouterr().err
+
+
+def test_the_run_leaves_the_harness_and_the_controller_as_they_were():
+    import test_glue_auto
+
+    from fastverify import controller
+    from fastverify.glue import auto
+
+    before = (test_glue_auto.K, controller.CLEAR_MARGIN, auto.step_drafts, auto._sync_requests,
+              controller.Controller.decide)
+    verify_host_time.measure(1, 12, ask_each_step=True)
+    assert (test_glue_auto.K, controller.CLEAR_MARGIN, auto.step_drafts, auto._sync_requests,
+            controller.Controller.decide) == before
