@@ -729,13 +729,18 @@ def test_the_step_after_one_that_verified_looks_up_without_evaluating_again():
     assert d.option.kind == CHAIN and d.speculate == (True, False)
     n = len(calls)
     assert ctl.plan_lookup(nothing, 32) and len(calls) == n + 1  # "s" was left out: asked
-    # the load stops paying: the lookup made without asking finds drafts the decision drops
+    # the load stops paying: a verified draft that accepted less than expected, and the next
+    # lookup asks again; the decision drops the drafts
     assert ctl.decide(r).option.kind == CHAIN
+    assert ctl._still_verifying(r)
     for _ in range(200):
         ctl.observe("r", full, 0)
+    ctl.note_verified(6.0, 0, "r")
+    assert not ctl._still_verifying(r)
     n = len(calls)
-    assert ctl.plan_lookup(r, 32) and len(calls) == n
-    assert ctl.decide(r).option.kind == NONE and not ctl._still_verifying(r)
+    ctl.plan_lookup(r, 32)
+    assert len(calls) == n + 1
+    assert ctl.decide(r).option.kind == NONE
 
 
 def test_a_decision_asks_the_costs_once_per_option_until_they_change():
@@ -770,3 +775,44 @@ def test_a_decision_asks_the_costs_once_per_option_until_they_change():
     ctl.decide([views[0]])
     assert len(asked) > first
     assert d.option is not None
+
+
+def test_a_clear_decision_answers_the_same_question_for_three_more_steps():
+    """On a steady load (the same requests and drafts' features every step, each verified draft
+    accepted in full) a clear decision's evaluation answers the next steps' same question: the
+    options are evaluated once in `EVAL_REUSE_STEPS` (4) steps (`_clear_reuse`). A change of
+    features, of requests or a draft that accepted less than expected is evaluated at once; the
+    reused decisions are the ones a fresh evaluation gives there."""
+    from fastverify.controller import EVAL_REUSE_STEPS
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
+    ctl = Controller(cfg, _lean_cheaper())
+    for _ in range(6):
+        ctl.observe("r", DraftFeatures(7, 1), 7)
+    calls = []
+    real = ctl._evaluate_now
+    ctl._evaluate_now = lambda reqs, step: (calls.append(step), real(reqs, step))[1]
+    full = [RequestView("r", DraftFeatures(7, 1))]
+
+    def step(views, accepted=7):
+        d = ctl.decide(views)
+        ctl.observe("r", views[0].features, accepted)
+        ctl.note_verified(d.gains[0] if d.gains else 0.0, accepted, "r")
+        return d
+
+    step(full)  # the spell's first step (from no speculation: a question of its own)
+    decisions = [step(full) for _ in range(7)]  # steps 2-8
+    assert EVAL_REUSE_STEPS == 4 and calls == [1, 2, 6]
+    assert {d.option for d in decisions} == {Option(CHAIN, 7, 8)}
+    fresh = Controller(cfg, ctl.costs)
+    fresh.gain, fresh.step, fresh.current = ctl.gain, ctl.step, ctl.current
+    assert fresh.decide(full).option == step(full).option  # step 9, reused: as a fresh evaluation
+    assert calls == [1, 2, 6]
+    step(full)
+    step([RequestView("r", DraftFeatures(5, 1))])  # other features
+    assert calls[-2:] == [10, 11]
+    step(full, accepted=1)  # evaluated (features back to 7), and its draft failed
+    step(full)
+    assert calls[-2:] == [12, 13]
+    step([RequestView("r", DraftFeatures(7, 1)), RequestView("s", DraftFeatures(7, 1))])
+    assert calls[-1] == 14  # a request joined
