@@ -885,3 +885,18 @@ def test_a_step_verifies_at_the_narrowest_width_that_holds_its_longest_draft(tmp
     toks, mask = _drafts([[], []])
     auto.step_drafts(worker, SimpleNamespace(reqs=reqs, has_grammar=False), toks, mask, 2)
     assert worker.draft_token_num == 1
+
+
+def test_the_narrowest_width_is_chain_modes_choice_for_every_kept_draft():
+    """`auto._narrowest` answers without building chain mode's plan where the option's own width
+    holds the longest kept draft exactly (the steady memorised step); every answer is still
+    `widths.choose_width`'s, the narrowest captured width that holds the drafts."""
+    import itertools
+
+    from fastverify.widths import choose_width
+
+    worker = _worker(widths=(1, 2, 4))
+    cfg = worker._fv_widths.config
+    for width in (2, 4):
+        for keep in itertools.product(range(width), repeat=2):
+            assert auto._narrowest(worker, width, list(keep)) == choose_width(keep, cfg)[0], keep

@@ -756,6 +756,10 @@ def _narrowest(worker, width: int, keep) -> int:
     captured. On one H100 (SmolLM2, memorised prompts) auto's chain-8 steps at batch size 4 took
     3.45 ms median against chain + widths' 2.97 ms; this is one of the two candidates for the
     difference."""
+    if keep and max(keep) + 1 == width:
+        # the option's own width (a captured one) holds its longest draft exactly: what
+        # choose_width picks, without building its plan (the steady memorised step)
+        return width
     from fastverify.widths import choose_width
 
     rts = getattr(worker, "_fv_widths", None)
