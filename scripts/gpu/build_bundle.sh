@@ -19,7 +19,7 @@
 #                                  modules), models/ (configs, tokenizer),
 #                                  the run scripts and MANIFEST.txt
 #   .scratch/gpu-stage/chunk-NN/   the large payload (site.tar.xz = the installed wheel set, and the SmolLM2
-#                                  GGUF) split into parts of <= 54 MiB, one per transfer (stage_chunks.py)
+#                                  GGUF) split into parts of <= 47 MiB, one per transfer (stage_chunks.py)
 # docs/gpu-staging.md gives the whole sequence, device side included.
 #
 # Environment knobs: PY312 (CPython 3.12 for `pip install --target`), PY311 (for the model converter venv),
@@ -40,7 +40,7 @@ DEST=${DEST:-$ROOT/.scratch/gpu-bundle$SUF}
 STAGE=${STAGE:-$ROOT/.scratch/gpu-stage$SUF}
 # a chunk travels with the tracked tree (~6 MiB) under the 64 MiB of one transfer: 60 MiB chunks were
 # refused; the last chunk travels with the bundle folder (~8 MiB) too
-CHUNK_MIB=${CHUNK_MIB:-54}
+CHUNK_MIB=${CHUNK_MIB:-47}
 PY312=${PY312:-$(ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}; PY312=${PY312:-python3.12}
 PY311=${PY311:-python3.11}
 PRISTINE=$ROOT/.scratch/pristine/$VER     # unpacked upstream wheel (read-only), for the overlay diff
