@@ -225,6 +225,19 @@ def _lean_cheaper(lean_ms=3.7, lookup_ms=6.5):
     return c
 
 
+def _counting(cfg, rids=("r",), what=lambda reqs, step: step):
+    """A controller on `_lean_cheaper` costs whose gain model saw each of `rids` accept six full
+    matches, and the list its evaluations of the options are noted in (`what` of each)."""
+    ctl = Controller(cfg, _lean_cheaper())
+    for _ in range(6):
+        for r in rids:
+            ctl.observe(r, DraftFeatures(7, 1), 7)
+    calls = []
+    real = ctl._evaluate_now
+    ctl._evaluate_now = lambda reqs, step: (calls.append(what(reqs, step)), real(reqs, step))[1]
+    return ctl, calls
+
+
 def test_lean_steps_only_where_measured_to_pay():
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
     views = [RequestView("r", DraftFeatures(7, 1))]
@@ -316,12 +329,7 @@ def test_a_speculating_step_evaluates_once_unless_its_inputs_change():
     from fastverify.costs import LEAN, SPEC, StepCosts
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
-    ctl = Controller(cfg, _lean_cheaper())
-    for _ in range(6):
-        ctl.observe("r", DraftFeatures(7, 1), 7)
-    calls = []
-    real = ctl._evaluate_now
-    ctl._evaluate_now = lambda reqs, step: (calls.append(step), real(reqs, step))[1]
+    ctl, calls = _counting(cfg)
     views = [RequestView("r", DraftFeatures(7, 1))]
     assert (ctl.plan_lookup(views, 32) is True and ctl.decide(views).option.kind == CHAIN
             and len(calls) == 1)
@@ -699,19 +707,12 @@ def test_a_confirming_probe_is_owed_once_to_a_new_request_whose_probe_matched_in
 def test_the_step_after_one_that_verified_looks_up_without_evaluating_again():
     """A step right after one that verified drafts for the same requests looks its drafts up without
     evaluating the options on their last features (the decision before was made on them one step
-    earlier): on a memorised load, that second evaluation a step was half the controller's host
-    time (`_still_verifying`). It evaluates again where the requests changed, the last step
+    earlier; where the drafts' features changed since, that question was a second evaluation of the
+    options, `_still_verifying`). It evaluates again where the requests changed, the last step
     verified nothing or left a request out, and the step's own decision still stops speculating
     where it no longer pays."""
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
-    ctl = Controller(cfg, _lean_cheaper())
-    for _ in range(6):
-        ctl.observe("r", DraftFeatures(7, 1), 7)
-        ctl.observe("s", DraftFeatures(7, 1), 7)
-    calls = []
-    real = ctl._evaluate_now
-    ctl._evaluate_now = lambda reqs, step: (calls.append([v.req_id for v in reqs]),
-                                            real(reqs, step))[1]
+    ctl, calls = _counting(cfg, ("r", "s"), lambda reqs, step: [v.req_id for v in reqs])
     full = DraftFeatures(7, 1)
     r = [RequestView("r", full)]
     assert ctl.plan_lookup(r, 32) and ctl.decide(r).option.kind == CHAIN
@@ -786,12 +787,7 @@ def test_a_clear_decision_answers_the_same_question_for_three_more_steps():
     from fastverify.controller import EVAL_REUSE_STEPS
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
-    ctl = Controller(cfg, _lean_cheaper())
-    for _ in range(6):
-        ctl.observe("r", DraftFeatures(7, 1), 7)
-    calls = []
-    real = ctl._evaluate_now
-    ctl._evaluate_now = lambda reqs, step: (calls.append(step), real(reqs, step))[1]
+    ctl, calls = _counting(cfg)
     full = [RequestView("r", DraftFeatures(7, 1))]
 
     def step(views, accepted=7):
