@@ -136,3 +136,17 @@ def test_gain_model_batch_estimates_match_one_request_at_a_time():
     seen.append(("r2", 9, 7))
     batch.observe("r2", f, 9, 7)
     assert batch.expected("r1", f, 9) == fresh().expected("r1", f, 9) != answers[1]
+
+
+def test_the_feature_bucket_is_computed_once_per_features():
+    """Every observation and estimate asks for its draft's bucket, and few features occur: each is
+    computed once (cached) and answers as computing it again does."""
+    from fastverify.gains import feature_bucket
+
+    feats = [DraftFeatures(m, b, s) for m in range(10) for b in range(6) for s in (False, True)]
+    for f in feats:
+        feature_bucket(f)
+    hits = feature_bucket.cache_info().hits
+    for f in feats:
+        assert feature_bucket(f) == feature_bucket.__wrapped__(f)
+    assert feature_bucket.cache_info().hits == hits + len(feats)

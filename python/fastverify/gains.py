@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -30,6 +31,7 @@ _MATCH_EDGES = (0, 1, 2, 4, 8)  # bucket lower edges of match_len
 _BRANCH_EDGES = (0, 1, 2, 4)
 
 
+@functools.lru_cache(maxsize=4096)  # (every observation and estimate asks; few features occur)
 def feature_bucket(f: DraftFeatures) -> tuple:
     m = sum(1 for e in _MATCH_EDGES[1:] if f.match_len >= e)
     b = sum(1 for e in _BRANCH_EDGES[1:] if f.branches >= e)
