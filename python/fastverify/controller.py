@@ -377,10 +377,16 @@ class Controller:
         accepted less than expected (`note_verified`). On a steady memorised load (full matches
         every step) this spares the decision's evaluation three steps in four, the largest piece
         of auto's host work a verify step (`lab/verify_host_time.py`)."""
-        last, mine = self._evaluated[0], self._verified_for
-        return (last is not None and mine is not None and mine[0] is self.last
-                and key[2:] == last[2:] and mine[1] == tuple(r for r, _ in key[5])
+        last = self._evaluated[0]
+        return (last is not None and key[2:] == last[2:]
+                and self._clear_for(tuple(r for r, _ in key[5]))
                 and 0 <= key[0] - self._evaluated_at < EVAL_REUSE_STEPS)
+
+    def _clear_for(self, req_ids: tuple) -> bool:
+        """Was the last decision a clear one (`CLEAR_MARGIN`, every request verifying), made for
+        these requests, and not undone since by a draft that accepted less than expected?"""
+        mine = self._verified_for
+        return mine is not None and mine[0] is self.last and mine[1] == req_ids
 
     def _switching(self) -> bool:
         """Would speculating now start a spell (no speculation before it)?"""
@@ -585,9 +591,7 @@ class Controller:
         request out, are asked again (in the simulator's switching loads, asking only where the last
         step verified cost auto 0.3-1.3 % of its rate, lookups paid where the last features no
         longer made one worth it)."""
-        last = self._verified_for
-        return (last is not None and last[0] is self.last
-                and last[1] == tuple(r.req_id for r in requests))
+        return self._clear_for(tuple(r.req_id for r in requests))
 
     def _full_match_wanted(self, req_ids: Sequence) -> bool:
         """Would drafts that matched in full (the longest chain) be worth verifying for these

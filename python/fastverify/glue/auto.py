@@ -754,8 +754,8 @@ def _narrowest(worker, width: int, keep) -> int:
     picks its width (`widths.choose_width`): what lies past the longest draft is padding, never
     verified, so the step verifies the same drafts in a smaller pass; no draft kept: width 1 where
     captured. On one H100 (SmolLM2, memorised prompts) auto's chain-8 steps at batch size 4 took
-    3.45 ms median against chain + widths' 2.97 ms; this is one of the two candidates for the
-    difference."""
+    3.45 ms median against chain + widths' 2.97 ms before it, 2.86-2.95 against 2.67 ms with it
+    (the rest is host work: `lab/verify_host_time.py`)."""
     if keep and max(keep) + 1 == width:
         # the option's own width (a captured one) holds its longest draft exactly: what
         # choose_width picks, without building its plan (the steady memorised step)
