@@ -586,6 +586,18 @@ def pooled(idx, servers, base, noise, cells):
                     row[label] = {"pairs": len(part), "vs_plain_pair": ci[0] if ci else None,
                                   "ci95": [ci[1], ci[2]] if ci else None}
         out["servers"][name] = row
+    # the goal where speculation pays is auto against the best fixed mode: each auto server against
+    # each fixed one, paired per request, pooled
+    for s in servers:
+        if s["role"] != "auto":
+            continue
+        vs = {}
+        for fixed in (t["name"] for t in servers if t["role"] == "fixed"):
+            ci = bootstrap_geomean(ratios(s["name"], fixed))
+            if ci:
+                vs[fixed] = {"ratio": ci[0], "ci95": [ci[1], ci[2]]}
+        if vs:
+            out["servers"][s["name"]]["vs_fixed"] = vs
     names = [s["name"] for s in servers]
     out["ab"] = {name: ab_pair(idx, name, name + "_b", cells, band)
                  for name in names if name + "_b" in names}
@@ -788,6 +800,10 @@ def pooled_lines(p):
                              f"[{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]")
         if parts:
             out.append(f"# {name} vs the plain pair, its requests: " + "; ".join(parts))
+        if row.get("vs_fixed"):
+            out.append(f"# {name} vs each fixed mode, paired per request: " + "; ".join(
+                f"{fixed} {d['ratio']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
+                for fixed, d in row["vs_fixed"].items()))
         v = row.get("verify_log")
         if v:
             share = (f" ({v['accepted_tokens'] / v['expected_tokens']:.0%})"

@@ -201,6 +201,22 @@ def test_pooled_section_compares_with_the_plain_pair_over_every_cell():
     assert x_line.split()[-1] == "slower"
 
 
+def test_pooled_section_pairs_each_auto_server_with_each_fixed_mode():
+    # F1 (fixed) runs 3x A, F2 (fixed) 2x; X (auto) 2.85x: 0.95 of F1, 1.425 of F2; per-request
+    # jitter is shared by every server of a pair, so the ratios are exact
+    raw = make_raw({"F1": ("fixed", 3.0), "F2": ("fixed", 2.0), "X": ("auto", 2.85)}, rounds=4,
+                   prompts=6, cells=((1, False), (4, False)), jitter=0.2)
+    p = ev.analyze_group(raw)["pooled"]
+    vs = p["servers"]["X"]["vs_fixed"]
+    assert list(vs) == ["F1", "F2"]
+    assert vs["F1"]["ratio"] == pytest.approx(0.95) and vs["F2"]["ratio"] == pytest.approx(1.425)
+    assert "vs_fixed" not in p["servers"]["F1"]  # only auto servers are set against them
+    text = ev.report({"environment": {}, "repro_command": "t",
+                      "groups": [ev.analyze_group(raw)]})
+    assert ("# X vs each fixed mode, paired per request: F1 0.950 [0.950, 0.950]; "
+            "F2 1.425 [1.425, 1.425]") in text
+
+
 def test_an_ab_twin_is_paired_with_its_server_over_all_cells_and_by_concurrency():
     # X_b is X with an A/B switch set: X runs 4 % faster than X_b at c=4, level at c=1; P 3 % off A
     raw = make_raw({"X": ("auto", 0.95), "X_b": ("auto", 0.95), "Y": ("auto", 1.0)}, rounds=4,
