@@ -18,7 +18,14 @@
 #   FLAGS_SERVER_<name>  extra flags of that server in every profile, after its own (for example
 #                 FLAGS_SERVER_chain_w="--enable-verify-timing": its verify passes timed)
 #   ENV_SERVER_<name>    environment of that server ("K=V ..."), e.g. an A/B switch for
-#                 auto_w_b or auto_never_b, the second auto_w or auto_never
+#                 auto_w_b or auto_never_b, the second auto_w or auto_never; a launch prefix too
+#                 ("taskset -c 0-3": then PIN leaves that server as it is)
+#   PIN=1         (default) each server name on cores of its own (taskset), the same cores in every
+#                 profile: the machine's cores less PIN_SPARE (default 1, for the client and
+#                 py-spy) split evenly in SERVERS order. Unpinned, two identical auto servers came
+#                 4-8 % apart in every memorised launch (0.944, 1.039, 1.083); pinned, 1.025 and
+#                 0.990, ties (benchmark/results/h200/eval-smollm2-tp1-pinned-twins). PIN=0: the
+#                 OS places them. `--print-pins` prints the plan (PIN_NPROC stands for nproc)
 #   TP            ranks per server (default: the number of GPUs); the SmolLM2 model padded for it
 #   EVAL_ARGS     extra arguments of `evaluate.py run` for every profile (--max-new-tokens,
 #                 --per-set, --interleave wave: the servers take turns every c prompts rather
@@ -128,6 +135,32 @@ all_servers() {
   local gi=0 g
   for g in $PROFILES; do servers_of $gi "$g" || return 2; gi=$((gi + 1)); done
 }
+case "${PIN:-1}" in 0|1) ;; *) echo "evaluate.sh: PIN must be 0 or 1, not '$PIN'" >&2; exit 2 ;; esac
+[[ "${PIN_SPARE:-1}" =~ ^[0-9]+$ ]] || {
+  echo "evaluate.sh: PIN_SPARE must be a count of cores, not '$PIN_SPARE'" >&2; exit 2; }
+declare -A PINS
+pin_plan() {  # PINS[name]="taskset -c a-b" for each server name PIN pins; prints "name cores"
+  [ "${PIN:-1}" = 1 ] || return 0
+  local cores=${PIN_NPROC:-$(nproc 2>/dev/null || echo 1)} names=() n own first=0 per
+  for n in $SERVERS; do
+    own="ENV_SERVER_$n"
+    [[ "${!own:-}" == *taskset* || "${!own:-}" == *numactl* ]] && continue
+    [[ " ${names[*]:-} " == *" $n "* ]] || names+=("$n")
+  done
+  [ ${#names[@]} -ge 1 ] || return 0
+  per=$(( (cores - ${PIN_SPARE:-1}) / ${#names[@]} ))
+  if [ "$per" -lt 1 ] || ! command -v taskset > /dev/null; then
+    echo "not pinned: $cores cores for ${#names[@]} servers and ${PIN_SPARE:-1} spare" \
+      "$(command -v taskset > /dev/null || echo '(no taskset)')"
+    return 0
+  fi
+  for n in "${names[@]}"; do
+    PINS[$n]="taskset -c $first-$((first + per - 1))"
+    echo "$n $first-$((first + per - 1))"
+    first=$((first + per))
+  done
+}
+if [ "${1:-}" = --print-pins ]; then pin_plan; exit 0; fi
 if [ "${1:-}" = --print-commands ]; then
   gi=0
   for g in $PROFILES; do
@@ -166,7 +199,7 @@ for g in $PROFILES; do
   v="FLAGS_$(echo "$g" | tr -- '-.' '__')"; [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRACE_GPU \
-         STEPTRACE_SPANS WEIGHTS PYSPY_SERVERS PYSPY_WHEEL PYSPY_RATE; do
+         STEPTRACE_SPANS WEIGHTS PYSPY_SERVERS PYSPY_WHEEL PYSPY_RATE PIN PIN_SPARE; do
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
@@ -175,6 +208,8 @@ REPRO="$REPRO bash lab/gpu/evaluate.sh"
 R=$W/out  # the results that travel inside evaluate.tar.xz only (tidy_out)
 mkdir -p "$OUT"; rm -rf "$W"; mkdir -p "$W/logs" "$W/raw" "$R"; : > "$W/timeline.txt"
 log "start on $(hostname): profiles '$PROFILES', servers '$SERVERS', TP=$TP$STAGGER_WHY"
+pin_plan > "$W/pins.txt"
+[ -s "$W/pins.txt" ] && log "cores (PIN=${PIN:-1}): $(tr '\n' ';' < "$W/pins.txt" | sed 's/;$//; s/;/, /g')"
 # servers took 60-90 s to answer on the H200 machine; a deadline that leaves less than a minute of
 # measuring after that and the analysis ends with no round at all: said now, not after the call
 if [ $((DEADLINE_S - ANALYZE_S - ${START_GUESS_S:-90})) -lt 60 ]; then
@@ -214,7 +249,8 @@ launch_group() {  # index profile
     local key="$2.$n"
     cp -r "$HOME/jitcache" "$HOME/jit-$key"
     local own="ENV_SERVER_$n"
-    cmd="${!own:-} ${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $args --port $port"
+    cmd="${!own:-} ${PINS[$n]:-} ${SGLANG_LAUNCH:-python3 -m sglang.launch_server} $args"
+    cmd="$cmd --port $port"
     cmd="$cmd --nccl-port $((port + 5))"
     echo "$key: TVM_FFI_CACHE_DIR=$HOME/jit-$key $cmd" >> "$W/commands.txt"
     CMD[$key]=$cmd; PORT[$key]=$port; ROLE[$key]=$r

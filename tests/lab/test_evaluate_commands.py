@@ -79,3 +79,30 @@ def test_every_server_of_the_table_passes_the_flag_rules_its_sglang_would_apply(
     refused = {name: why for name, args in cmds.items()
                if (why := check_args.check_line(server_args.ServerArgs, name, args)[0])}
     assert not refused, refused
+
+
+def _pins(**env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-pins"],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, TP="1", **env))
+
+
+def test_each_server_name_gets_cores_of_its_own_once_whatever_the_profiles():
+    r = _pins(PIN_NPROC="16", SERVERS="A chain_w auto_w auto_w_b", PROFILES="none mem")
+    assert r.returncode == 0, r.stderr
+    plan = dict(line.split() for line in r.stdout.splitlines())
+    assert plan == {"A": "0-2", "chain_w": "3-5", "auto_w": "6-8", "auto_w_b": "9-11"}
+
+
+def test_a_server_with_its_own_launch_prefix_and_pin_off_are_left_alone():
+    r = _pins(PIN_NPROC="16", SERVERS="A P auto_w", ENV_SERVER_P="taskset -c 15", PIN_SPARE="0")
+    assert dict(line.split() for line in r.stdout.splitlines()) == {"A": "0-7", "auto_w": "8-15"}
+    assert _pins(PIN="0", PIN_NPROC="16").stdout == ""
+    few = _pins(PIN_NPROC="4", SERVERS="A P chain_w auto_w auto_w_b").stdout
+    assert few.startswith("not pinned: 4 cores for 5 servers")
+
+
+@pytest.mark.parametrize("env", [{"PIN": "yes"}, {"PIN_SPARE": "-1"}])
+def test_a_bad_pin_setting_is_refused(env):
+    r = _pins(**env)
+    assert r.returncode == 2 and "evaluate.sh: PIN" in r.stderr
