@@ -250,7 +250,7 @@ def test_glue_a_probe_behind_the_token_in_flight_is_scored_past_it(tmp_path):
     req = SimpleNamespace(rid="a", output_ids=[1, 2])
     batch = SimpleNamespace(reqs=[req])
     lens, views = auto._record_drafts(state, batch, np.array([2, 3, 4, 5]), [0], [1])
-    assert lens.tolist() == [3] and views[0].features.match_len == 2
+    assert list(lens) == [3] and views[0].features.match_len == 2
     # 3 was the token in flight (guessed right), 4 right, 5 wrong: one token a verify would gain
     assert state.shadow.advance("a", [1, 2, 3, 4, 9]) == [(views[0].features, 1, None)]
 

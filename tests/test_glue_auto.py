@@ -900,3 +900,27 @@ def test_the_narrowest_width_is_chain_modes_choice_for_every_kept_draft():
     for width in (2, 4):
         for keep in itertools.product(range(width), repeat=2):
             assert auto._narrowest(worker, width, list(keep)) == choose_width(keep, cfg)[0], keep
+
+
+def test_a_rows_chain_length_is_what_chain_draft_lengths_reads():
+    # auto's per-row length (a loop over the step's few rows) against the batch reader in widths
+    import numpy as np
+
+    from fastverify.glue import auto
+    from fastverify.widths import chain_draft_lengths
+
+    rng = np.random.default_rng(3)
+    for k in (2, 4, 8):
+        for _ in range(200):
+            rows = rng.integers(0, 3, size=(4, k))  # zeros often, inside a chain too
+            want = chain_draft_lengths(rows.reshape(-1), k).tolist()
+            assert [auto._chain_length(r) for r in rows.tolist()] == want
+
+
+def test_a_drafts_features_are_one_instance_per_value():
+    from fastverify.gains import DraftFeatures
+    from fastverify.glue import auto
+
+    f = auto._features(3, False)
+    assert f == DraftFeatures(3, 1, False) and auto._features(3, False) is f
+    assert auto._features(0, True) == DraftFeatures(0, 0, True)

@@ -566,6 +566,31 @@ def fill_roots(worker, batch, draft_tokens) -> None:
     draft_tokens.view(bs, -1)[:, 0] = batch.spec_info.accept_tokens.view(bs, -1)[:, 0]
 
 
+def _chain_length(row) -> int:
+    """Real draft tokens of one chain-format row (root first, padded with 0 after its last real
+    token), as `widths.chain_draft_lengths` reads a whole batch: the position of the last nonzero
+    token after the root, 0 where there is none. For the few rows of a step, a loop over a list
+    is several times cheaper than numpy's small-array calls."""
+    n = len(row) - 1
+    while n > 0 and row[n] == 0:
+        n -= 1
+    return n
+
+
+_FEATURES: dict = {}  # (match_len, sampled) -> DraftFeatures: few occur, one instance each
+
+
+def _features(match_len: int, sampled: bool) -> DraftFeatures:
+    """A chain's features (one branch where it has a token): the same instance for the same
+    values, so that a step's draft features are neither built again each step nor compared field
+    by field where the controller's keys hold them."""
+    key = (match_len, sampled)
+    f = _FEATURES.get(key)
+    if f is None:
+        f = _FEATURES[key] = DraftFeatures(match_len, 1 if match_len > 0 else 0, sampled)
+    return f
+
+
 def _record_drafts(state: AutoState, batch, tokens, carried, leads=None) -> tuple:
     """Chain-format drafts [bs*k] of a lookup -> each request's features (kept as its last known
     ones) and its chain recorded for the shadow tracker at output position len(output_ids) +
@@ -574,17 +599,15 @@ def _record_drafts(state: AutoState, batch, tokens, carried, leads=None) -> tupl
     Returns (real chain lengths [bs], views with the new features)."""
     import numpy as np
 
-    from fastverify.widths import chain_draft_lengths
-
     k = state.k
-    lens = chain_draft_lengths(tokens, k)  # [bs] real chain tokens per request
     rows = np.asarray(tokens).reshape(-1, k).tolist()
+    lens = [_chain_length(row) for row in rows]  # [bs] real chain tokens per request
     views = []
     samples_of = state.controller.samples
     for i, req in enumerate(batch.reqs):
-        n = int(lens[i])
+        n = lens[i]
         lead = min(int(leads[i]), n) if leads is not None else 0
-        f = DraftFeatures(n - lead, 1 if n > lead else 0, samples_of(req.rid))
+        f = _features(n - lead, samples_of(req.rid))
         state.features[req.rid] = f
         state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, rows[i][1:1 + n],
                             lead=lead)
