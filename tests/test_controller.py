@@ -812,3 +812,43 @@ def test_a_clear_decision_answers_the_same_question_for_three_more_steps():
     assert calls[-2:] == [12, 13]
     step([RequestView("r", DraftFeatures(7, 1)), RequestView("s", DraftFeatures(7, 1))])
     assert calls[-1] == 14  # a request joined
+
+
+def test_a_reused_evaluation_is_chosen_from_once(monkeypatch):
+    """Where a decision's evaluation is the last one's (`_clear_reuse`) and the current option has
+    not changed, the choice made of it (`choose`, the rates, the gains) is the last one's; a fresh
+    evaluation or another current option is chosen from again, and the decisions are the ones a
+    controller choosing every step makes."""
+    from fastverify import controller as ctl_mod
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
+    ctl, evaluations = _counting(cfg)
+    chosen = []
+    real = ctl_mod.choose
+    monkeypatch.setattr(ctl_mod, "choose", lambda *a: (chosen.append(ctl.step), real(*a))[1])
+    full = [RequestView("r", DraftFeatures(7, 1))]
+    out = []
+    for _ in range(8):
+        d = ctl.decide(full)
+        ctl.observe("r", full[0].features, 7)
+        ctl.note_verified(d.gains[0], 7, "r")
+        out.append((d.option, d.speculate, d.gains, d.rates, d.pass_ms))
+    assert evaluations == [1, 2, 6] and chosen == [1, 2, 6]
+    assert all(o[0] == Option(CHAIN, 7, 8) for o in out[1:])
+    assert all(o[1:] == out[1][1:] for o in out[2:4])  # steps 3, 4: step 2's choice
+    # another current option that speculates (the same question): chosen from again
+    ctl.current = next(o for o in ctl.options if o.kind == CHAIN and o.k == 3)
+    ctl.decide(full)
+    assert chosen[-1] == 9 and evaluations == [1, 2, 6]
+    # the same decisions as a controller that chooses every step
+    again, _ = _counting(cfg)
+
+    def choose_every_step(answer):
+        again._chosen = (None, None, None)  # nothing kept
+        return ctl_mod.Controller._choice(again, answer)
+    monkeypatch.setattr(again, "_choice", choose_every_step)
+    for want in out:
+        d = again.decide(full)
+        again.observe("r", full[0].features, 7)
+        again.note_verified(d.gains[0], 7, "r")
+        assert (d.option, d.speculate, d.gains, d.rates, d.pass_ms) == want

@@ -285,6 +285,9 @@ class Controller:
         self._wanted_epoch, self._wanted_cache = None, {}
         self._evaluated = (None, None)  # (question, answer) of the last _evaluate
         self._evaluated_at = 0  # the step it was asked for
+        # (the answer, the option current then, what decide made of them: (chosen, rates, gains))
+        # of the last decision (`_choice`)
+        self._chosen = (None, None, None)
         # answers kept per batch size until the costs change: (costs key, {(name, bs): answer})
         # (`_per_bs`: `_plain_and_probe`, `_full_acceptance_pays`)
         self._by_bs = (None, {})
@@ -422,20 +425,16 @@ class Controller:
         self.counters["behind_lookups"] += int(behind)
         self._looked_up()
         self._accrue_probe_credit(len(requests))
-        per_req, evals = self._evaluate(requests, self.step)
-        chosen = choose(evals, self.current, self.cfg.hysteresis)
-        if not any(chosen.speculate):  # an option nobody takes part in is a plain decode step
-            chosen = evals[0]
+        answer = self._evaluate(requests, self.step)
+        per_req, evals = answer
+        chosen, rates, gains = self._choice(answer)
         if self.current is not None and chosen.option != self.current:
             self.counters["switches"] += 1
         if chosen.option.kind != NONE and (self.current is None or self.current.kind == NONE):
             self._spell_begins()
         self.current = chosen.option
         o = chosen.option
-        gains = tuple((c[o.k - 1] if o.kind == CHAIN else t) if s and o.kind != NONE else 0.0
-                      for (c, t), s in zip(per_req, chosen.speculate))
-        d = Decision(o, chosen.speculate, {e.option.label: e.rate for e in evals},
-                     chosen.pass_ms, self.step, gains)
+        d = Decision(o, chosen.speculate, rates, chosen.pass_ms, self.step, gains)
         self._back_off(chosen.option.kind != NONE)
         self._priced(d)
         clear = (o.kind != NONE and all(chosen.speculate)
@@ -448,6 +447,26 @@ class Controller:
         self.steps_by_mode[chosen.option.label] += 1
         self._maybe_log(d, requests, per_req)
         return d
+
+    def _choice(self, answer: tuple) -> tuple:
+        """(chosen evaluation, rates by option label, expected gain per request) for `_evaluate`'s
+        answer (per-request expectations, evaluations): the best option under the hysteresis
+        (`choose`), no speculation where nobody would take part. These follow from the answer and
+        the current option only, so where both are the ones of the last decision (a steady load
+        whose evaluation is kept, `_clear_reuse`) the last result is returned."""
+        last, current, made = self._chosen
+        if answer is last and self.current is current:
+            return made
+        per_req, evals = answer
+        chosen = choose(evals, self.current, self.cfg.hysteresis)
+        if not any(chosen.speculate):  # an option nobody takes part in is a plain decode step
+            chosen = evals[0]
+        o = chosen.option
+        gains = tuple((c[o.k - 1] if o.kind == CHAIN else t) if s and o.kind != NONE else 0.0
+                      for (c, t), s in zip(per_req, chosen.speculate))
+        made = (chosen, {e.option.label: e.rate for e in evals}, gains)
+        self._chosen = (answer, self.current, made)
+        return made
 
     def plan_lookup(self, requests: Sequence[RequestView], probe_max: int = 0, behind: bool = False,
                     refill: bool = False) -> bool:
