@@ -68,7 +68,8 @@ class _Hist:
             self.step = step
 
     def add(self, value: int, step: int, decay: float) -> None:
-        self._age(step, decay)
+        if step > self.step:  # (most adds of a step find the histogram aged already)
+            self._age(step, decay)
         self.w[min(value, len(self.w) - 1)] += 1.0
         self.mass += 1.0
 
@@ -209,12 +210,11 @@ class _Pending:
 def chain_accept(chain: Sequence[int], actual: Sequence[int]) -> tuple:
     """(accepted, resolved): accepted leading tokens of `chain` against the known
     continuation `actual`."""
-    n = 0
-    while n < len(chain) and n < len(actual):
+    m = min(len(chain), len(actual))
+    for n in range(m):
         if chain[n] != actual[n]:
             return n, True
-        n += 1
-    return n, n == len(chain)
+    return m, m == len(chain)
 
 
 def tree_accept(tokens: Sequence[int], parents: Sequence[int], actual: Sequence[int]) -> tuple:
