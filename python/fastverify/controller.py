@@ -917,18 +917,22 @@ class Controller:
         also summed for that request, whose sums are logged when it finishes (`finish`). One that
         accepted less than expected ends the last decision's standing as a clear one: the next
         lookup asks again and the next decision evaluates (`_still_verifying`, `_clear_reuse`)."""
-        if float(accepted) < float(expected):
+        expected, accepted = float(expected), float(accepted)
+        if accepted < expected:
             self._verified_for = None
+        expected, accepted = max(expected, 0.0), max(accepted, 0.0)
         if req_id is not None:
-            r = self._verified_by_request.setdefault(req_id, [0, 0.0, 0.0])
+            r = self._verified_by_request.get(req_id)
+            if r is None:
+                r = self._verified_by_request[req_id] = [0, 0.0, 0.0]
             r[0] += 1
-            r[1] += max(float(expected), 0.0)
-            r[2] += max(float(accepted), 0.0)
+            r[1] += expected
+            r[2] += accepted
         v = self._age_verified()
-        v[0] += max(float(expected), 0.0)
-        v[1] += max(float(accepted), 0.0)
-        self._spell[0] += max(float(expected), 0.0)
-        self._spell[1] += max(float(accepted), 0.0)
+        v[0] += expected
+        v[1] += accepted
+        self._spell[0] += expected
+        self._spell[1] += accepted
 
     def _calibration_key(self) -> float:
         """`calibration` to 3 decimals: what the estimates are scaled by (its forgetting moves it a

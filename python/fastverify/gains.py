@@ -115,9 +115,10 @@ class GainModel:
         self._bucket: dict = {}  # (bucket, sampled) -> (chain _Hist, tree _Hist)
 
     def _pair(self, table: dict, key) -> tuple:
-        if key not in table:
-            table[key] = (_Hist(self.K), _Hist(self.D))
-        return table[key]
+        pair = table.get(key)
+        if pair is None:
+            pair = table[key] = (_Hist(self.K), _Hist(self.D))
+        return pair
 
     def observe(self, req_id, features: DraftFeatures, step: int, chain_accept: int,
                 tree_accept: Optional[int] = None) -> None:
@@ -125,11 +126,14 @@ class GainModel:
         at K) and `tree_accept` as the full tree (None when no tree was drafted)."""
         self.version += 1
         m, s = features.match_len > 0, bool(features.sampled)
-        for pair in (self._global[(m, s)], self._pair(self._local, (req_id, m)),
-                     self._pair(self._bucket, (feature_bucket(features), s))):
-            pair[0].add(chain_accept, step, self.decay)
-            if tree_accept is not None and self.D:
-                pair[1].add(tree_accept, step, self.decay)
+        pairs = (self._global[(m, s)], self._pair(self._local, (req_id, m)),
+                 self._pair(self._bucket, (feature_bucket(features), s)))
+        decay = self.decay
+        for pair in pairs:
+            pair[0].add(chain_accept, step, decay)
+        if tree_accept is not None and self.D:
+            for pair in pairs:
+                pair[1].add(tree_accept, step, decay)
 
     def scored(self, req_id) -> bool:
         """Has a matched draft of this request been scored (observed)?"""
@@ -280,10 +284,14 @@ class ShadowTracker:
             ca, cres = chain_accept(p.chain, actual)
             ta, tres = ((None, True) if p.tree_tokens is None
                         else tree_accept(p.tree_tokens, p.tree_parents, actual))
-            (done if cres and tres else keep).append((p, ca, ta))
-        self._pending[req_id] = [p for p, _, _ in keep]
-        # with lead tokens: what the verify made past them would have accepted (0 if one was wrong)
-        return [(p.features, max(ca - p.lead, 0), ta, p.tag) for p, ca, ta in done]
+            if cres and tres:
+                # with lead tokens: what the verify made past them would have accepted (0 if one
+                # was wrong)
+                done.append((p.features, max(ca - p.lead, 0), ta, p.tag))
+            else:
+                keep.append(p)
+        self._pending[req_id] = keep
+        return done
 
     def advance(self, req_id, tokens: Sequence[int], length: Optional[int] = None) -> list:
         """The drafts that resolve with the request's tokens so far: (features, chain_accept,
