@@ -20,8 +20,13 @@ def test_the_verify_host_time_run_times_a_steady_memorised_load(tmp_path, capsys
         assert row["auto verify steps at the widest width"] >= 30
         for key in ("auto: sync, plan_lookup, step_drafts", "chain: verify_runtime.step_drafts",
                     "auto, asking at every lookup", "Controller.decide", "Controller.plan_lookup",
-                    "_sync_requests", "_record_drafts", "_narrowest", "checked_drafts"):
+                    "_sync_requests", "_record_drafts", "_narrowest", "checked_drafts",
+                    "auto: sync, plan_lookup, step_drafts (mean)",
+                    "chain: verify_runtime.step_drafts (mean)"):
             assert row[key] > 0, key
+        assert data["auto_minus_chain_mean_us"][bs] == round(
+            row["auto: sync, plan_lookup, step_drafts (mean)"]
+            - row["chain: verify_runtime.step_drafts (mean)"], 2)
         assert data["auto_minus_chain_us"][bs] == round(
             row["auto: sync, plan_lookup, step_drafts"]
             - row["chain: verify_runtime.step_drafts"], 2)
