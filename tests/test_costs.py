@@ -135,6 +135,32 @@ def test_step_costs_table_then_host_part_then_medians():
         c.record("decode", 1, 1, 1.0)
 
 
+def test_a_steps_table_pass_is_read_once_per_size_and_is_the_tables():
+    # every record asks for the table's pass of its step (the host part is measured - pass): kept
+    # per (bs, width), the same numbers as asking the table, width 1 for every kind but SPEC
+    from fastverify.costs import LEAN, PATH, SPEC, StepCosts
+
+    calls = []
+
+    class Counting(CostTable):
+        def decode_ms(self, bs):
+            calls.append(("decode", bs))
+            return super().decode_ms(bs)
+
+        def verify_ms(self, tokens):
+            calls.append(("verify", tokens))
+            return super().verify_ms(tokens)
+
+    c = StepCosts(Counting(LINEAR.decode, LINEAR.verify, "t"))
+    for _ in range(3):
+        for kind, bs, width in ((SPEC, 2, 8), (SPEC, 2, 1), (LEAN, 3, 4), (PATH, 3, 1)):
+            c.record(kind, bs, width, 30.0)
+    assert sorted(calls) == [("decode", 2), ("decode", 3), ("verify", 16)]
+    assert c.graph_ms(SPEC, 2, 8) == LINEAR.verify_ms(16)
+    assert c.graph_ms(LEAN, 3, 4) == c.graph_ms(SPEC, 3, 1) == LINEAR.decode_ms(3)
+    assert c.snapshot().graph_ms(SPEC, 2, 8) == LINEAR.verify_ms(16)
+
+
 def test_medians_by_batch_size_of_one_kind():
     """What the plain path's log line reports of its probes: per batch size, the median of the
     recent periods of one kind, no other kind's and no width but 1."""

@@ -301,6 +301,7 @@ class StepCosts:
         self._periods: dict = {}  # (kind, bs, width) -> recent ms
         self._host: dict = {k: [] for k in STEP_KINDS}  # kind -> recent (measured - table) ms
         self._estimates: dict = {}  # (kind, bs, width) -> step_ms, until the next record
+        self._graph: dict = {}  # (bs, width) -> the table's pass (fixed: the table never changes)
         self.version = 0  # counts records: the estimates change only with it
 
     @staticmethod
@@ -309,8 +310,13 @@ class StepCosts:
         return kind, int(bs), 1 if kind != SPEC else int(width)
 
     def graph_ms(self, kind: str, bs: int, width: int) -> float:
-        return (self.table.decode_ms(bs) if kind != SPEC or width == 1
-                else self.table.verify_ms(bs * width))
+        """The table's pass for a step of this kind (asked at every record: kept per size)."""
+        key = (bs, width if kind == SPEC else 1)
+        ms = self._graph.get(key)
+        if ms is None:
+            ms = self._graph[key] = (self.table.decode_ms(bs) if key[1] == 1
+                                     else self.table.verify_ms(bs * width))
+        return ms
 
     def record(self, kind: str, bs: int, width: int, ms: float) -> None:
         if kind not in STEP_KINDS:
