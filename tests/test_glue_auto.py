@@ -924,3 +924,17 @@ def test_a_drafts_features_are_one_instance_per_value():
     f = auto._features(3, False)
     assert f == DraftFeatures(3, 1, False) and auto._features(3, False) is f
     assert auto._features(0, True) == DraftFeatures(0, 0, True)
+
+
+def test_a_requests_view_is_one_instance_while_its_features_stay(tmp_path):
+    w = _worker()
+    state = auto.setup(w, _spec(tmp_path, CHEAP), plain=PLAIN)
+    state.features["a"] = auto._features(3, False)
+    v = auto.view(state, "a")
+    assert v.req_id == "a" and v.features is state.features["a"] and auto.view(state, "a") is v
+    state.features["a"] = auto._features(2, False)
+    assert auto.view(state, "a") is not v and auto.view(state, "a").features.match_len == 2
+    # a request that left the batch is forgotten with its features
+    state.prev_rids = frozenset({"a"})
+    auto._sync_requests(state, SimpleNamespace(reqs=[]))
+    assert "a" not in state.views and "a" not in state.features

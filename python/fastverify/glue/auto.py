@@ -145,6 +145,7 @@ class AutoState:
     metrics_every: int = 40
     costs: StepCosts = None  # this rank's measurements
     features: dict = field(default_factory=dict)  # rid -> DraftFeatures of its last draft
+    views: dict = field(default_factory=dict)  # rid -> its RequestView on those features (`view`)
     last_start: float = None  # host clock at the start of the previous decode step
     last_step: tuple = None  # (kind, bs, width) of the previous decode step
     step_before: tuple = None  # and of the one before it (`costs.steady_period`)
@@ -282,6 +283,16 @@ def samples(req) -> bool:
     return top_k is not None and top_k > 1
 
 
+def view(state: AutoState, rid) -> RequestView:
+    """The controller's view of a request on its last known features (`AutoState.features`): the
+    same instance while they are the same (a steady load asks with it twice a step)."""
+    f = state.features[rid]
+    v = state.views.get(rid)
+    if v is None or v.features is not f:
+        v = state.views[rid] = RequestView(rid, f)
+    return v
+
+
 def _sync_requests(state: AutoState, batch) -> None:
     """Requests that left the batch are forgotten, requests that joined are noted as
     sampling or greedy (the gain model learns them apart); drafts whose outcome the output
@@ -292,6 +303,7 @@ def _sync_requests(state: AutoState, batch) -> None:
         state.controller.finish(rid)
         state.shadow.drop(rid)
         state.features.pop(rid, None)
+        state.views.pop(rid, None)
     state.prev_rids = frozenset(rids)
     for req in batch.reqs:
         if req.rid not in prev:
@@ -361,7 +373,7 @@ def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
                     state.features[req.rid] = ctl.no_draft(req.rid)
         probe = not ones  # first_lookup_behind allowed a probe
     else:
-        views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
+        views = [view(state, req.rid) for req in batch.reqs]
         look = ctl.plan_lookup(views, ctl.cfg.probe_max,
                                behind=ones, refill=state.since_prefill <= REFILL_STEPS)
         probe = look and ctl.planned == PLAN_PROBE
@@ -611,7 +623,7 @@ def _record_drafts(state: AutoState, batch, tokens, carried, leads=None) -> tupl
         state.features[req.rid] = f
         state.shadow.record(req.rid, len(req.output_ids) + carried[i], f, rows[i][1:1 + n],
                             lead=lead)
-        views.append(RequestView(req.rid, f))
+        views.append(view(state, req.rid))
     return lens, views
 
 

@@ -89,7 +89,7 @@ from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
 from fastverify.costs import PATH, PATH_PROBE, SWITCH
 # (imported once here, not in the functions a step calls: an import statement run on every step of
 # a stretch took 40 % of the path choice's host time)
-from fastverify.glue.auto import REFILL_STEPS, _plain_capable, erase_departed, samples
+from fastverify.glue.auto import REFILL_STEPS, _plain_capable, erase_departed, samples, view
 
 logger = logging.getLogger("fastverify.plain_path")
 
@@ -329,7 +329,7 @@ def _lookup_due(state, batch) -> str:
     if n > 0:
         state.stretch_len = state.stretch + n
         return ""
-    views = [RequestView(req.rid, state.features[req.rid]) for req in batch.reqs]
+    views = [view(state, req.rid) for req in batch.reqs]
     answer = ctl.lookup_on_plain_path(views, ctl.cfg.probe_max,
                                       refill=state.since_prefill + 1 <= REFILL_STEPS)
     if answer == LOOKUP:
