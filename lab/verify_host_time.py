@@ -7,9 +7,13 @@ tokens, the auto controller), so that what is measured is the glue's own Python.
 The load is the steady memorised one, where auto's verify steps lost to chain + widths' on the GPU
 (one H100, SmolLM2 at TP=1: 2.60-2.63 ms median at batch size 1 against 2.45 ms): every request's
 drafts are the next 7 tokens of its output, accepted in full. Each step, as the n-gram worker runs
-it after a verify: auto's `plain_step` scores the output (`_sync_requests`) and asks
-`Controller.plan_lookup` on the last features, then `auto.step_drafts` records the new drafts,
-decides, cuts them to the narrowest captured width and checks them; chain mode's step is
+it after a verify: auto's own `plain_step` (the step's period to the costs, `_tick`; the output
+scored, `_sync_requests`; `Controller.plan_lookup` on the last features; it returns None: the step
+speculates), then `auto.step_drafts` records the new drafts, decides, cuts them to the narrowest
+captured width and checks them. The host clock `_tick` reads advances 2.6 ms a step, the verify
+step the costs hold, whatever this host takes. Where the controller's cold start chooses a step
+without speculation (the stand-ins cannot decode one) the step is counted and timed as a verify all
+the same. Chain mode's step is
 `verify_runtime.step_drafts` (its width from the drafts' lengths), timed on the same drafts in the
 same invocation as the baseline. Printed: the median per step over the steps after the first
 quarter (the controller's start), and auto's pieces; for the two totals also the mean, which holds
@@ -34,9 +38,14 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "tests"), str(ROOT / "tests" / 
 
 K = 8  # --speculative-num-draft-tokens of the server's configuration
 WIDTHS = "1,2,4,8"
-PIECES = ("_sync_requests", "_record_drafts", "_narrowest", "checked_drafts")
-TOTAL_AUTO = "auto: sync, plan_lookup, step_drafts"
+PIECES = ("plain_step", "_tick", "_sync_requests", "_record_drafts", "_narrowest",
+          "checked_drafts")
+TOTAL_AUTO = "auto: plain_step, step_drafts"
 TOTAL_CHAIN = "chain: verify_runtime.step_drafts"
+
+
+class _PlainChosen(Exception):
+    """plain_step chose a step without speculation (the stand-ins cannot decode one)."""
 
 
 def _streams(bs: int, length: int) -> list:
@@ -52,7 +61,6 @@ def measure(bs: int, steps: int, ask_each_step: bool = False) -> dict:
     import torch
 
     from fastverify import controller as ctl_mod
-    from fastverify.controller import RequestView
     from fastverify.costs import LEAN, PATH, SPEC
     from fastverify.glue import auto, verify_runtime
     from fastverify.widths import parse_widths
@@ -98,18 +106,33 @@ def measure(bs: int, steps: int, ask_each_step: bool = False) -> dict:
         chain._fv_widths.config = parse_widths(WIDTHS, K, "chain")
         reqs = [type("R", (), {"rid": f"r{i}", "output_ids": list(s[:1])})()
                 for i, s in enumerate(streams)]
+        # the host clock as _tick reads it: every step takes the 2.6 ms the costs above hold,
+        # whatever this host takes, so that the costs the controller reads stay the server's
+        now = [0.0]
+        state.clock = lambda: now[0]
+        worker._fv = type("Hook", (), {"expect_no_drafts": lambda self, n: None})()
+        saved.append((auto, "run_plain_decode", auto.run_plain_decode))
+
+        def no_plain_decode(*a, **kw):  # (the stand-ins have no target to decode with)
+            raise _PlainChosen
+        auto.run_plain_decode = no_plain_decode
+        decode = type("Mode", (), {"is_decode": staticmethod(lambda: True)})()
+        plain_chosen = 0
         for step in range(steps):
-            batch = type("B", (), {"reqs": reqs, "has_grammar": False})()
+            now[0] += 0.0026
+            batch = type("B", (), {"reqs": reqs, "has_grammar": False, "forward_mode": decode})()
             rows = [streams[i][len(r.output_ids):len(r.output_ids) + K - 1]
                     for i, r in enumerate(reqs)]
             toks, mask = harness._drafts(rows)
-            views = [RequestView(r.rid, state.features[r.rid]) for r in reqs
-                     if r.rid in state.features]
             t0 = time.perf_counter_ns()
-            auto._sync_requests(state, batch)  # as plain_step: the output scored first
-            state.synced = True
-            if len(views) == bs:
-                state.controller.plan_lookup(views, state.controller.cfg.probe_max)
+            if all(r.rid in state.features for r in reqs):
+                try:  # the worker's step, as the server runs it: auto's plain_step first
+                    assert auto.plain_step(worker, batch) is None
+                except _PlainChosen:  # (the cold start: timed as a verify all the same)
+                    plain_chosen += 1
+            else:  # the first step (no features yet: the server's plain_step looks them up itself)
+                auto._sync_requests(state, batch)
+                state.synced = True
             out_t, _ = auto.step_drafts(worker, batch, toks, mask, bs)
             t2 = time.perf_counter_ns()
             verify_runtime.step_drafts(chain, np.array(toks), np.array(mask), bs)
@@ -139,6 +162,7 @@ def measure(bs: int, steps: int, ask_each_step: bool = False) -> dict:
         out[k + " (mean)"] = round(statistics.fmean(v), 2)
     out["auto verify steps at the widest width"] = state.controller.steps_by_mode.get(
         f"chain{K - 1}", 0)
+    out["steps plain_step chose to run plain"] = plain_chosen
     return out
 
 
@@ -160,10 +184,11 @@ def main(argv=None) -> int:
     for bs in sizes:
         before = measure(bs, a.steps, ask_each_step=True)
         rows[bs]["auto, asking at every lookup"] = before[
-            "auto: sync, plan_lookup, step_drafts"]
+            TOTAL_AUTO]
     print(f"# host: {cpu_name()}; {a.steps} steady memorised verify steps a batch size, "
           f"medians of the last {a.steps - a.steps // 4} (us a step)")
-    keys = [k for k in rows[sizes[0]] if k != "auto verify steps at the widest width"]
+    counts = ("auto verify steps at the widest width", "steps plain_step chose to run plain")
+    keys = [k for k in rows[sizes[0]] if k not in counts]
     print(f"{'':46s}" + "".join(f"{'bs ' + str(bs):>10s}" for bs in sizes))
     for k in keys:
         print(f"{k:46s}" + "".join(f"{rows[bs][k]:>10.1f}" for bs in sizes))
