@@ -820,7 +820,7 @@ def checked_drafts(worker, batch, tokens, width: int, roots_filled: bool):
     if vocab is None:
         return tokens
     t = np.asarray(tokens)
-    ids = t.tolist()  # (the step's few ids: Python's min and max over them cost less than numpy's
+    ids = t.reshape(-1).tolist()  # (the step's few ids: Python's min and max cost less than numpy's
     # small-array calls, ~3 us each on the GPU machine's host)
     if not ids or (min(ids) >= 0 and max(ids) < vocab):
         return tokens
