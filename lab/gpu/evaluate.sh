@@ -25,7 +25,8 @@
 #                 py-spy) split evenly in SERVERS order. Unpinned, two identical auto servers came
 #                 4-8 % apart in every memorised launch (0.944, 1.039, 1.083); pinned, 1.025 and
 #                 0.990, ties (benchmark/results/h200/eval-smollm2-tp1-pinned-twins). PIN=0: the
-#                 OS places them. `--print-pins` prints the plan (PIN_NPROC stands for nproc)
+#                 OS places them; not pinned either where a server would get fewer cores than
+#                 its TP ranks. `--print-pins` prints the plan (PIN_NPROC stands for nproc)
 #   TP            ranks per server (default: the number of GPUs); the SmolLM2 model padded for it
 #   EVAL_ARGS     extra arguments of `evaluate.py run` for every profile (--max-new-tokens,
 #                 --per-set, --interleave wave: the servers take turns every c prompts rather
@@ -149,9 +150,10 @@ pin_plan() {  # PINS[name]="taskset -c a-b" for each server name PIN pins; print
   done
   [ ${#names[@]} -ge 1 ] || return 0
   per=$(( (cores - ${PIN_SPARE:-1}) / ${#names[@]} ))
-  if [ "$per" -lt 1 ] || ! command -v taskset > /dev/null; then
-    echo "not pinned: $cores cores for ${#names[@]} servers and ${PIN_SPARE:-1} spare" \
-      "$(command -v taskset > /dev/null || echo '(no taskset)')"
+  # (each of a server's TP ranks runs a scheduler process of its own: a core each at least)
+  if [ "$per" -lt "$TP" ] || ! command -v taskset > /dev/null; then
+    echo "not pinned: $cores cores for ${#names[@]} servers of $TP rank(s) and" \
+      "${PIN_SPARE:-1} spare $(command -v taskset > /dev/null || echo '(no taskset)')"
     return 0
   fi
   for n in "${names[@]}"; do

@@ -84,7 +84,7 @@ def test_every_server_of_the_table_passes_the_flag_rules_its_sglang_would_apply(
 def _pins(**env) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-pins"],
                           capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, TP="1", **env))
+                          env=dict(os.environ, **{"TP": "1", **env}))
 
 
 def test_each_server_name_gets_cores_of_its_own_once_whatever_the_profiles():
@@ -99,7 +99,11 @@ def test_a_server_with_its_own_launch_prefix_and_pin_off_are_left_alone():
     assert dict(line.split() for line in r.stdout.splitlines()) == {"A": "0-7", "auto_w": "8-15"}
     assert _pins(PIN="0", PIN_NPROC="16").stdout == ""
     few = _pins(PIN_NPROC="4", SERVERS="A P chain_w auto_w auto_w_b").stdout
-    assert few.startswith("not pinned: 4 cores for 5 servers")
+    assert few.startswith("not pinned: 4 cores for 5 servers of 1 rank(s)")
+    # each of a server's TP ranks gets a core at least: 16 cores, 5 servers of 4 ranks: 3 each
+    assert _pins(PIN_NPROC="16", TP="4").stdout.startswith("not pinned: 16 cores for 5 servers")
+    wide = _pins(PIN_NPROC="128", TP="8", SERVERS="A P chain_w auto_w auto_w_b").stdout
+    assert dict(line.split() for line in wide.splitlines())["auto_w_b"] == "100-124"
 
 
 @pytest.mark.parametrize("env", [{"PIN": "yes"}, {"PIN_SPARE": "-1"}])
