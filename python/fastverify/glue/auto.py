@@ -297,21 +297,25 @@ def _sync_requests(state: AutoState, batch) -> None:
     """Requests that left the batch are forgotten, requests that joined are noted as
     sampling or greedy (the gain model learns them apart); drafts whose outcome the output
     now shows are scored."""
-    rids = [req.rid for req in batch.reqs]
+    ctl, shadow = state.controller, state.shadow
+    now = frozenset(req.rid for req in batch.reqs)
     prev = state.prev_rids
-    for rid in prev - set(rids):
-        state.controller.finish(rid)
-        state.shadow.drop(rid)
-        state.features.pop(rid, None)
-        state.views.pop(rid, None)
-    state.prev_rids = frozenset(rids)
+    if now != prev:
+        for rid in prev - now:
+            ctl.finish(rid)
+            shadow.drop(rid)
+            state.features.pop(rid, None)
+            state.views.pop(rid, None)
+        state.prev_rids = now
+    advance, observe, note_verified = shadow.advance_tagged, ctl.observe, ctl.note_verified
     for req in batch.reqs:
-        if req.rid not in prev:
-            state.controller.note_sampling(req.rid, samples(req))
-        for f, ca, _, verified in state.shadow.advance_tagged(req.rid, req.output_ids):
-            state.controller.observe(req.rid, f, ca)
+        rid = req.rid
+        if rid not in prev:
+            ctl.note_sampling(rid, samples(req))
+        for f, ca, _, verified in advance(rid, req.output_ids):
+            observe(rid, f, ca)
             if verified is not None:  # (expected, verified draft tokens): calibration
-                state.controller.note_verified(verified[0], min(ca, verified[1]), req.rid)
+                note_verified(verified[0], min(ca, verified[1]), rid)
 
 
 def plain_step(worker, batch, on_publish=None, pp_proxy_tensors=None):
