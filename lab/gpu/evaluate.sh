@@ -19,7 +19,7 @@
 #                 FLAGS_SERVER_chain_w="--enable-verify-timing": its verify passes timed)
 #   ENV_SERVER_<name>    environment of that server ("K=V ..."), e.g. an A/B switch for
 #                 auto_w_b or auto_never_b, the second auto_w or auto_never; a launch prefix too
-#                 ("taskset -c 0-3": then PIN leaves that server as it is)
+#                 ("taskset -c 0-3": then PIN pins no server, the placement is the prefixes')
 #   PIN=1         (default) each server name on cores of its own (taskset), the same cores in every
 #                 profile: the machine's cores less PIN_SPARE (default 1, for the client and
 #                 py-spy) split evenly in SERVERS order. Unpinned, two identical auto servers came
@@ -145,7 +145,11 @@ pin_plan() {  # PINS[name]="taskset -c a-b" for each server name PIN pins; print
   local cores=${PIN_NPROC:-$(nproc 2>/dev/null || echo 1)} names=() n own first=0 per
   for n in $SERVERS; do
     own="ENV_SERVER_$n"
-    [[ "${!own:-}" == *taskset* || "${!own:-}" == *numactl* ]] && continue
+    if [[ "${!own:-}" == *taskset* || "${!own:-}" == *numactl* ]]; then
+      # (cores chosen here could overlap those: the placement is left to the given prefixes)
+      echo "not pinned: ENV_SERVER_$n places that server itself"
+      return 0
+    fi
     [[ " ${names[*]:-} " == *" $n "* ]] || names+=("$n")
   done
   [ ${#names[@]} -ge 1 ] || return 0
