@@ -311,11 +311,11 @@ class StepCosts:
 
     def graph_ms(self, kind: str, bs: int, width: int) -> float:
         """The table's pass for a step of this kind (asked at every record: kept per size)."""
-        key = (bs, width if kind == SPEC else 1)
-        ms = self._graph.get(key)
+        _, bs, width = self._key(kind, bs, width)  # (width 1 but for SPEC)
+        ms = self._graph.get((bs, width))
         if ms is None:
-            ms = self._graph[key] = (self.table.decode_ms(bs) if key[1] == 1
-                                     else self.table.verify_ms(bs * width))
+            ms = self._graph[(bs, width)] = (self.table.decode_ms(bs) if width == 1
+                                             else self.table.verify_ms(bs * width))
         return ms
 
     def record(self, kind: str, bs: int, width: int, ms: float) -> None:
