@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import logging
 
-from fastverify.controller import HELD, LOOKUP, PLAN_PROBE, RequestView
+from fastverify.controller import HELD, LOOKUP, PLAN_PROBE
 from fastverify.costs import PATH, PATH_PROBE, SWITCH
 # (imported once here, not in the functions a step calls: an import statement run on every step of
 # a stretch took 40 % of the path choice's host time)
@@ -397,8 +397,7 @@ def may_enter(state, batch) -> tuple:
         return 0, "the batch needs the worker", None
     ctl = state.controller
     n = _steps_to_lookup(state, batch)
-    if n == 0 and ctl.lookup_is_real([RequestView(req.rid, state.features[req.rid])
-                                      for req in batch.reqs]):
+    if n == 0 and ctl.lookup_is_real([view(state, req.rid) for req in batch.reqs]):
         return 0, "a lookup is due", None
     if _kv_lens(batch) is None:
         if not state.books_warned:
