@@ -52,10 +52,14 @@ def _streams(bs: int, length: int) -> list:
     return [list(range(100 + 10000 * i, 100 + 10000 * i + length)) for i in range(bs)]
 
 
-def measure(bs: int, steps: int, ask_each_step: bool = False) -> dict:
+def measure(bs: int, steps: int, ask_each_step: bool = False, miss: float = 0.0,
+            seed: int = 0) -> dict:
     """{what: median us per step} for `steps` steady verify steps at batch size `bs`.
     ``ask_each_step``: every lookup asks the controller (`Controller._still_verifying` off, as
-    before it: the baseline of that change)."""
+    before it: the baseline of that change). ``miss``: the share of drafts that diverge from the
+    output at a uniformly drawn token (the rest accepted in full; ``seed`` draws them)."""
+    import random
+
     import numpy as np
     import test_glue_auto as harness
     import torch
@@ -88,8 +92,20 @@ def measure(bs: int, steps: int, ask_each_step: bool = False) -> dict:
     for name in ("plan_lookup", "decide"):
         saved.append((ctl_mod.Controller, name,
                       timed(ctl_mod.Controller, name, "Controller." + name)))
+    fresh = [0]
+    evaluate_now = ctl_mod.Controller._evaluate_now
+
+    def counted(self, *a, **kw):
+        fresh[0] += 1
+        return evaluate_now(self, *a, **kw)
+    saved.append((ctl_mod.Controller, "_evaluate_now", evaluate_now))
+    ctl_mod.Controller._evaluate_now = counted
+    rng = random.Random(seed)
     try:
         streams = _streams(bs, steps * (K + 1) + 16)
+        # where a draft diverges (None: it holds), drawn per request and step
+        misses = [[rng.randrange(K - 1) if rng.random() < miss else None for _ in range(bs)]
+                  for _ in range(steps)]
         worker = harness._worker(widths=(1, 2, 4, 8))
         auto.setup(worker, harness._spec(Path(tempfile.mkdtemp()), harness.CHEAP,
                                          speculative_ngram_verify_widths=WIDTHS),
@@ -123,6 +139,9 @@ def measure(bs: int, steps: int, ask_each_step: bool = False) -> dict:
             batch = type("B", (), {"reqs": reqs, "has_grammar": False, "forward_mode": decode})()
             rows = [streams[i][len(r.output_ids):len(r.output_ids) + K - 1]
                     for i, r in enumerate(reqs)]
+            for i, at in enumerate(misses[step]):
+                if at is not None:  # (a token no output holds)
+                    rows[i] = rows[i][:at] + [7] + rows[i][at + 1:]
             toks, mask = harness._drafts(rows)
             t0 = time.perf_counter_ns()
             if all(r.rid in state.features for r in reqs):
@@ -163,6 +182,7 @@ def measure(bs: int, steps: int, ask_each_step: bool = False) -> dict:
     out["auto verify steps at the widest width"] = state.controller.steps_by_mode.get(
         f"chain{K - 1}", 0)
     out["steps plain_step chose to run plain"] = plain_chosen
+    out["decisions evaluated afresh"] = fresh[0]
     return out
 
 
@@ -170,6 +190,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bs", default="1,4", help="batch sizes, comma-separated (default 1,4)")
     ap.add_argument("--steps", type=int, default=600, help="verify steps a batch size (600)")
+    ap.add_argument("--miss", type=float, default=0.0,
+                    help="share of drafts that diverge at a uniformly drawn token (default 0: "
+                         "every draft accepted in full)")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args(argv)
     try:
@@ -178,16 +201,20 @@ def main(argv=None) -> int:
         ap.error(f"--bs: comma-separated integers, got {a.bs!r}")
     if not sizes or min(sizes) < 1 or a.steps < 8:
         ap.error("--bs must name batch sizes >= 1 and --steps must be >= 8")
+    if not 0.0 <= a.miss <= 1.0:
+        ap.error(f"--miss must be within [0, 1], got {a.miss}")
     from path_host_time import cpu_name
 
-    rows = {bs: measure(bs, a.steps) for bs in sizes}
+    rows = {bs: measure(bs, a.steps, miss=a.miss) for bs in sizes}
     for bs in sizes:
-        before = measure(bs, a.steps, ask_each_step=True)
+        before = measure(bs, a.steps, ask_each_step=True, miss=a.miss)
         rows[bs]["auto, asking at every lookup"] = before[
             TOTAL_AUTO]
-    print(f"# host: {cpu_name()}; {a.steps} steady memorised verify steps a batch size, "
-          f"medians of the last {a.steps - a.steps // 4} (us a step)")
-    counts = ("auto verify steps at the widest width", "steps plain_step chose to run plain")
+    print(f"# host: {cpu_name()}; {a.steps} steady memorised verify steps a batch size "
+          f"({a.miss:.0%} of the drafts diverging), medians of the last "
+          f"{a.steps - a.steps // 4} (us a step)")
+    counts = ("auto verify steps at the widest width", "steps plain_step chose to run plain",
+              "decisions evaluated afresh")
     keys = [k for k in rows[sizes[0]] if k not in counts]
     print(f"{'':46s}" + "".join(f"{'bs ' + str(bs):>10s}" for bs in sizes))
     for k in keys:
@@ -197,10 +224,12 @@ def main(argv=None) -> int:
                 for bs in sizes}
     print(f"{'auto - chain':46s}" + "".join(f"{gap[bs]:>10.1f}" for bs in sizes))
     print(f"{'auto - chain (mean)':46s}" + "".join(f"{gap_mean[bs]:>10.1f}" for bs in sizes))
+    for k in counts:
+        print(f"{k:46s}" + "".join(f"{rows[bs][k]:>10d}" for bs in sizes))
     if a.json:
         Path(a.json).write_text(json.dumps({
             "environment": {"host": cpu_name(), "steps": a.steps, "bs": sizes, "k": K,
-                            "widths": WIDTHS},
+                            "widths": WIDTHS, "miss": a.miss},
             "us_per_step": {str(bs): rows[bs] for bs in sizes},
             "auto_minus_chain_us": {str(bs): gap[bs] for bs in sizes},
             "auto_minus_chain_mean_us": {str(bs): gap_mean[bs] for bs in sizes},

@@ -806,13 +806,86 @@ def test_a_clear_decision_answers_the_same_question_for_the_next_steps():
     # step R + 5, reused: as a fresh evaluation
     assert fresh.decide(full).option == step(full).option
     assert calls == [1, 2, 2 + R]
-    step([RequestView("r", DraftFeatures(5, 1))])  # other features (step R + 6)
+    # features the gain model estimates apart (another match bucket: step R + 6)
+    step([RequestView("r", DraftFeatures(3, 1))])
     assert calls[-1] == R + 6
     step(full, accepted=1)  # evaluated (features back to 7), and its draft failed
     step(full)
     assert calls[-2:] == [R + 7, R + 8]
     step([RequestView("r", DraftFeatures(7, 1)), RequestView("s", DraftFeatures(7, 1))])
     assert calls[-1] == R + 9  # a request joined
+
+
+def test_drafts_estimated_alike_share_an_evaluation_with_the_same_answer():
+    """A draft's exact length moves within its feature bucket from step to step (a lookup behind
+    leads with the token in flight, the corpus continuation ends short): the gain model estimates
+    drafts of one bucket alike, so a clear decision's evaluation answers them too, and its answer
+    is the one a fresh evaluation gives."""
+    from fastverify.controller import _estimated_as
+    from fastverify.gains import feature_bucket
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
+    ctl, calls = _counting(cfg)
+    lengths = [7, 6, 7, 5, 4, 6, 7, 6]  # one bucket (4-7 tokens matched)
+    assert len({feature_bucket(DraftFeatures(m, 1)) for m in lengths}) == 1
+    fresh = Controller(cfg, ctl.costs)  # (its own calibration: 1, as ctl's on these drafts)
+    for m in lengths:
+        views = [RequestView("r", DraftFeatures(m, 1))]
+        # what a fresh evaluation answers for this length is what it answers for the longest
+        fresh.gain, fresh.current = ctl.gain, ctl.current
+        assert (fresh._evaluate_now(views, ctl.step + 1)
+                == fresh._evaluate_now([RequestView("r", DraftFeatures(7, 1))], ctl.step + 1))
+        d = ctl.decide(views)
+        ctl.observe("r", views[0].features, 7)
+        ctl.note_verified(d.gains[0], 7, "r")
+    assert ctl.calibration() == 1.0
+    assert len(calls) <= 2  # (the spell's first step asks a question of its own)
+    # sampled and greedy drafts, matched and unmatched ones: asked apart
+    keys = {_estimated_as(DraftFeatures(m, 1 if m else 0, s))
+            for m in (0, 7) for s in (False, True)}
+    assert len(keys) == 4
+
+
+def test_a_clear_decision_stands_until_its_drafts_fall_short_by_its_margin():
+    """A verified draft that accepts less than its expected mean is the normal case on memorised
+    text (drafts diverge wherever the corpus holds two continuations): the clear decision stands
+    while the drafts verified since its evaluation accepted at least 1 - `CLEAR_MARGIN` of what
+    they were expected to, all requests together, and ends at the draft that takes them below
+    that (the next decision evaluates afresh, the next lookup asks)."""
+    from fastverify.controller import CLEAR_MARGIN
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
+    ctl, calls = _counting(cfg)
+    views = [RequestView("r", DraftFeatures(7, 1)), RequestView("s", DraftFeatures(7, 1))]
+    for _ in range(3):  # the spell's first steps: a clear decision
+        d = ctl.decide(views)
+        for rid, g in zip(("r", "s"), d.gains):
+            ctl.observe(rid, views[0].features, 7)
+            ctl.note_verified(g, 7, rid)
+    n = len(calls)
+    d = ctl.decide(views)
+    assert len(calls) == n and ctl._still_verifying(views)
+    exp = ctl._since_evaluated[0]
+    g = d.gains[0]
+    # one request's draft short of its mean, the other's in full: above the margin, it stands
+    ctl.note_verified(g, g - 1.0, "r")
+    ctl.note_verified(d.gains[1], 7, "s")
+    assert ctl._still_verifying(views)
+    assert ctl._since_evaluated[0] == pytest.approx(exp + g + d.gains[1])
+    # drafts that accept nothing: it ends at the one that takes the sum below 1 - CLEAR_MARGIN of
+    # its expectation
+    for _ in range(20):
+        e, a = ctl._since_evaluated
+        below = a < (1.0 - CLEAR_MARGIN) * (e + g)
+        ctl.note_verified(g, 0.0, "r")
+        assert ctl._still_verifying(views) == (not below)
+        if below:
+            break
+    assert not ctl._still_verifying(views)
+    n = len(calls)
+    ctl.decide(views)
+    assert len(calls) == n + 1  # evaluated afresh
+    assert ctl._since_evaluated == [0.0, 0.0]
 
 
 def test_a_reused_evaluation_is_chosen_from_once(monkeypatch):
