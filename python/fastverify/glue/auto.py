@@ -84,11 +84,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
+from fastverify.chain import reduce_to_chain, root_choices
 from fastverify.controller import NONE, PLAN_PROBE, Controller, RequestView
 from fastverify.costs import (LEAN, PATH, PROBE, SPEC, CostTable, CostTableError, StepCosts,
                               calibrate, load_cost_table, steady_period)
 from fastverify.gains import DraftFeatures, ShadowTracker
 from fastverify.glue.config import MODE_FLAG, WIDTHS_FLAG, verify_config
+# (at the module's import, not in the functions a verify step calls: a from-import there costs
+# ~1 us a step on this project's CPU and several on the GPU machines' hosts)
+from fastverify.glue.verify_runtime import select_runtime
+from fastverify.widths import choose_width, truncate_drafts
 
 logger = logging.getLogger("fastverify.auto")
 
@@ -497,10 +504,6 @@ def chains_past_the_token_in_flight(worker, batch, k: int, lags):
     a guess gets no draft. The roots are placeholders until `fill_roots` writes each request's last
     token on the device. Returns chain-format (tokens [bs*k], mask, unsure [bs]: a guess among more
     than one next token the corpus offered)."""
-    import numpy as np
-
-    from fastverify.chain import reduce_to_chain, root_choices
-
     match_type = worker._fv.config.match_type
     raw, raw_mask = _corpus_behind(worker, batch)
     tokens, mask, lens = reduce_to_chain(raw, raw_mask, k, match_type)
@@ -613,8 +616,6 @@ def _record_drafts(state: AutoState, batch, tokens, carried, leads=None) -> tupl
     carried[i] (tokens of the step in flight, not in output_ids yet). ``leads[i]``: the chain's
     first tokens that only guess tokens in flight (scored past them; the features count the rest).
     Returns (real chain lengths [bs], views with the new features)."""
-    import numpy as np
-
     k = state.k
     rows = np.asarray(tokens).reshape(-1, k).tolist()
     lens = [_chain_length(row) for row in rows]  # [bs] real chain tokens per request
@@ -745,9 +746,6 @@ def step_drafts(worker, batch, tokens, mask, bs: int):
     state: AutoState = getattr(worker, "_fv_auto", None)
     if state is None:
         return tokens, mask
-    from fastverify.glue.verify_runtime import select_runtime
-    from fastverify.widths import truncate_drafts
-
     k = state.k
     if state.pending_put is not None:  # (the lookup the stretch left for is made)
         from fastverify.glue.plain_path import put_pending
@@ -799,8 +797,6 @@ def _narrowest(worker, width: int, keep) -> int:
         # the option's own width (a captured one) holds its longest draft exactly: what
         # choose_width picks, without building its plan (the steady memorised step)
         return width
-    from fastverify.widths import choose_width
-
     rts = getattr(worker, "_fv_widths", None)
     return width if rts is None else choose_width(keep, rts.config)[0]
 
@@ -818,8 +814,6 @@ def checked_drafts(worker, batch, tokens, width: int, roots_filled: bool):
     range becomes padding (0: rejected unless the target predicts 0 itself, so output is unchanged)
     and is logged with the requests' ids; a root out of range, which would change output, raises
     unless ``roots_filled`` (`fill_roots` writes every root on the device)."""
-    import numpy as np
-
     vocab = _vocab_size(worker)
     if vocab is None:
         return tokens
