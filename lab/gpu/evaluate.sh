@@ -66,6 +66,10 @@
 #                 and, for every other named server, lab/gpu/pyspy_top.py's comparison with the first
 #                 one (pyspy_<profile>.<name>.vs.<first>.txt): same requests, same rounds; with
 #                 STEPTRACE=1 also in us per decode step (pyspy_<profile>.<name>.vs.<first>.per_step.txt)
+#   PYSPY_SERVERS_<profile> that profile's own list instead ("" for none): one launch can time a
+#                 profile undisturbed and sample another, e.g. PYSPY_SERVERS="auto_w chain_w"
+#                 PYSPY_SERVERS_none="" (py-spy's process shares the spare core and the memory
+#                 bus with the servers). `--print-spies` prints each profile's list
 #   WEIGHTS=dummy random weights of the model's shapes (--load-format dummy; no GGUF needed: the
 #                 one-transfer bundle of scripts/gpu/one_transfer.sh). Cost only: acceptance and
 #                 the greedy text mean nothing then, the servers' relative speed does
@@ -166,7 +170,26 @@ pin_plan() {  # PINS[name]="taskset -c a-b" for each server name PIN pins; print
     first=$((first + per))
   done
 }
+spies_of() {  # profile -> the servers py-spy samples in it (PYSPY_SERVERS_<profile>, else PYSPY_SERVERS)
+  local v="PYSPY_SERVERS_$(echo "$1" | tr -- '-.' '__')"
+  echo ${!v-${PYSPY_SERVERS:-}}
+}
+spies_checked() {  # every py-spy list names servers of SERVERS only
+  local g n
+  for g in $PROFILES; do
+    for n in $(spies_of "$g"); do
+      [[ " $SERVERS " == *" $n "* ]] || {
+        echo "evaluate.sh: py-spy server $n of profile $g is not among SERVERS ($SERVERS)" >&2
+        return 2; }
+    done
+  done
+}
 if [ "${1:-}" = --print-pins ]; then pin_plan; exit 0; fi
+if [ "${1:-}" = --print-spies ]; then
+  spies_checked || exit 2
+  for g in $PROFILES; do echo "$g: $(spies_of "$g")"; done
+  exit 0
+fi
 if [ "${1:-}" = --print-commands ]; then
   gi=0
   for g in $PROFILES; do
@@ -177,6 +200,7 @@ if [ "${1:-}" = --print-commands ]; then
   exit 0
 fi
 all_servers > /dev/null || exit 2
+spies_checked || exit 2
 
 B=$(cd "${1:-$ROOT/.scratch/gpu-bundle}" && pwd) || exit 2
 OUT=${OUT:-$HOME/eval-out}
@@ -209,6 +233,7 @@ for v in EMU_FLAG LAUNCH_GAP_S DEADLINE_S STAGGER MEM_FRACTION STEPTRACE STEPTRA
   [ -n "${!v+x}" ] && REPRO="$REPRO $v=\"${!v}\""
 done
 for v in $(compgen -v SHARE_); do REPRO="$REPRO $v=${!v}"; done
+for v in $(compgen -v PYSPY_SERVERS_); do REPRO="$REPRO $v=\"${!v}\""; done
 for v in $(compgen -v FLAGS_SERVER_) $(compgen -v ENV_SERVER_); do REPRO="$REPRO $v=\"${!v}\""; done
 REPRO="$REPRO bash lab/gpu/evaluate.sh"
 R=$W/out  # the results that travel inside evaluate.tar.xz only (tidy_out)
@@ -229,7 +254,7 @@ source "$B/device_env.sh" "$B" "${STORE:-/root/stage}" > "$W/prepare.log" 2>&1 |
   log "prepare FAILED"; tail -30 "$W/prepare.log" | tee -a "$W/timeline.txt"; pack; exit 1; }
 log "prepared: jit modules $(ls "$HOME/jitcache" | wc -l), model $MODEL"
 SPY=""
-if [ -n "${PYSPY_SERVERS:-}" ]; then
+if [ -n "$(for g in $PROFILES; do spies_of "$g"; done)" ]; then
   if [ -f "${PYSPY_WHEEL:-}" ] && python3 -m pip install -q --no-index --no-deps --target \
        "$HOME/pyspy" "$PYSPY_WHEEL" > "$W/pyspy_install.log" 2>&1; then
     SPY=$HOME/pyspy/bin/py-spy
@@ -351,11 +376,11 @@ within_ab() {  # profile index: each server started with a within-process A/B, i
     log "profile $1: within-process A/B of $n (rc=$?): $(tail -n 1 "$R/ab_$1.$n.txt")"
   done < <(servers_of "$2" "$1")
 }
-spy_start() {  # profile: py-spy on each PYSPY_SERVERS server's TP-0 scheduler until spy_stop
+spy_start() {  # profile: py-spy on each of its servers' (spies_of) TP-0 scheduler until spy_stop
   SPIES=(); SPIED=()  # (set here for each profile: spy_stop reads them)
   [ -n "$SPY" ] || return 0
   local n pid
-  for n in $PYSPY_SERVERS; do
+  for n in $(spies_of "$1"); do
     pid=$(bash "$ROOT/lab/gpu/scheduler_pid.sh" "${PID[$1.$n]:-none}")
     [ -n "$pid" ] || { log "py-spy: no TP-0 scheduler of $1.$n"; continue; }
     "$SPY" record --pid "$pid" --rate "${PYSPY_RATE:-200}" --format raw --nonblocking \

@@ -113,3 +113,25 @@ def test_a_server_with_its_own_launch_prefix_and_pin_off_are_left_alone():
 def test_a_bad_pin_setting_is_refused(env):
     r = _pins(**env)
     assert r.returncode == 2 and "evaluate.sh: PIN" in r.stderr
+
+
+def _spies(**env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "lab/gpu/evaluate.sh"), "--print-spies"],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **{"TP": "1", "PROFILES": "none mem",
+                                                  "SERVERS": "A chain_w auto_w", **env}))
+
+
+def test_a_profile_may_have_py_spy_lists_of_its_own():
+    """PYSPY_SERVERS_<profile> replaces PYSPY_SERVERS for that profile ("" for none), so that one
+    launch can measure a profile undisturbed and sample another; a name outside SERVERS is refused
+    before anything starts."""
+    r = _spies(PYSPY_SERVERS="auto_w chain_w", PYSPY_SERVERS_none="")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["none: ", "mem: auto_w chain_w"]
+    r = _spies(PYSPY_SERVERS="auto_w", PYSPY_SERVERS_mem="A auto_w")
+    assert r.stdout.splitlines() == ["none: auto_w", "mem: A auto_w"]
+    assert _spies().stdout.splitlines() == ["none: ", "mem: "]
+    r = _spies(PYSPY_SERVERS_mem="auto_w tree")
+    assert r.returncode == 2
+    assert "py-spy server tree of profile mem is not among SERVERS" in r.stderr
