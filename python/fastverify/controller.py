@@ -691,7 +691,11 @@ class Controller:
         nothing? A lean step saves the lookup's host time but its drafts are never scored, so the
         gain model learns less; it is taken only where the whole-step costs (StepCosts) show it at
         least `margin` cheaper, and, to measure it, until it has `min_samples` periods. A plain cost
-        table has no such difference: always False."""
+        table has no such difference: always False. Kept until the costs change (`_per_bs`: a
+        verify spell's every lookup asks)."""
+        return self._per_bs(("lean_pays", margin), bs, lambda: self._lean_pays(bs, margin))
+
+    def _lean_pays(self, bs: int, margin: float) -> bool:
         step_ms = getattr(self.costs, "step_ms", None)
         if step_ms is None:
             return False
