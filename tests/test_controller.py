@@ -730,8 +730,8 @@ def test_the_step_after_one_that_verified_looks_up_without_evaluating_again():
     assert d.option.kind == CHAIN and d.speculate == (True, False)
     n = len(calls)
     assert ctl.plan_lookup(nothing, 32) and len(calls) == n + 1  # "s" was left out: asked
-    # the load stops paying: a verified draft that accepted less than expected, and the next
-    # lookup asks again; the decision drops the drafts
+    # the load stops paying: a verified draft that accepted far less than expected (below the
+    # margin), and the next lookup asks again; the decision drops the drafts
     assert ctl.decide(r).option.kind == CHAIN
     assert ctl._still_verifying(r)
     for _ in range(200):

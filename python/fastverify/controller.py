@@ -78,7 +78,9 @@ LOOKUP, HELD = "lookup", "held"
 # Controller._wanted: an unchanged question is answered again after this many steps
 WANTED_REFRESH_STEPS = 4
 # Controller._still_verifying: a decision whose every request verified and whose expected rate beat
-# no speculation's by this much (relative) is not asked again on the same features at the next step
+# no speculation's by this much (relative) is not asked again on the same features at the next step;
+# it stands until the drafts verified since its evaluation accept less than 1 - this share of their
+# expectation (Controller.note_verified)
 CLEAR_MARGIN = 0.25
 # Controller._clear_reuse: a clear decision's evaluation answers the same question for the steps
 # before this many have passed since it was made (4 before: on the CPU stand-ins of
@@ -404,7 +406,8 @@ class Controller:
 
     def _clear_for(self, req_ids: tuple) -> bool:
         """Was the last decision a clear one (`CLEAR_MARGIN`, every request verifying), made for
-        these requests, and not undone since by a draft that accepted less than expected?"""
+        these requests, and not undone since by verified drafts that fell short of what they were
+        expected to accept by that margin (`note_verified`)?"""
         mine = self._verified_for
         return mine is not None and mine[0] is self.last and mine[1] == req_ids
 
