@@ -739,11 +739,14 @@ def _probe(worker, batch, state, before: int) -> None:
     (``before``: the stretch's steps launched before this one; a lookup due sooner), the output
     since the last put is put after the lookup. The probe's host time is measured (PATH_PROBE:
     `Controller.probe_cost`, what the probe credit weighs) and the controller's copy of the
-    measured costs refreshed: with one rank at each probe; with TP > 1 from rank 0's (a CPU-side
-    broadcast every rank makes at the same probe) once `AutoConfig.cost_sync_steps` of the
-    controller's steps passed since the last, the cadence of the worker's steps (probes come 1, 2,
-    4, ... steps apart again after every join and at every stretch's start, and each broadcast
-    pickles the costs and runs two collectives on the host)."""
+    measured costs refreshed once `AutoConfig.cost_sync_steps` of the controller's steps passed
+    since the last, the cadence of the worker's steps and the simulator's: with TP > 1 from rank
+    0's (a CPU-side broadcast every rank makes at the same probe; probes come 1, 2, 4, ... steps
+    apart again after every join and at every stretch's start, and each broadcast pickles the
+    costs and runs two collectives on the host). With one rank it was refreshed at every probe
+    before: a new copy makes every answer the controller keeps per costs miss, and the asks that
+    follow a probe took 65 against 45 us at bs 1 and 98 against 77 at bs 4 on the CPU
+    (`lab/path_host_time.py`'s ask, with and without it)."""
     # (looked up on auto at each probe, not bound at import: the step tracer, lab/steptrace,
     # times these two by wrapping them on auto; tests/lab/test_step_trace.py checks that no
     # module binds a traced function at import)
@@ -762,13 +765,12 @@ def _probe(worker, batch, state, before: int) -> None:
     ctl.note_probe(views)
     if state.costs is not None:
         state.costs.record(PATH_PROBE, len(batch.reqs), 1, 1000.0 * (state.clock() - t0))
-        if state.sync_costs is None:
-            ctl.costs = state.costs.snapshot()
-        elif (state.path_synced_at is None
-              or ctl.step - state.path_synced_at >= ctl.cfg.cost_sync_steps):
+        if (state.path_synced_at is None
+                or ctl.step - state.path_synced_at >= ctl.cfg.cost_sync_steps):
             # (the controller's step count is the same on every rank: they all broadcast here)
             state.path_synced_at = ctl.step
-            ctl.costs = state.sync_costs(state.costs).snapshot()
+            shared = state.sync_costs(state.costs) if state.sync_costs else state.costs
+            ctl.costs = shared.snapshot()
     ctl.counters["plain_path_probes"] += 1
     ctl.counters["plain_path_steps"] += 1
     # this step's period holds the probe (measured apart, above): not a PATH step's cost
