@@ -13,8 +13,10 @@ try/finally. Last, the median of ``--asks`` of what a stretch pays once per look
 that (`ask_us`): the controller counting the stretch's steps and answering whether the lookup is a
 real one, a probe or held, with the server's configuration (8 draft tokens, widths 1,2,4,8), each
 ask after a probe's worth of news (its drafts' features, resolved drafts observed, a new snapshot of
-the measured costs), so that none of the controller's kept answers still holds. Absolute times are
-this host's only; on the GPU machine the step tracer (lab/step_trace.py) measures the step itself.
+the measured costs), so that none of the controller's kept answers still holds, and again where the
+costs' copy stays (a probe renews it once `cost_sync_steps` of the controller's steps have passed).
+Absolute times are this host's only; on the GPU machine the step tracer (lab/step_trace.py)
+measures the step itself.
 """
 import argparse
 import json
@@ -41,13 +43,14 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def ask_us(bs: int, asks: int, seed: int = 0) -> float:
+def ask_us(bs: int, asks: int, seed: int = 0, renew: bool = True) -> float:
     """Median host time (us) of `plain_path._lookup_due`'s controller calls at a lookup due:
     `Controller.note_plain_path` for the stretch's steps, `steps_without_lookup` (more steps where
     a probe is held for want of credit), and where it gives 0, `lookup_on_plain_path`. The
     server's configuration from its flags (8 draft tokens, verify widths 1,2,4,8, auto); before
     each ask, what a probe brings: new features for every request (`note_probe`), resolved drafts
-    observed, a new snapshot of the measured costs."""
+    observed, and (``renew``) a new snapshot of the measured costs, which a probe makes once
+    `cost_sync_steps` of the controller's steps have passed (`plain_path._probe`)."""
     import json as _json
     import random
     import statistics
@@ -83,7 +86,8 @@ def ask_us(bs: int, asks: int, seed: int = 0) -> float:
         for _ in range(4):
             costs.record(PATH, bs, 1, 1.9 + 0.1 * rng.random())
         costs.record(PATH_PROBE, bs, 1, 0.6)
-        ctl.costs = costs.snapshot()
+        if renew:
+            ctl.costs = costs.snapshot()
         n = ctl.steps_without_lookup(cfg.probe_max, MAX_STRETCH, rids, bs)
         views = [RequestView(r, feats[r]) for r in rids]
         t0 = time.perf_counter()
@@ -152,6 +156,8 @@ def main(argv=None) -> int:
         rows.append({"what": name, "us_per_call": round(best, 3)})
     rows.append({"what": f"the controller's ask at a lookup due (median of {a.asks})",
                  "us_per_call": round(ask_us(a.bs, a.asks), 3)})
+    rows.append({"what": "  the same where the costs' copy stays (no renewal at the probe before)",
+                 "us_per_call": round(ask_us(a.bs, a.asks, renew=False), 3)})
     env = {"cpu": cpu_name(), "cpus": os.cpu_count(), "python": platform.python_version(),
            "bs": a.bs, "number": a.number, "asks": a.asks}
     print(f"# plain path host time per call (best of 5 x {a.number}), {env['cpu']}, "

@@ -12,8 +12,9 @@ def test_the_host_time_run_writes_every_case(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert [r["what"].strip() for r in data["rows"]][:2] == ["choose_path, middle of a stretch",
                                                              "step around the forward"]
-    assert len(data["rows"]) == 7 and all(r["us_per_call"] > 0 for r in data["rows"])
-    assert data["rows"][-1]["what"] == "the controller's ask at a lookup due (median of 5)"
+    assert len(data["rows"]) == 8 and all(r["us_per_call"] > 0 for r in data["rows"])
+    assert data["rows"][-2]["what"] == "the controller's ask at a lookup due (median of 5)"
+    assert data["rows"][-1]["what"].strip().startswith("the same where the costs' copy stays")
     assert data["environment"]["bs"] == 2 and data["environment"]["asks"] == 5
     assert data["repro_command"].startswith("python lab/path_host_time.py --bs 2")
     assert "us  choose_path" in capsys.readouterr().out

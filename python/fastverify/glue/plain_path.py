@@ -746,7 +746,7 @@ def _probe(worker, batch, state, before: int) -> None:
     costs and runs two collectives on the host). With one rank it was refreshed at every probe
     before: a new copy makes every answer the controller keeps per costs miss, and the asks that
     follow a probe took 65 against 45 us at bs 1 and 98 against 77 at bs 4 on the CPU
-    (`lab/path_host_time.py`'s ask, with and without it)."""
+    (`lab/path_host_time.py`'s two asks, with and without a new copy)."""
     # (looked up on auto at each probe, not bound at import: the step tracer, lab/steptrace,
     # times these two by wrapping them on auto; tests/lab/test_step_trace.py checks that no
     # module binds a traced function at import)
