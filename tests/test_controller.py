@@ -821,8 +821,7 @@ def test_drafts_estimated_alike_share_an_evaluation_with_the_same_answer():
     leads with the token in flight, the corpus continuation ends short): the gain model estimates
     drafts of one bucket alike, so a clear decision's evaluation answers them too, and its answer
     is the one a fresh evaluation gives."""
-    from fastverify.controller import _estimated_as
-    from fastverify.gains import feature_bucket
+    from fastverify.gains import estimate_key, feature_bucket
 
     cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8))
     ctl, calls = _counting(cfg)
@@ -841,7 +840,7 @@ def test_drafts_estimated_alike_share_an_evaluation_with_the_same_answer():
     assert ctl.calibration() == 1.0
     assert len(calls) <= 2  # (the spell's first step asks a question of its own)
     # sampled and greedy drafts, matched and unmatched ones: asked apart
-    keys = {_estimated_as(DraftFeatures(m, 1 if m else 0, s))
+    keys = {estimate_key(DraftFeatures(m, 1 if m else 0, s))
             for m in (0, 7) for s in (False, True)}
     assert len(keys) == 4
 

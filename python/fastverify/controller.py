@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from fastverify.costs import LEAN, PATH_PROBE, PROBE, SPEC, CostTable
-from fastverify.gains import DraftFeatures, GainModel, feature_bucket
+from fastverify.gains import DraftFeatures, GainModel, estimate_key
 
 SHAPES = ("ragged", "uniform")
 NONE, CHAIN, TREE = "none", "chain", "tree"
@@ -262,15 +262,6 @@ class RequestView:
     features: DraftFeatures
 
 
-@functools.lru_cache(maxsize=4096)
-def _estimated_as(f: DraftFeatures) -> tuple:
-    """What of a draft's features the gain model's estimate reads (`GainModel.expected`: the
-    feature bucket, whose first index is 0 exactly where nothing matched, and sampled or greedy):
-    drafts alike in these are estimated alike, whatever their exact lengths, so a question about
-    them has the same answer (`Controller._evaluate`)."""
-    return feature_bucket(f), bool(f.sampled)
-
-
 @dataclass(frozen=True)
 class Decision:
     option: Option
@@ -381,7 +372,7 @@ class Controller:
         same on a steady load), and a clear decision's answer serves the next steps' same question
         (`_clear_reuse`)."""
         key = (step, self.gain.version, self._costs_key(), self._calibration_key(),
-               self._switching(), tuple((r.req_id, _estimated_as(r.features)) for r in requests))
+               self._switching(), tuple((r.req_id, estimate_key(r.features)) for r in requests))
         if key == self._evaluated[0] or self._clear_reuse(key):
             return self._evaluated[1]
         out = self._evaluate_now(requests, step)
@@ -396,7 +387,7 @@ class Controller:
         the gain model's observations and its forgetting moved since; they are not read again for
         `EVAL_REUSE_STEPS` - 1 steps after an evaluation, and not once the drafts verified since
         fell short of what they were expected to accept by `CLEAR_MARGIN` (`note_verified`). The
-        drafts' features count as the gain model reads them (`_estimated_as`). On a steady
+        drafts' features count as the gain model reads them (`gains.estimate_key`). On a steady
         memorised load this spares the decision's evaluation seven steps in eight, the largest
         piece of auto's host work a verify step (`lab/verify_host_time.py`)."""
         last = self._evaluated[0]
@@ -604,7 +595,7 @@ class Controller:
                  (self.step + 1) // WANTED_REFRESH_STEPS)
         if epoch != self._wanted_epoch:
             self._wanted_epoch, self._wanted_cache = epoch, {}
-        key = tuple((r.req_id, _estimated_as(r.features)) for r in requests)
+        key = tuple((r.req_id, estimate_key(r.features)) for r in requests)
         hit = self._wanted_cache.get(key)
         if hit is not None:
             return hit

@@ -38,6 +38,15 @@ def feature_bucket(f: DraftFeatures) -> tuple:
     return (m, b)
 
 
+@functools.lru_cache(maxsize=4096)
+def estimate_key(f: DraftFeatures) -> tuple:
+    """All that `GainModel.expected` reads of a draft's features: its feature bucket (whose first
+    index is 0 exactly where nothing matched) and whether the request samples. Drafts with the same
+    key are estimated alike whatever their exact lengths, so an answer computed for one serves the
+    others (`Controller._evaluate`, `Controller._wanted`)."""
+    return feature_bucket(f), bool(f.sampled)
+
+
 def draft_features(tokens: Sequence[int], parents: Sequence[int]) -> DraftFeatures:
     """Features of one draft tree: draft nodes only (root excluded), parents[j] = index of
     node j's parent among the draft nodes or -1 for a child of the root. Pass only the
@@ -176,8 +185,11 @@ class GainModel:
         return dist
 
     def _dist(self, req_id, features: DraftFeatures, step: int, which: int) -> list:
-        m = features.match_len > 0
-        dist = self._shared_dist(m, feature_bucket(features), step, which, bool(features.sampled))
+        # (the features are read through `estimate_key` only: the controller keys its kept
+        # answers by it)
+        bucket, sampled = estimate_key(features)
+        m = bucket[0] > 0  # (matched: match_len >= 1)
+        dist = self._shared_dist(m, bucket, step, which, sampled)
         loc = self._local.get((req_id, m))
         return self._blend(None if loc is None else loc[which], dist, step)
 
