@@ -1,5 +1,5 @@
-"""lab/path_probe_share.py splits an auto server's steps on the plain path into the probes' share and
-the rest, against a plain server's steps, from step-trace records."""
+"""lab/path_probe_share.py splits an auto server's steps on the plain path into the probes' share
+and the rest, against a plain server's steps, from step-trace records."""
 import json
 
 import pytest
