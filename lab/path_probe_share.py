@@ -1,5 +1,6 @@
 """How much of an auto server's decode time on SGLang's own decode path (patch 0012) its probes
-take, from the step traces of ``FASTVERIFY_STEP_TRACE`` (lab/steptrace), against a plain server's steps.
+take, from the step traces of ``FASTVERIFY_STEP_TRACE`` (lab/steptrace), against a plain
+server's steps.
 
     python lab/path_probe_share.py BASE_DIR AUTO_DIR [AUTO_DIR ...] [--bs 1] [--probe-ms 0.2]
                                    [--after 2] [--json OUT]
