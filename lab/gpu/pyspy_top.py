@@ -32,14 +32,25 @@ def name(frame: str) -> str:
     return f"{m.group(1)} ({m.group(2).rsplit('/', 1)[-1]})" if m else frame
 
 
+def records(lines):
+    """(stack, count) of each record of a raw profile. A frame's name may hold a line break (py-spy
+    writes it as it is): a line that does not end in a count goes on on the next line."""
+    held = ""
+    for line in lines:
+        line = held + line.rstrip("\n")
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not count.isdigit():
+            held = line + " " if line.strip() else ""
+            continue
+        held = ""
+        yield stack, int(count)
+    if held.strip():
+        raise ValueError(f"a raw profile's last record has no count: {held[-80:]!r}")
+
+
 def summarise(lines):
     total, incl, own = 0, collections.Counter(), collections.Counter()
-    for line in lines:
-        line = line.rstrip()
-        if not line:
-            continue
-        stack, _, count = line.rpartition(" ")
-        n = int(count)
+    for stack, n in records(lines):
         total += n
         frames = [name(f) for f in stack.split(";")]
         for f in set(frames):
@@ -110,14 +121,20 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             print(e, file=sys.stderr)
             return 1
-    with open(args.profile, encoding="utf-8") as fh:
-        total, incl, own = summarise(fh)
+    try:
+        with open(args.profile, encoding="utf-8") as fh:
+            total, incl, own = summarise(fh)
+        base = None
+        if args.against:
+            with open(args.against, encoding="utf-8") as fh:
+                base = summarise(fh)
+    except (OSError, ValueError) as e:
+        print(f"pyspy_top.py: {e}", file=sys.stderr)
+        return 1
     if not total:
         print(f"{args.profile}: no samples", file=sys.stderr)
         return 1
     if args.against:
-        with open(args.against, encoding="utf-8") as fh:
-            base = summarise(fh)
         if not base[0]:
             print(f"{args.against}: no samples", file=sys.stderr)
             return 1

@@ -76,3 +76,18 @@ def test_against_reads_each_servers_decode_steps_from_a_step_trace_summary(tmp_p
     with pytest.raises(SystemExit):
         pyspy_top.main([str(pt), "--against", str(pb), "--steptrace", str(st), "--names", "A,P",
                         "--steps", "1", "--base-steps", "1"])
+
+
+def test_a_frame_name_with_a_line_break_is_one_record(tmp_path, capsys):
+    """py-spy writes a frame's name as it is, line breaks included (seen in a profile of SGLang's
+    scheduler): the record goes on on the next line, and only its last line ends in the count."""
+    raw = ["main (a.py:1);report (m.py:7);            rstd,",
+           " (0);inc (values.py:115) 2",
+           "main (a.py:1);step (b.py:5) 3", ""]
+    total, incl, own = pyspy_top.summarise(raw)
+    assert total == 5 and incl["main (a.py)"] == 5 and incl["report (m.py)"] == 2
+    assert own["inc (values.py)"] == 2 and own["step (b.py)"] == 3
+    p = tmp_path / "cut.txt"
+    p.write_text("main (a.py:1);step (b.py:5) 3\nmain (a.py:1);report (m.py:7);   rstd,\n")
+    assert pyspy_top.main([str(p)]) == 1
+    assert "last record has no count" in capsys.readouterr().err
