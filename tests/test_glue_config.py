@@ -65,18 +65,6 @@ def test_the_server_and_the_simulator_share_the_probe_and_sync_steps():
             AutoConfig(**{name: 0})
 
 
-def test_the_probe_cap_ab_switch_sets_probe_max_and_refuses_a_bad_value(monkeypatch):
-    monkeypatch.setenv(config.AB_PROBE_MAX, "64")
-    assert config.build(args()).auto.probe_max == 64
-    monkeypatch.setenv(config.AB_PROBE_MAX, "")
-    assert config.build(args()).auto.probe_max == 32
-    for bad in ("0", "-3", "x", "6.5"):
-        monkeypatch.setenv(config.AB_PROBE_MAX, bad)
-        with pytest.raises(ValueError, match=f"FASTVERIFY_AB_PROBE_MAX must be an integer >= 1, "
-                                             f"got '{bad}'"):
-            config.build(args())
-
-
 def test_the_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.verify_config(args()).mode = "tree"

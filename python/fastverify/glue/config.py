@@ -25,7 +25,6 @@ A bad value raises ValueError naming the flag. Nothing here imports SGLang.
 """
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -94,27 +93,6 @@ class _Strong:
         return self.obj
 
 
-# A/B switch for one in-launch comparison (it goes with its answer): the most steps between two
-# lookups of requests whose drafts would not pay even where they matched in full
-# (`AutoConfig.probe_max`), set for one server of a launch to price the probes that cap forces
-# where nothing pays against how soon auto notices drafts that start to pay
-AB_PROBE_MAX = "FASTVERIFY_AB_PROBE_MAX"
-
-
-def _ab_probe_max() -> int:
-    """`AutoConfig.probe_max`, or the integer >= 1 that ``AB_PROBE_MAX`` sets."""
-    raw = os.environ.get(AB_PROBE_MAX, "").strip()
-    if not raw:
-        return AutoConfig.probe_max
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{AB_PROBE_MAX} must be an integer >= 1, got {raw!r}")
-    return value
-
-
 def build(spec) -> NgramVerifyConfig:
     """The config from the flags as ``spec`` holds them now (`verify_config` keeps one per
     object)."""
@@ -137,7 +115,7 @@ def build(spec) -> NgramVerifyConfig:
         auto = AutoConfig(max_chain=k - 1, tree_width=0,
                           chain_widths=tuple(w for w in widths.widths if w >= 2),
                           hysteresis=AutoConfig.hysteresis if h is None else float(h),
-                          shape="uniform", probe_max=_ab_probe_max())
+                          shape="uniform")
     return NgramVerifyConfig(mode, verify, widths, auto,
                              cost_table=getattr(spec, "speculative_ngram_auto_cost_table", None)
                              or None,
