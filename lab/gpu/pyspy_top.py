@@ -4,6 +4,7 @@ inclusive and self share.
     python lab/gpu/pyspy_top.py PROFILE.txt [--top 40]
     python lab/gpu/pyspy_top.py PROFILE.txt --against BASE.txt --rate 200 [--steps N --base-steps M]
     python lab/gpu/pyspy_top.py PROFILE.txt --against BASE.txt --steptrace ST.json --names THIS,BASE
+    python lab/gpu/pyspy_top.py PROFILE.txt --under "_probe (plain_path.py)" [--rate 1000 --calls N]
 
 A raw profile has one line per distinct stack, "frame;frame;...;frame COUNT". A function's inclusive
 share is the fraction of samples whose stack contains it (counted once per stack), its self share
@@ -15,6 +16,10 @@ function and its callees (samples / rate), largest differences first; with the d
 server ran, as microseconds per step: given as numbers, or read from `lab/step_trace.py --json`'s
 output for the two servers named (their decode steps over the whole life of each server, of which
 a measurement sampled over its rounds holds nearly all).
+
+With --under, one function's samples (those whose stack holds it, from its outermost call) split by
+the calls it made: the callee, and the callee's own next two calls; with --rate and --calls (how
+many times the function ran, e.g. a server's probe count) also in microseconds per call.
 """
 from __future__ import annotations
 
@@ -57,6 +62,23 @@ def summarise(lines):
             incl[f] += n
         own[frames[-1]] += n
     return total, incl, own
+
+
+def under(lines, function: str, depth: int = 3) -> tuple:
+    """(samples of ``function``, Counter by its callee, Counter by its next ``depth`` calls): each
+    sample whose stack holds ``function`` (a frame as `name` writes it), counted from the outermost
+    call; "(self)" where it was the innermost frame."""
+    total, first, paths = 0, collections.Counter(), collections.Counter()
+    for stack, n in records(lines):
+        frames = [name(f) for f in stack.split(";")]
+        if function not in frames:
+            continue
+        i = frames.index(function)
+        total += n
+        below = frames[i + 1:i + 1 + depth]
+        first[below[0] if below else "(self)"] += n
+        paths[" > ".join(below) if below else "(self)"] += n
+    return total, first, paths
 
 
 def compare(this, base, rate: float, steps=None, base_steps=None, top: int = 40):
@@ -108,7 +130,33 @@ def main(argv=None) -> int:
     ap.add_argument("--base-steps", type=int, help="decode steps the baseline's server ran")
     ap.add_argument("--steptrace", help="lab/step_trace.py --json output: the step counts from it")
     ap.add_argument("--names", help="THIS,BASE: the two servers' names in --steptrace")
+    ap.add_argument("--under", metavar="FUNCTION",
+                    help="one function's samples by the calls it made, e.g. "
+                         "'_probe (plain_path.py)'")
+    ap.add_argument("--calls", type=int, help="with --under: how many times the function ran")
     args = ap.parse_args(argv)
+    if args.calls is not None and (not args.under or args.calls < 1):
+        ap.error("--calls goes with --under and must be >= 1")
+    if args.under:
+        if args.against or args.steptrace or args.steps is not None:
+            ap.error("--under reads one profile: no --against, --steptrace or --steps")
+        try:
+            with open(args.profile, encoding="utf-8") as fh:
+                total, first, paths = under(fh, args.under)
+        except (OSError, ValueError) as e:
+            print(f"pyspy_top.py: {e}", file=sys.stderr)
+            return 1
+        if not total:
+            print(f"{args.profile}: no samples under {args.under!r}", file=sys.stderr)
+            return 1
+        per = f", {1e6 * total / args.rate / args.calls:.1f} us a call" if args.calls else ""
+        print(f"# {args.profile}: {total} samples under {args.under}{per}")
+        for label, counts in (("its calls", first), ("its next calls, three deep", paths)):
+            print(f"# {label}: share, samples" + (", us a call" if args.calls else ""))
+            for f, n in counts.most_common(args.top):
+                us = f" {1e6 * n / args.rate / args.calls:8.1f}" if args.calls else ""
+                print(f"{100 * n / total:5.1f}% {n:7d}{us}  {f}")
+        return 0
     if (args.steps is None) != (args.base_steps is None):
         ap.error("--steps and --base-steps go together")
     if (args.steptrace is None) != (args.names is None):

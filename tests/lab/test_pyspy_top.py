@@ -91,3 +91,24 @@ def test_a_frame_name_with_a_line_break_is_one_record(tmp_path, capsys):
     p.write_text("main (a.py:1);step (b.py:5) 3\nmain (a.py:1);report (m.py:7);   rstd,\n")
     assert pyspy_top.main([str(p)]) == 1
     assert "last record has no count" in capsys.readouterr().err
+
+
+def test_under_splits_one_functions_samples_by_the_calls_it_made(tmp_path, capsys):
+    raw = ["main (a.py:1);probe (p.py:3);lookup (c.py:9);get (c.py:20) 6",
+           "main (a.py:1);probe (p.py:3);reduce (r.py:4) 3",
+           "main (a.py:1);probe (p.py:3) 1",
+           "main (a.py:1);step (b.py:5) 90", ""]
+    total, first, paths = pyspy_top.under(raw, "probe (p.py)")
+    assert total == 10 and first == {"lookup (c.py)": 6, "reduce (r.py)": 3, "(self)": 1}
+    assert paths["lookup (c.py) > get (c.py)"] == 6
+    p = tmp_path / "prof.txt"
+    p.write_text("\n".join(raw))
+    # 10 samples at 1000 a second over 5 calls: 2 ms a call, 1.2 of them in lookup
+    args = ["--under", "probe (p.py)", "--rate", "1000", "--calls", "5"]
+    assert pyspy_top.main([str(p)] + args) == 0
+    out = capsys.readouterr().out
+    assert "10 samples under probe (p.py), 2000.0 us a call" in out
+    assert " 60.0%       6   1200.0  lookup (c.py)" in out
+    assert pyspy_top.main([str(p), "--under", "absent (x.py)"]) == 1
+    with pytest.raises(SystemExit):
+        pyspy_top.main([str(p), "--calls", "3"])
