@@ -5,11 +5,13 @@ server's steps.
     python lab/path_probe_share.py BASE_DIR AUTO_DIR [AUTO_DIR ...] [--bs 1] [--probe-ms 0.2]
                                    [--after 2] [--json OUT]
 
-A probe on the path (`plain_path._probe`) runs inside its step's launch (``run_batch``), so a path
-step whose launch exceeds the server's median path launch by more than ``--probe-ms`` is counted as
-a probe step; the count is printed next to the path steps so that it can be checked against the
-server's own stretches line (its probes on the path). Over the steady path steps at batch size
-``--bs`` (a path step followed by another path step of that size within 0.5 s) it prints the mean
+A probe on the path (`plain_path._probe`) runs inside its step's launch (``run_batch``). The step
+tracer marks such a step (its record's probe field); in traces from before that mark, a path step
+whose launch exceeds the server's median path launch by more than ``--probe-ms`` is counted as a
+probe step instead (``how``: "marked" or "launch"), and the count is printed next to the path steps
+so that it can be checked against the server's own stretches line (its probes on the path).
+Over the steady path steps at batch size ``--bs`` (a path step followed by another path step of
+that size within 0.5 s) it prints the mean
 period of the steps more than ``--after`` steps past the last probe (the path away from probes),
 against the plain server's steady decode steps at that size, and the time the probe steps and the
 ``--after`` steps that follow each took over that mean: what the probes cost on the path, in all and
@@ -39,7 +41,8 @@ def steady(records, bs: int, kinds) -> list:
     for cur, nxt in zip(runs, runs[1:]):
         ok = all(r[3] == "DECODE" and r[4] == bs and (r[5] if kinds else None) in (kinds or (None,))
                  for r in (cur, nxt)) and nxt[1] - cur[1] <= PAUSE_S
-        rows.append((1000.0 * (nxt[1] - cur[1]), 1000.0 * (cur[2] - cur[1])) if ok else None)
+        rows.append((1000.0 * (nxt[1] - cur[1]), 1000.0 * (cur[2] - cur[1]), bool(cur[7]))
+                    if ok else None)
     return rows
 
 
@@ -48,13 +51,15 @@ def share(base_rows, auto_rows, probe_ms: float, after: int) -> dict:
     path = [r for r in auto_rows if r is not None]
     if len(base) < 10 or len(path) < 10:
         raise ValueError(f"too few steady steps to compare (base {len(base)}, path {len(path)})")
+    marked = any(r[2] for r in path)
     cut = statistics.median(r[1] for r in path) + probe_ms
     since, tagged = None, []  # (period, launch, steps since the last probe step or None)
     for r in auto_rows:
         if r is None:
             since = None  # a stretch's start: no probe seen in it yet
             continue
-        since = 0 if r[1] > cut else (None if since is None else since + 1)
+        probe = r[2] if marked else r[1] > cut
+        since = 0 if probe else (None if since is None else since + 1)
         tagged.append((r[0], r[1], since))
     away = [p for p, _, s in tagged if s is None or s > after]
     if len(away) < 10:
@@ -64,7 +69,8 @@ def share(base_rows, auto_rows, probe_ms: float, after: int) -> dict:
     over = sum(p - away_mean for p in near)
     base_mean = statistics.fmean(r[0] for r in base)
     total = statistics.fmean(p for p, _, _ in tagged)
-    return {"path_steps": len(tagged), "probe_steps": sum(1 for _, _, s in tagged if s == 0),
+    return {"how": "marked" if marked else "launch", "path_steps": len(tagged),
+            "probe_steps": sum(1 for _, _, s in tagged if s == 0),
             "base_mean_ms": base_mean, "path_mean_ms": total, "away_mean_ms": away_mean,
             "probes_over_ms": over, "probes_per_path_step_ms": over / len(tagged),
             "path_over_base_ms": total - base_mean, "away_over_base_ms": away_mean - base_mean}
@@ -89,12 +95,13 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:
         print(f"path_probe_share.py: {e}", file=sys.stderr)
         return 2
-    print(f"# steady decode steps at bs {a.bs}; probe step: launch > the path's median + "
-          f"{a.probe_ms} ms; near a probe: it and the {a.after} steps after it")
-    print(f"{'server':<40} {'path':>7} {'probes':>7} {'base ms':>8} {'path ms':>8} "
+    print(f"# steady decode steps at bs {a.bs}; probe step: marked by the tracer, or (how: launch) "
+          f"launch > the path's median + {a.probe_ms} ms; near a probe: it and the {a.after} "
+          "steps after it")
+    print(f"{'server':<40} {'how':>7} {'path':>7} {'probes':>7} {'base ms':>8} {'path ms':>8} "
           f"{'away ms':>8} {'probes ms/step':>15} {'path - base':>12} {'away - base':>12}")
     for d, r in out.items():
-        print(f"{Path(d).name:<40} {r['path_steps']:>7} {r['probe_steps']:>7} "
+        print(f"{Path(d).name:<40} {r['how']:>7} {r['path_steps']:>7} {r['probe_steps']:>7} "
               f"{r['base_mean_ms']:>8.4f} {r['path_mean_ms']:>8.4f} {r['away_mean_ms']:>8.4f} "
               f"{r['probes_per_path_step_ms']:>15.4f} {r['path_over_base_ms']:>+12.4f} "
               f"{r['away_over_base_ms']:>+12.4f}")

@@ -20,7 +20,8 @@ over the steady decode steps (a decode step followed by another of the same batc
 than 0.5 s between two steps are pauses and left out; for a server started with a within-process
 A/B, its steps of variant a only: lab/ab_within.py prices variant b), per kind of step for a
 server in auto verify mode (``lean``: no lookup, ``lean probe``: drafts looked up behind only to
-learn from, ``plain path``: a step on SGLang's own decode path, patch 0012, ``spec``: drafts
+learn from, ``plain path``: a step on SGLang's own decode path, patch 0012, ``path probe``: one
+that probed there, ``spec``: drafts
 verified), for
 the steps right after each prefill (the time to first token and the next
 tokens), the time of every step (steady or not) summed by category (prefills, the three steps after
@@ -271,7 +272,7 @@ def _kind_label(row) -> str:
     if row["kind"] == "lean":
         return "lean probe" if row["probe"] else "lean"
     if row["kind"] == "path":
-        return "plain path"
+        return "path probe" if row["probe"] else "plain path"
     return f"spec w{row['width']}"
 
 

@@ -9,7 +9,8 @@ timing intact (a few clock reads per iteration, no device synchronisation of its
 - ``R``: one ``Scheduler.run_batch`` call (the host preparing and launching a step): start, end,
   forward mode, batch size, for an n-gram worker in auto verify mode the kind of step the
   controller ran (``lean``/``spec``, ``path`` for a step on SGLang's own decode path), its width,
-  and whether drafts were looked up only to learn from (``probe``); last, the seconds spent since
+  and whether drafts were looked up only to learn from (``probe``; for a ``path`` step, whether it
+  probed there: `plain_path._probe` runs inside the launch); last, the seconds spent since
   the previous launch record in each function of ``SPANS`` (batch selection, the forward,
   sampling, the glue's pieces); then ``greedy`` or ``sampled`` (every request of the batch decodes
   greedily, or not: the sampler's host and device work differ by several times, so steps of a
@@ -438,6 +439,7 @@ class StepTrace:
             mode, bs = mode_name(batch), batch_size(batch)
             how = sampling_kind(batch)
             on_path = on_plain_path(scheduler, batch)
+            probes = path_probes(scheduler) if on_path else None
             trace.idle_noted = False
             gpu, stream = trace.gpu, getattr(scheduler, "forward_stream", None)
             ab = trace.ab
@@ -458,7 +460,8 @@ class StepTrace:
             spans, trace.spans = trace.spans, {}
             # (a prefill is no auto step: the worker's last step kind is
             # still its last decode step's)
-            kind = ([PATH_KIND, 1, False] if on_path and mode == "DECODE"
+            kind = ([PATH_KIND, 1, probes is not None and path_probes(scheduler) != probes]
+                    if on_path and mode == "DECODE"
                     else auto_step(scheduler) if mode in AUTO_MODES else [None, None, None])
             rec = ["R", t0, t1, mode, bs, *kind, spans, how]
             if variant is not None:
@@ -563,6 +566,15 @@ def on_plain_path(scheduler, batch) -> bool:
         return False
     algo = getattr(batch, "spec_algorithm", None)
     return algo is not None and bool(algo.is_none())
+
+
+def path_probes(scheduler):
+    """How many probes an auto-mode n-gram worker has made on SGLang's own decode path
+    (`plain_path._probe`, which runs inside the step's launch), None without one: a path step whose
+    launch changed it probed."""
+    state = getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None)
+    counters = getattr(getattr(state, "controller", None), "counters", None)
+    return None if counters is None else counters.get("plain_path_probes", 0)
 
 
 def auto_step(scheduler) -> list:

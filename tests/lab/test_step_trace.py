@@ -327,11 +327,19 @@ def test_a_prefill_record_carries_no_auto_kind(tmp_path):
 def test_a_step_on_the_plain_decode_path_is_written_as_its_own_kind(tmp_path):
     """A batch of an auto server's that reads as not speculative runs on SGLang's own decode path
     (patch 0012): its record says so, whatever the worker's last step was; the worker's own steps
-    keep their kind; a server without auto writes no kind for a batch that reads the same."""
+    keep their kind; a server without auto writes no kind for a batch that reads the same. A path
+    step whose launch made a probe (the controller's count of them moved) is marked as one."""
     clock = Clock()
-    Scheduler, Event = make_classes(clock)
+    Base, Event = make_classes(clock)
+    counters = {"plain_path_probes": 0}
+
+    class Scheduler(Base):
+        def run_batch(self, batch):
+            counters["plain_path_probes"] += getattr(batch, "probes", 0)
+            return super().run_batch(batch)
+
     state = types.SimpleNamespace(last_step=("lean", 1, 1),
-                                  controller=types.SimpleNamespace(planned=None))
+                                  controller=types.SimpleNamespace(planned=None, counters=counters))
     trace = steptrace.StepTrace(str(tmp_path / "steps-9.jsonl"), clock=clock)
     steptrace.instrument(Scheduler, Event, trace)
 
@@ -341,9 +349,9 @@ def test_a_step_on_the_plain_decode_path_is_written_as_its_own_kind(tmp_path):
     try:
         s = Scheduler()
         s.draft_worker = types.SimpleNamespace(_fv_auto=state)
-        for none in (False, True, True, False):
+        for none, probes in ((False, 0), (True, 0), (True, 1), (False, 0)):
             b = batch("DECODE", 2)
-            b.spec_algorithm = algo(none)
+            b.spec_algorithm, b.probes = algo(none), probes
             s.run_batch(b)
         plain = Scheduler()
         b = batch("DECODE", 2)
@@ -352,10 +360,12 @@ def test_a_step_on_the_plain_decode_path_is_written_as_its_own_kind(tmp_path):
     finally:
         gc.callbacks.remove(trace.on_gc)
     assert [r[5:8] for r in trace.records] == [
-        ["lean", 1, False], ["path", 1, False], ["path", 1, False], ["lean", 1, False],
+        ["lean", 1, False], ["path", 1, False], ["path", 1, True], ["lean", 1, False],
         [None, None, None]]
-    rows = [{"kind": k, "probe": False, "width": 1} for k in ("path", "lean", None)]
-    assert [step_trace._kind_label(r) for r in rows] == ["plain path", "lean", "plain"]
+    rows = [{"kind": k, "probe": p, "width": 1}
+            for k, p in (("path", False), ("path", True), ("lean", False), (None, False))]
+    assert [step_trace._kind_label(r) for r in rows] == ["plain path", "path probe", "lean",
+                                                         "plain"]
 
 
 def test_recorder_times_garbage_collections(tmp_path):
