@@ -120,6 +120,27 @@ def steps_of(steptrace: str, names: str) -> tuple:
     return tuple(counts)
 
 
+def _read(path, reader, *args):
+    """``reader`` (`summarise` or `under`) over the raw profile at ``path``."""
+    with open(path, encoding="utf-8") as fh:
+        return reader(fh, *args)
+
+
+def _print_under(args, result) -> int:
+    total, first, paths = result
+    if not total:
+        print(f"{args.profile}: no samples under {args.under!r}", file=sys.stderr)
+        return 1
+    per = f", {1e6 * total / args.rate / args.calls:.1f} us a call" if args.calls else ""
+    print(f"# {args.profile}: {total} samples under {args.under}{per}")
+    for label, counts in (("its calls", first), ("its next calls, three deep", paths)):
+        print(f"# {label}: share, samples" + (", us a call" if args.calls else ""))
+        for f, n in counts.most_common(args.top):
+            us = f" {1e6 * n / args.rate / args.calls:8.1f}" if args.calls else ""
+            print(f"{100 * n / total:5.1f}% {n:7d}{us}  {f}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile")
@@ -137,45 +158,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.calls is not None and (not args.under or args.calls < 1):
         ap.error("--calls goes with --under and must be >= 1")
-    if args.under:
-        if args.against or args.steptrace or args.steps is not None:
-            ap.error("--under reads one profile: no --against, --steptrace or --steps")
-        try:
-            with open(args.profile, encoding="utf-8") as fh:
-                total, first, paths = under(fh, args.under)
-        except (OSError, ValueError) as e:
-            print(f"pyspy_top.py: {e}", file=sys.stderr)
-            return 1
-        if not total:
-            print(f"{args.profile}: no samples under {args.under!r}", file=sys.stderr)
-            return 1
-        per = f", {1e6 * total / args.rate / args.calls:.1f} us a call" if args.calls else ""
-        print(f"# {args.profile}: {total} samples under {args.under}{per}")
-        for label, counts in (("its calls", first), ("its next calls, three deep", paths)):
-            print(f"# {label}: share, samples" + (", us a call" if args.calls else ""))
-            for f, n in counts.most_common(args.top):
-                us = f" {1e6 * n / args.rate / args.calls:8.1f}" if args.calls else ""
-                print(f"{100 * n / total:5.1f}% {n:7d}{us}  {f}")
-        return 0
+    if args.under and (args.against or args.steptrace or args.steps is not None):
+        ap.error("--under reads one profile: no --against, --steptrace or --steps")
     if (args.steps is None) != (args.base_steps is None):
         ap.error("--steps and --base-steps go together")
     if (args.steptrace is None) != (args.names is None):
         ap.error("--steptrace and --names go together")
     if args.steptrace and args.steps is not None:
         ap.error("the step counts come from --steps/--base-steps or from --steptrace, not both")
-    if args.steptrace:
-        try:
-            args.steps, args.base_steps = steps_of(args.steptrace, args.names)
-        except (OSError, ValueError) as e:
-            print(e, file=sys.stderr)
-            return 1
     try:
-        with open(args.profile, encoding="utf-8") as fh:
-            total, incl, own = summarise(fh)
-        base = None
-        if args.against:
-            with open(args.against, encoding="utf-8") as fh:
-                base = summarise(fh)
+        if args.steptrace:
+            args.steps, args.base_steps = steps_of(args.steptrace, args.names)
+        if args.under:
+            return _print_under(args, _read(args.profile, under, args.under))
+        total, incl, own = _read(args.profile, summarise)
+        base = _read(args.against, summarise) if args.against else None
     except (OSError, ValueError) as e:
         print(f"pyspy_top.py: {e}", file=sys.stderr)
         return 1
