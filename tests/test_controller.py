@@ -480,6 +480,46 @@ def test_probe_cost_counts_the_probes_that_came_late_and_leaves_prefills_out():
     assert c.mean_ms(PROBE, 4, 1) is None  # not measured at that size
 
 
+def test_forced_probes_of_scored_requests_stay_within_the_floor_share():
+    """The probes `probe_max` forces past the credit: for requests whose own matched drafts were
+    scored they come as far apart as keeps their measured cost within `probe_floor_share` of the
+    plain steps' time (at most PROBE_STRETCH_MAX * probe_max); for a request not scored yet, or
+    where a probe costs little against a step, every `probe_max` steps as before."""
+    from fastverify.controller import PLAN_PROBE, PROBE_STRETCH_MAX
+
+    cfg = AutoConfig(max_chain=7, tree_width=0, chain_widths=(2, 4, 8), shape="uniform")
+    ctl = Controller(cfg, _probes_dearer(5.4))  # a probe 0.8 ms, a plain step 4.6 ms at bs 4
+    rids = list("abcd")
+    # not scored yet: probe_max, however dear the probe
+    assert ctl.forced_probe_gap(8, rids) == 8
+    for r in rids:
+        ctl.gain.observe(r, DraftFeatures(6, 1), 0, 0)  # matched drafts, none accepted
+    # 0.8 / (0.004 * 4.6) = 43.5
+    assert ctl.forced_probe_gap(32, rids) == 44
+    assert ctl.forced_probe_gap(8, rids) == PROBE_STRETCH_MAX * 8  # capped
+    assert ctl.forced_probe_gap(64, rids) == 64  # the probe within the share at probe_max
+    assert ctl.forced_probe_gap(32, rids + ["new"]) == 32  # one request not scored: probe_max
+    assert Controller(cfg, _probes_dearer(4.6)).forced_probe_gap(32, rids) == 32  # free probes
+    # the gap holds in plan_lookup: probes that could not pay, no credit to cover them
+    views = [RequestView(r, DraftFeatures(0, 0)) for r in rids]
+    at = []
+    for i in range(1, 201):
+        if ctl.plan_lookup(views, probe_max=32):
+            assert ctl.planned == PLAN_PROBE
+            ctl.note_probe(views)
+            at.append(i)
+        else:
+            ctl.note_lean(4)
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert gaps and max(gaps) == 44 and all(g >= 32 for g in gaps[-2:]), at
+    # and in steps_without_lookup (a stretch on the path): past the probe gap, held for credit
+    # until the forced gap, 44 steps since the last lookup
+    ctl._since_lookup, ctl._probe_gap, ctl._probe_credit = 32, 32, -10.0
+    assert ctl.steps_without_lookup(32, 256, rids, 4) == 44 - 32 - 1
+    with pytest.raises(ValueError, match="probe_floor_share must be in"):
+        AutoConfig(probe_floor_share=0.0)
+
+
 def test_probes_wait_for_the_probe_budget_to_cover_their_measured_cost():
     """Probes whose drafts could not pay cost host time where the host is busy: they are spread so
     that their measured cost stays within `probe_budget` of the plain steps' time, but never beyond
@@ -650,7 +690,9 @@ def test_a_confirming_probe_is_owed_once_to_a_new_request_whose_probe_matched_in
     def probed(ctl, views, credit=0.0):
         ctl._plain_and_probe = lambda bs: (1.58, 0.5)  # a probe dearer than the credit
         ctl._probe_credit = credit
-        ctl._since_lookup, ctl._probe_gap = 31, 32
+        # the last step before the forced probe (stretched for a request whose drafts were scored)
+        ctl._since_lookup = ctl.forced_probe_gap(32, [v.req_id for v in views]) - 1
+        ctl._probe_gap = 32
         assert ctl.plan_lookup(views, 32, behind=True) and ctl.planned == "probe"
         ctl.note_probe(views)
 

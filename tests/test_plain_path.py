@@ -1107,24 +1107,30 @@ def test_a_new_requests_probe_that_matched_in_full_owes_the_probe_that_scores_it
     trust yet: where such drafts accepted in full would pay (a verify pass of 1.5 ms against a
     1 ms step), the next probe comes once they are decided, whatever the credit (it scores them:
     a repeated prompt's first probe found its full match, and the probe that taught the model so
-    came ~32 steps later, on one H200); once per request, then the probes wait for credit again.
-    Where nothing could pay, no such probe."""
-    from fastverify.controller import Controller
+    came ~32 steps later, on one H200); once per request, then the probes wait for credit again,
+    up to `probe_max` steps apart while the request's drafts were never scored and, once they were,
+    up to the forced gap that keeps a probe (half a plain step here) within `probe_floor_share` of
+    the plain steps' time. Where nothing could pay, no such probe."""
+    import math
+
+    from fastverify.controller import PROBE_STRETCH_MAX, Controller
 
     monkeypatch.setattr(Controller, "_plain_and_probe", lambda self, bs: (1.0, 0.5))
     table = {"decode_ms": {"1": 1.0, "8": 1.0}, "verify_ms": {"1": verify_ms, "64": verify_ms}}
-    books, state, corpus, path = _serve(tmp_path, layout, 60, draft=lambda ctx: [1, 2, 3],
+    books, state, corpus, path = _serve(tmp_path, layout, 170, draft=lambda ctx: [1, 2, 3],
                                         in_flight=True, observed=True, table=table)
-    assert path == ["plain"] * 60
+    assert path == ["plain"] * 170
     gets = [step for kind, step in corpus.events if kind == "get"]
     ctl = state.controller
     first, probe_max = auto.REFILL_STEPS, ctl.cfg.probe_max
+    gap = min(math.ceil(0.5 / (ctl.cfg.probe_floor_share * 1.0)), PROBE_STRETCH_MAX * probe_max)
+    assert gap == 125
     if verify_ms < 1e5:
         confirm = first + ctl.cfg.max_chain + 2
-        assert gets == [first, confirm, confirm + probe_max]
+        assert gets == [first, confirm, confirm + gap]
         assert ctl.counters["confirming_probes"] == 1
     else:
-        assert gets == [first, first + probe_max]
+        assert gets == [first, first + probe_max, first + probe_max + gap]
         assert ctl.counters["confirming_probes"] == 0
 
 

@@ -88,6 +88,10 @@ CLEAR_MARGIN = 0.25
 # 6 us at bs 4; the simulator's switching and load-switch runs came out the same to the fourth
 # digit)
 EVAL_REUSE_STEPS = 8
+# Controller.forced_probe_gap: probes that could not pay are never held past this many times
+# probe_max steps since the last lookup, however dear they are (a bound on following, whatever a
+# probe was measured to cost)
+PROBE_STRETCH_MAX = 4
 
 
 # ----------------------------------------------------------------------------------------- the rule
@@ -205,10 +209,15 @@ class AutoConfig:
     log_interval_s: float = 30.0
     # probes (drafts looked up only to learn from) may add at most this share to the time of the
     # steps without speculation, by their measured cost (Controller.probe_cost), though one still
-    # comes every probe_max steps (plan_lookup); 1.0: no limit
+    # comes every probe_max steps, or every forced_probe_gap steps (plan_lookup); 1.0: no limit
     probe_budget: float = 0.002
     # without speculation, drafts are still looked up after 1, 2, 4, ... up to this many steps
     probe_max: int = 32
+    # the probes that probe_max forces (past the probe credit) for requests whose own matched drafts
+    # were scored may add at most this share to the time of the steps without speculation, by their
+    # measured cost: where a probe costs more than probe_floor_share * probe_max plain steps they
+    # come further apart, up to PROBE_STRETCH_MAX * probe_max steps (Controller.forced_probe_gap)
+    probe_floor_share: float = 0.004
     # with TP > 1, rank 0's measured step costs reach every rank this often (steps; glue/auto.py)
     cost_sync_steps: int = 64
     # calibration of the estimates by the verified drafts' outcomes (module docstring): the
@@ -243,6 +252,9 @@ class AutoConfig:
             raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
         if not (isinstance(self.probe_budget, (int, float)) and 0.0 < self.probe_budget <= 1.0):
             raise ValueError(f"probe_budget must be in (0, 1], got {self.probe_budget!r}")
+        if not (isinstance(self.probe_floor_share, (int, float))
+                and 0.0 < self.probe_floor_share <= 1.0):
+            raise ValueError(f"probe_floor_share must be in (0, 1], got {self.probe_floor_share!r}")
         for name in ("probe_max", "cost_sync_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -251,8 +263,9 @@ class AutoConfig:
 
 def follow_bound_steps(cfg: AutoConfig, eps: float = 0.1, probe_max: int = 0) -> int:
     """Steps after an acceptance change within which the controller acts on the new regime: the next
-    draft is looked up within `probe_max` steps (0: every step has drafts), it resolves within K + 1
-    steps, and after n more steps the old regime's weight is <= 2**(-n / half_life) <= eps."""
+    draft is looked up within `probe_max` steps (0: every step has drafts; for requests whose drafts
+    were scored and whose probes are dear, `Controller.forced_probe_gap`'s gap), it resolves within
+    K + 1 steps, and after n more steps the old regime's weight is <= 2**(-n / half_life) <= eps."""
     return probe_max + cfg.max_chain + 1 + math.ceil(cfg.half_life_steps * math.log2(1.0 / eps))
 
 
@@ -501,7 +514,8 @@ class Controller:
         ``refill``: one of the steps right after a prefill, whose host work is not hidden behind
         the GPU's (the forward before was the prefill, and the host still has the prefill's result
         to process): a probe that could not pay waits, as it waits for the probe credit (never
-        past `probe_max` steps)."""
+        past `forced_probe_gap` steps: `probe_max`, or more for requests scored already whose
+        probes are dear)."""
         self.planned = None
         if not requests:
             return False
@@ -519,16 +533,17 @@ class Controller:
             # matching drafts is low) is for learning only, and cheaper (PLAN_PROBE: looked up
             # behind, scored, the step stays plain), but not free where the host has little time to
             # spare: it waits until the probe credit covers its measured cost (the next step asks
-            # again), though never past `probe_max` steps since the last lookup (so that a change in
-            # acceptance is still noticed within follow_bound_steps); the probe owed to new requests
-            # whose first lookups were deferred waits for the refill alone (one per join: their
-            # drafts may pay at once, as a repeated prompt's do)
+            # again), though never past `forced_probe_gap` steps since the last lookup (so that a
+            # change in acceptance is still noticed within follow_bound_steps with that gap); the
+            # probe owed to new requests whose first lookups were deferred waits for the refill
+            # alone (one per join: their drafts may pay at once, as a repeated prompt's do)
             promising = self._full_match_wanted([r.req_id for r in requests])
             if not promising:
                 cost = self._plain_and_probe(len(requests))[1]
                 owed = self._probe_owed or self._confirming()
                 short = cost > self._probe_credit and not owed
-                if (refill or short) and self._since_lookup + 1 < probe_max:
+                if (refill or short) and self._since_lookup + 1 < self.forced_probe_gap(
+                        probe_max, [r.req_id for r in requests]):
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
                     return False
@@ -557,6 +572,30 @@ class Controller:
         probe, plain = mean_ms(PROBE, bs, 1), mean_ms(LEAN, bs, 1)
         worker = probe - plain if probe is not None and plain is not None else 0.0
         return max(worker, mean_ms(PATH_PROBE, bs, 1) or 0.0, 0.0)
+
+    def forced_probe_gap(self, probe_max: int, req_ids: Sequence, bs: int = 0) -> int:
+        """The most steps since the last lookup that a probe which could not pay is held for (want
+        of probe credit, or the steps right after a prefill): ``probe_max``; or, where every request
+        of ``req_ids`` had matched drafts of its own scored (`GainModel.scored`) and a probe costs
+        more than `AutoConfig.probe_floor_share` of ``probe_max`` plain steps (`probe_cost`
+        against the plain step's cost at batch size ``bs``, default len(req_ids)), the steps over
+        which its cost is that share of theirs, at most PROBE_STRETCH_MAX * ``probe_max``.
+        Probes held to ``probe_max`` cost 1/``probe_max`` of the probe's share of a plain step,
+        large where the host sets the pace (one H100, SmolLM2 at TP=1: a probe 0.31 ms on a
+        1.16 ms step, ~0.8 % of the decode time where nothing pays; ``probe_max`` 64 there took
+        auto from 0.988x to 1.000x plain in one launch). A request not scored yet keeps
+        ``probe_max``: its drafts are unknown, and a new request whose first probe matched only
+        part of a memorised reply learns from the next probe (stretched for new requests too, the
+        simulator's novel-then-memorised load at bs 1 fell from 0.942x to 0.904x the best fixed
+        mode). What it costs: a request whose drafts did not pay and then start to is noticed up to
+        that many steps later (`follow_bound_steps` with this gap)."""
+        if not req_ids or not all(self.gain.scored(r) for r in req_ids):
+            return probe_max
+        plain, cost = self._plain_and_probe(bs or len(req_ids))
+        if cost <= 0.0 or plain <= 0.0:
+            return probe_max
+        return min(max(probe_max, math.ceil(cost / (self.cfg.probe_floor_share * plain))),
+                   PROBE_STRETCH_MAX * probe_max)
 
     def _per_bs(self, name: str, bs: int, compute: Callable[[], object]):
         """``compute()``'s answer for ``name`` at batch size ``bs``, kept until the costs change."""
@@ -826,7 +865,8 @@ class Controller:
             return min(max(due, 0), cap)  # the lookup due is wanted: never held for credit
         plain, cost = self._plain_and_probe(bs)
         gain = self.cfg.probe_budget * plain
-        forced = probe_max - self._since_lookup - 1  # held at most until then
+        # held at most until then
+        forced = self.forced_probe_gap(probe_max, req_ids, bs) - self._since_lookup - 1
         if self._probe_owed:  # held by the steps right after the prefill alone
             forced = min(forced, max(refill_steps, due))
         elif gain > 0:

@@ -56,8 +56,10 @@ speculation, drafts are still looked up after 1, 2, 4, ... up to `AutoConfig.pro
 to 1 when a request joins or speculation is chosen), so the gain model keeps learning from real
 drafts and output that starts to repeat is noticed within a few steps; where a probe is measured to
 lengthen its step (the host has less time to spare than the lookup takes), probes are spread to a
-budget of that cost, never beyond `probe_max` steps apart (`Controller.probe_cost`,
-`AutoConfig.probe_budget`). After a step that gave every request one token (a plain step, or the
+budget of that cost, never beyond `probe_max` steps apart, or for requests whose own drafts were
+scored never beyond the gap that keeps those forced probes within `AutoConfig.probe_floor_share`
+of the plain steps' time (`Controller.probe_cost`, `AutoConfig.probe_budget`,
+`Controller.forced_probe_gap`). After a step that gave every request one token (a plain step, or the
 prefill of requests that all just joined) a lookup does not wait for the step in flight
 (`lookup_behind`): the host lacks at most that token, the corpus guesses it and is asked again past
 the guess (`chains_past_the_token_in_flight`), the controller decides on those drafts at once, and a
