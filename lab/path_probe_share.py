@@ -11,11 +11,10 @@ whose launch exceeds the server's median path launch by more than ``--probe-ms``
 probe step instead (``how``: "marked" or "launch"), and the count is printed next to the path steps
 so that it can be checked against the server's own stretches line (its probes on the path).
 Over the steady path steps at batch size ``--bs`` (a path step followed by another path step of
-that size within 0.5 s) it prints the mean
-period of the steps more than ``--after`` steps past the last probe (the path away from probes),
-against the plain server's steady decode steps at that size, and the time the probe steps and the
-``--after`` steps that follow each took over that mean: what the probes cost on the path, in all and
-per path step. Absolute times are the traced host's.
+that size within 0.5 s) it prints the mean period of the steps more than ``--after`` steps past
+the last probe (the path away from probes), against the plain server's steady decode steps at that
+size, and the time the probe steps and the ``--after`` steps that follow each took over that mean:
+what the probes cost on the path, in all and per path step. Absolute times are the traced host's.
 """
 import argparse
 import json
@@ -24,26 +23,24 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_trace import PAUSE_S, load_server  # noqa: E402
+from step_trace import load_server, steps  # noqa: E402
 
 PATH_KIND = "path"
 
 
-def _launches(records) -> list:
-    return sorted((r for r in records if r[0] == "R"), key=lambda r: r[1])
-
-
-def steady(records, bs: int, kinds) -> list:
-    """(period ms, launch ms) of each decode launch at batch size ``bs`` whose next launch is one of
-    the same size and kind set within PAUSE_S, in order, with None between runs of them."""
-    runs = _launches(records)
-    rows = []
-    for cur, nxt in zip(runs, runs[1:]):
-        ok = all(r[3] == "DECODE" and r[4] == bs and (r[5] if kinds else None) in (kinds or (None,))
-                 for r in (cur, nxt)) and nxt[1] - cur[1] <= PAUSE_S
-        rows.append((1000.0 * (nxt[1] - cur[1]), 1000.0 * (cur[2] - cur[1]), bool(cur[7]))
-                    if ok else None)
-    return rows
+def steady(records, bs: int, kind) -> list:
+    """(period ms, launch ms, probed) of each decode step at batch size ``bs`` whose next launch is
+    one of the same size, both of kind ``kind`` (None: of any kind, a plain server's), within the
+    pause threshold (`step_trace.steps`), in launch order, with None where such a run breaks."""
+    out, last = [], None
+    for r in steps(records):
+        if last is not None and r["index"] != last + 1:
+            out.append(None)  # a pause between the two launches
+        last = r["index"]
+        ok = (r["mode"] == r["next_mode"] == "DECODE" and r["bs"] == r["next_bs"] == bs
+              and (kind is None or r["kind"] == r["next_kind"] == kind))
+        out.append((1000.0 * r["period"], 1000.0 * r["launch"], r["probe"]) if ok else None)
+    return out
 
 
 def share(base_rows, auto_rows, probe_ms: float, after: int) -> dict:
@@ -91,7 +88,7 @@ def main(argv=None) -> int:
         base = steady(load_server(a.base)[1], a.bs, None)
         out = {}
         for d in a.autos:
-            out[d] = share(base, steady(load_server(d)[1], a.bs, (PATH_KIND,)), a.probe_ms, a.after)
+            out[d] = share(base, steady(load_server(d)[1], a.bs, PATH_KIND), a.probe_ms, a.after)
     except (OSError, ValueError) as e:
         print(f"path_probe_share.py: {e}", file=sys.stderr)
         return 2

@@ -63,6 +63,6 @@ def test_the_tracers_probe_marks_are_read_where_a_trace_has_them(tmp_path):
     r = path_probe_share.share(path_probe_share.steady(path_probe_share.load_server(base)[1], 1,
                                                        None),
                                path_probe_share.steady(path_probe_share.load_server(auto)[1], 1,
-                                                       ("path",)), 0.2, 2)
+                                                       "path"), 0.2, 2)
     assert r["how"] == "marked" and r["probe_steps"] == 5
     assert abs(r["probes_over_ms"] - 5 * 0.2) < 1e-6
