@@ -537,13 +537,14 @@ class Controller:
             # change in acceptance is still noticed within follow_bound_steps with that gap); the
             # probe owed to new requests whose first lookups were deferred waits for the refill
             # alone (one per join: their drafts may pay at once, as a repeated prompt's do)
-            promising = self._full_match_wanted([r.req_id for r in requests])
+            rids = [r.req_id for r in requests]
+            promising = self._full_match_wanted(rids)
             if not promising:
                 cost = self._plain_and_probe(len(requests))[1]
                 owed = self._probe_owed or self._confirming()
                 short = cost > self._probe_credit and not owed
-                if (refill or short) and self._since_lookup + 1 < self.forced_probe_gap(
-                        probe_max, [r.req_id for r in requests]):
+                if (refill or short) and self._since_lookup + 1 < self.forced_probe_gap(probe_max,
+                                                                                        rids):
                     self.counters["probes_held"] += 1
                     self._since_lookup += 1
                     return False
