@@ -559,10 +559,15 @@ def sampling_kind(batch) -> Optional[str]:
 PATH_KIND = "path"
 
 
+def _auto_state(scheduler):
+    """The auto glue's state on the scheduler's n-gram worker (`glue.auto.AutoState`), or None."""
+    return getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None)
+
+
 def on_plain_path(scheduler, batch) -> bool:
     """Whether an auto-mode n-gram worker's batch runs this step on SGLang's own decode path (it
     reads as not speculative there, in a server that speculates)."""
-    if getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None) is None:
+    if _auto_state(scheduler) is None:
         return False
     algo = getattr(batch, "spec_algorithm", None)
     return algo is not None and bool(algo.is_none())
@@ -572,15 +577,14 @@ def path_probes(scheduler):
     """How many probes an auto-mode n-gram worker has made on SGLang's own decode path
     (`plain_path._probe`, which runs inside the step's launch), None without one: a path step whose
     launch changed it probed."""
-    state = getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None)
-    counters = getattr(getattr(state, "controller", None), "counters", None)
+    counters = getattr(getattr(_auto_state(scheduler), "controller", None), "counters", None)
     return None if counters is None else counters.get("plain_path_probes", 0)
 
 
 def auto_step(scheduler) -> list:
     """[kind, width, probe] of the step an auto-mode n-gram worker just ran; [None,
     None, None] otherwise."""
-    state = getattr(getattr(scheduler, "draft_worker", None), "_fv_auto", None)
+    state = _auto_state(scheduler)
     if state is None:
         return [None, None, None]
     step = state.last_step
