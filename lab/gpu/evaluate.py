@@ -10,6 +10,9 @@
            recorded passes come from its own earlier outputs of the same prompts).
            --interleave wave: the servers take turns every c prompts of a cell (a wave, each
            flushed before it), the order reversed every wave, instead of every prompt set.
+           After the rounds, each distinct first departure of a server's greedy output from
+           A's (same round, prompt and cell) is judged by A's top logprobs there, as
+           lossless.py judges one: a rounding tie or a FAIL (--judge-departures, --judge-s).
   analyze  raw records (one per group) -> summary.json, summary.txt (the printed table), one PNG
            per group; --logs DIR (the servers' logs, <group>.<server>.log): auto's own
            per-request verify records summed into the pooled section
@@ -55,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "benchmark"))
 import eval_prompts  # noqa: E402
+from lossless import DEFAULT_TIE_BOUND, TOP_N, first_difference, judge_departure  # noqa: E402
 from serving import Endpoint, chatml  # noqa: E402
 
 ROLES = ("plain", "noise", "fixed", "auto")
@@ -250,6 +254,92 @@ def run_pass(server, prompts, c, max_new_tokens, ignore_eos):
     return recs
 
 
+def departures(raw):
+    """The distinct first departures of every server's greedy output from the plain server's
+    (same round, prompt and cell), most frequent first: [{'prompt_id', 'position', 'prefix' (the
+    plain output before it), 'plain_token', 'server_token' (None where that output ended there),
+    'seen': {server: pairs}, 'cells': ['c=4 ignore_eos=off', ...]}]."""
+    idx = index_requests(raw)
+    base = next(s["name"] for s in raw["servers"] if s["role"] == "plain")
+    found = {}
+    for (srv, set_, c, eos, r, pid), rec in sorted(idx.items(), key=str):
+        if srv == base:
+            continue
+        b = idx.get((base, set_, c, eos, r, pid))
+        if b is None:
+            continue
+        a, x = b["output_ids"], rec["output_ids"]
+        j = first_difference(a, x)
+        if j is None:
+            continue
+        key = (pid, tuple(a[:j]), a[j] if j < len(a) else None, x[j] if j < len(x) else None)
+        d = found.setdefault(key, {"prompt_id": pid, "position": j, "prefix": list(a[:j]),
+                                   "plain_token": key[2], "server_token": key[3], "seen": {},
+                                   "cells": []})
+        d["seen"][srv] = d["seen"].get(srv, 0) + 1
+        name = f"c={c} ignore_eos={'on' if eos else 'off'}"
+        if name not in d["cells"]:
+            d["cells"].append(name)
+    return sorted(found.values(), key=lambda d: (-sum(d["seen"].values()), d["prompt_id"],
+                                                 d["position"]))
+
+
+def plain_tops(server, text, prefix):
+    """The plain server's top TOP_N logprobs for the token after chatml(text) + prefix, and how
+    they were had: 'decode' (its own greedy output of len(prefix) + 1 tokens, alone in the batch,
+    reproduced the prefix: the logprobs of its own decode step there) or 'prefill' (it did not:
+    the prompt's ids, read back from the same answer's input logprobs, plus the prefix as a fresh
+    prefill of one token). Raises OSError/ValueError when the server does not answer so."""
+    def ask(body):
+        st, txt = server.call("POST", "/generate", body, timeout=120.0)
+        if st != 200:
+            raise ValueError(f"HTTP {st}: {txt[:200]}")
+        return json.loads(txt)
+
+    server.flush()   # a fresh prefill of the prompt, as in the flushed passes
+    sp = {"temperature": 0.0, "max_new_tokens": len(prefix) + 1, "ignore_eos": True}
+    out = ask({"text": chatml(text), "sampling_params": sp, "return_logprob": True,
+               "logprob_start_len": 0, "top_logprobs_num": TOP_N})
+    meta = out.get("meta_info") or {}
+    tops = meta.get("output_top_logprobs") or []
+    if list(out.get("output_ids") or [])[:len(prefix)] == list(prefix) and len(tops) > len(prefix):
+        return tops[len(prefix)], "decode"
+    ids = [t[1] for t in meta.get("input_token_logprobs") or []]
+    if not ids:
+        raise ValueError("no input_token_logprobs to read the prompt's ids from")
+    server.flush()
+    out = ask({"input_ids": ids + list(prefix), "sampling_params": {**sp, "max_new_tokens": 1},
+               "return_logprob": True, "top_logprobs_num": TOP_N})
+    tops = (out.get("meta_info") or {}).get("output_top_logprobs") or []
+    if not tops:
+        raise ValueError("no output_top_logprobs")
+    return tops[0], "prefill"
+
+
+def judge_departures(raw, server, time_s, most, bound=DEFAULT_TIE_BOUND):
+    """Each distinct departure (`departures`, at most ``most``, for at most ``time_s`` seconds)
+    asked of the plain ``server`` and judged as lossless.py judges one: a rounding tie when plain's
+    token and the other server's are both among plain's top logprobs there and neither lies more
+    than ``bound`` below its top-1. Unasked ones keep verdict None."""
+    deps = departures(raw)
+    t_end = time.time() + time_s
+    for i, d in enumerate(deps):
+        d.update(gap=None, verdict=None, reason="not asked", how=None, top=None)
+        if i >= most or time.time() > t_end:
+            continue
+        text = next(p["text"] for p in raw["prompts"] if p["id"] == d["prompt_id"])
+        try:
+            top, d["how"] = plain_tops(server, text, d["prefix"])
+        except (OSError, ValueError) as e:
+            d["reason"] = f"plain did not answer: {e}"
+            continue
+        d["gap"], d["verdict"], d["reason"] = judge_departure(top, d["plain_token"],
+                                                              d["server_token"], bound)
+        d["top"] = [t[:2] for t in top if t is not None]
+    return {"tie_bound": bound, "distinct": len(deps), "asked": min(len(deps), most),
+            "list": deps}
+
+
 def cmd_run(a):
     servers = [parse_server(s) for s in a.server]
     check_servers(servers)
@@ -315,6 +405,15 @@ def cmd_run(a):
         raw["stopped"] = ((raw["stopped"] or "")
                           + f"; only {raw['rounds_done']} of {a.min_rounds} rounds")
     raw["servers_after"] = {s.name: s.facts().get("server_args") for s in servers}
+    if a.judge_departures > 0:   # after the rounds: outside every timed pass
+        t_j = time.time()
+        base = next(s for s in servers if s.role == "plain")
+        raw["departures"] = judge_departures(raw, base, a.judge_s, a.judge_departures)
+        dl = raw["departures"]["list"]
+        print(f"# departures from {base.name}'s greedy output: {len(dl)} distinct, "
+              f"{sum(d['verdict'] is not None for d in dl)} judged in {time.time() - t_j:.1f} s: "
+              f"{sum(d['verdict'] == 'tie' for d in dl)} ties, "
+              f"{sum(d['verdict'] == 'FAIL' for d in dl)} FAIL", flush=True)
     with open(a.out, "w") as f:
         json.dump(raw, f)
     print(f"# wrote {a.out}: {raw['rounds_done']} rounds, {len(raw['passes'])} passes; "
@@ -498,6 +597,49 @@ def analyze_group(raw, logs_dir=None):
             rec = verify_records(os.path.join(logs_dir, f"{raw['group']}.{name}.log"))
             if rec:
                 row["verify_log"] = rec
+    if raw.get("departures"):
+        out["departures"] = departure_summary(raw["departures"])
+    return out
+
+
+def departure_summary(judged):
+    """Per server, from `judge_departures`' record: the pairs whose greedy output departed from
+    plain's, the distinct departures among them and how they were judged (tie, FAIL, not asked),
+    the largest gap of a tie, and the list itself."""
+    per = {}
+    for d in judged["list"]:
+        for srv, n in d["seen"].items():
+            row = per.setdefault(srv, {"pairs": 0, "distinct": 0, "ties": 0, "fails": 0,
+                                       "not_asked": 0, "max_tie_gap": None})
+            row["pairs"] += n
+            row["distinct"] += 1
+            if d["verdict"] == "tie":
+                row["ties"] += 1
+                if d["gap"] is not None:
+                    row["max_tie_gap"] = max(row["max_tie_gap"] or 0.0, d["gap"])
+            elif d["verdict"] is None:
+                row["not_asked"] += 1
+            else:
+                row["fails"] += 1
+    return {"tie_bound": judged["tie_bound"], "servers": per, "list": judged["list"]}
+
+
+def departure_lines(dep, baseline):
+    """The report's lines on the judged departures (`departure_summary`)."""
+    if not dep:
+        return []
+    out = ["", f"### greedy departures from {baseline}'s output, judged by {baseline}'s top "
+               f"logprobs there (tie: both tokens within {dep['tie_bound']} of its top-1)"]
+    if not dep["servers"]:
+        out.append("# none: every server's output was identical to the plain server's")
+    for srv, r in sorted(dep["servers"].items()):
+        gap = f", largest gap {r['max_tie_gap']:.4f}" if r["max_tie_gap"] is not None else ""
+        out.append(f"# {srv}: {r['pairs']} pairs departed, {r['distinct']} distinct: "
+                   f"{r['ties']} ties{gap}, {r['fails']} FAIL, {r['not_asked']} not asked")
+    for d in dep["list"]:
+        if d["verdict"] == "FAIL":
+            out.append(f"#   FAIL {d['prompt_id']} at token {d['position']} "
+                       f"({', '.join(d['cells'])}; {d['seen']}): {d['reason']}")
     return out
 
 
@@ -762,6 +904,7 @@ def report(summary):
                              f"auto/plain {f(gl['auto_vs_plain'])} {extra}: "
                              f"{'PASS' if gl['passed'] else 'FAIL'} ({gl['goal']})")
         lines += pooled_lines(g.get("pooled"))
+        lines += departure_lines(g.get("departures"), g["baseline"])
         lines.append("")
         lines.append("# plain reproducibility (later rounds vs its own first round): " + "; ".join(
             f"{cell_name(c)} {c['servers'][g['baseline']]['self_identity'][0]}/"
@@ -955,6 +1098,13 @@ def main(argv=None):
     r.add_argument("--time-budget-s", type=float, default=400,
                    help="no round starts that the longest round so far says would end past this")
     r.add_argument("--grace-s", type=float, default=20, help="hard stop this long past the budget")
+    r.add_argument("--judge-departures", type=int, default=48,
+                   help="after the rounds, ask the plain server for its top logprobs at (at most) "
+                        "this many distinct first departures of the others' greedy output from "
+                        "its own and judge each a rounding tie or a FAIL as lossless.py does "
+                        "(0: off)")
+    r.add_argument("--judge-s", type=float, default=20,
+                   help="time the departures' judging may take (s)")
     r.add_argument("--repro", default="")
     r.add_argument("--out", required=True)
     r.set_defaults(func=cmd_run)
@@ -980,6 +1130,8 @@ def main(argv=None):
         ap.error("--per-set and --max-new-tokens must be >= 1")
     if getattr(a, "min_rounds", 1) < 1 or getattr(a, "max_rounds", 1) < getattr(a, "min_rounds", 1):
         ap.error("--min-rounds must be >= 1 and --max-rounds >= --min-rounds")
+    if getattr(a, "judge_departures", 0) < 0 or getattr(a, "judge_s", 0) < 0:
+        ap.error("--judge-departures and --judge-s must be >= 0")
     try:
         return a.func(a)
     except ValueError as err:

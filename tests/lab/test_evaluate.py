@@ -354,6 +354,8 @@ def test_report_and_summary_files(tmp_path):
      "positive integers"),
     (["run", "--server", "A,plain,http://127.0.0.1:1", "--sets", "poems", "--out", "x"],
      "unknown prompt set 'poems'"),
+    (["run", "--server", "A,plain,http://127.0.0.1:1", "--judge-departures", "-1", "--out", "x"],
+     "--judge-departures and --judge-s must be >= 0"),
 ])
 def test_bad_arguments_are_refused_with_the_allowed_values(argv, msg, capsys):
     with pytest.raises(SystemExit):
@@ -452,6 +454,10 @@ def test_run_against_stub_servers_rounds_flushes_and_order(tmp_path):
     assert one["output_ids"] == list(range(9)) and one["output_tokens"] == 9
     assert one["accept_length"] == pytest.approx(9 / 5)
     assert raw["servers"][0]["emulator_metrics"] == ["sglang:pass_cost_emulated 1"]
+    # identical outputs: nothing departed, so the plain server was asked nothing after the rounds
+    assert raw["departures"]["distinct"] == 0 and raw["departures"]["list"] == []
+    assert ev.departure_lines(ev.analyze_group(raw)["departures"], "A")[-1] == \
+        "# none: every server's output was identical to the plain server's"
 
 
 def test_waves_interleave_the_servers_per_few_prompts(tmp_path):
@@ -477,3 +483,126 @@ def test_waves_interleave_the_servers_per_few_prompts(tmp_path):
     assert ports == [a, x] + [a, x, x, a, a, x]
     assert ev.main(["analyze", str(out), "--out-dir", str(tmp_path / "sum")]) == 0
     assert "servers take turns every c prompts" in (tmp_path / "sum" / "summary.txt").read_text()
+
+
+class _PlainForDepartures:
+    """A plain server as `judge_departures` asks it (POST /generate, non-streamed, with top
+    logprobs; /flush_cache): its greedy output of a prompt is `outputs[prompt]` (extended with
+    999s), its top logprobs at each position `tops(prompt, position)`, its prompt ids `ids`."""
+
+    def __init__(self, outputs, tops, ids=(7, 8, 9), fail=False):
+        self.outputs, self.tops, self.ids, self.fail = outputs, tops, list(ids), fail
+        self.asked, self.flushes = [], 0
+
+    def flush(self):
+        self.flushes += 1
+        return True
+
+    def call(self, method, path, body=None, timeout=10.0):
+        assert (method, path) == ("POST", "/generate")
+        self.asked.append(body)
+        if self.fail:
+            raise OSError("connection refused")
+        k = body["sampling_params"]["max_new_tokens"]
+        assert body["sampling_params"]["temperature"] == 0.0 and body["top_logprobs_num"] >= 2
+        if "text" in body:
+            pid = next(p for p, o in self.outputs.items() if p in body["text"])
+            out = (self.outputs[pid] + [999] * k)[:k]
+            meta = {"output_top_logprobs": [self.tops(pid, i) for i in range(k)],
+                    "input_token_logprobs": [[None, t, None] for t in self.ids]}
+        else:   # a prefill of the prompt ids + prefix: the top logprobs after that prefix
+            pre = body["input_ids"][len(self.ids):]
+            pid = next(iter(self.outputs))
+            out, meta = [0], {"output_top_logprobs": [self.tops(pid, len(pre))]}
+        return 200, json.dumps({"output_ids": out, "meta_info": meta})
+
+
+def _departing_raw(x_ids):
+    """A and X over 2 rounds, 2 prompts a set; X's output of grounded-1 given by x_ids(round)."""
+    def ids(name, s, i, r):
+        if name == "X" and (s, i) == ("grounded", 1):
+            return x_ids(r)
+        return list(range(101))
+    raw = make_raw({"X": ("fixed", 1.0)}, rounds=2, prompts=2, ids=ids)
+    raw["prompts"] = [{"id": f"{s}-{i}", "set": s, "text": f"prompt {s}-{i}"}
+                      for s in SETS for i in range(2)]
+    return raw
+
+
+def test_departures_are_found_per_distinct_prefix_and_tokens_most_frequent_first():
+    def x_ids(r):
+        out = list(range(101))
+        out[17 if r == 0 else 40] = -1
+        return out
+    raw = _departing_raw(x_ids)
+    raw["passes"].append({"round": 1, "server": "P", "set": "grounded", "c": 1,
+                          "ignore_eos": True,
+                          "requests": [rec("grounded-1", 101, 0.05, 1.0, list(range(101)))]})
+    deps = ev.departures(raw)
+    assert [(d["prompt_id"], d["position"], d["plain_token"], d["server_token"], d["seen"])
+            for d in deps] == [("grounded-1", 17, 17, -1, {"X": 1}),
+                               ("grounded-1", 40, 40, -1, {"X": 1})]
+    assert deps[0]["prefix"] == list(range(17)) and deps[0]["cells"] == ["c=1 ignore_eos=on"]
+    # an output that stops early departs where it ends (the server's token is then None)
+    raw = _departing_raw(lambda r: list(range(30)))
+    (d,) = ev.departures(raw)
+    assert (d["position"], d["plain_token"], d["server_token"], d["seen"]) == (30, 30, None,
+                                                                                 {"X": 2})
+
+
+def test_departures_are_judged_by_plain_own_decode_step_or_a_prefill():
+    def x_ids(r):
+        out = list(range(101))
+        out[17] = 555 if r == 0 else 666
+        return out
+    raw = _departing_raw(x_ids)
+
+    def tops(pid, i):   # at 17: plain's 17 first, 555 0.125 below, 666 two nats below
+        if i == 17:
+            return [[-0.5, 17, None], [-0.625, 555, None], [-2.5, 666, None]]
+        return [[-0.1, i, None], [-3.0, 1000 + i, None]]
+    plain = _PlainForDepartures({"grounded-1": list(range(101))}, tops)
+    judged = ev.judge_departures(raw, plain, time_s=60, most=10)
+    v = {d["server_token"]: d for d in judged["list"]}
+    assert (v[555]["verdict"], v[555]["how"]) == ("tie", "decode")
+    assert v[555]["gap"] == pytest.approx(0.125)
+    assert v[666]["verdict"] == "FAIL" and "2.0000 below" in v[666]["reason"]
+    assert all(b["sampling_params"]["max_new_tokens"] == 18 for b in plain.asked)
+    assert plain.flushes == len(plain.asked) == 2
+    summ = ev.departure_summary(judged)["servers"]["X"]
+    assert (summ["pairs"], summ["distinct"], summ["ties"], summ["fails"], summ["not_asked"]) == \
+        (2, 2, 1, 1, 0)
+    assert summ["max_tie_gap"] == pytest.approx(0.125)
+    # plain alone in the batch does not reproduce its own prefix: a prefill of prompt + prefix
+    moved = list(range(101))
+    moved[3] = 4
+    plain = _PlainForDepartures({"grounded-1": moved}, tops)
+    judged = ev.judge_departures(raw, plain, time_s=60, most=1)
+    first, second = judged["list"]
+    assert first["how"] == "prefill" and plain.asked[1]["input_ids"] == [7, 8, 9] + list(range(17))
+    assert first["verdict"] in ("tie", "FAIL") and first["gap"] == pytest.approx(0.125)
+    assert (second["verdict"], second["reason"]) == (None, "not asked")
+    assert judged["asked"] == 1 and judged["distinct"] == 2
+
+
+def test_departures_a_plain_server_that_does_not_answer_leaves_them_unjudged_and_reported():
+    def x_ids(r):
+        out = list(range(101))
+        out[5] = -1
+        return out
+    raw = _departing_raw(x_ids)
+    plain = _PlainForDepartures({"grounded-1": list(range(101))}, lambda p, i: [], fail=True)
+    raw["departures"] = ev.judge_departures(raw, plain, time_s=60, most=10)
+    (d,) = raw["departures"]["list"]
+    assert d["verdict"] is None and "connection refused" in d["reason"]
+    g = ev.analyze_group(raw)
+    assert g["departures"]["servers"]["X"]["not_asked"] == 1
+    text = "\n".join(ev.departure_lines(g["departures"], "A"))
+    assert "# X: 2 pairs departed, 1 distinct: 0 ties, 0 FAIL, 1 not asked" in text
+    # a FAIL is listed with its reason
+    plain = _PlainForDepartures({"grounded-1": list(range(101))},
+                                lambda p, i: [[-0.1, i, None], [-0.2, 1000, None]])
+    raw["departures"] = ev.judge_departures(raw, plain, time_s=60, most=10)
+    text = "\n".join(ev.departure_lines(ev.analyze_group(raw)["departures"], "A"))
+    assert "1 FAIL" in text and "#   FAIL grounded-1 at token 5" in text
+    assert "not among plain's top 2" in text
