@@ -67,6 +67,7 @@ BOOT_REPS = 2000
 BOOT_SEED = 20261201
 PAY_SHARE = 0.95           # goal: auto >= this x the best fixed mode where one pays
 FLOOR_SHARE = 0.99         # goal: auto >= this x plain where none pays
+ASK_TIMEOUT_S = 30.0       # one ask of a departure's logprobs (<= 129 tokens alone on the server)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def plain_tops(server, text, prefix):
     the prompt's ids, read back from the same answer's input logprobs, plus the prefix as a fresh
     prefill of one token). Raises OSError/ValueError when the server does not answer so."""
     def ask(body):
-        st, txt = server.call("POST", "/generate", body, timeout=120.0)
+        st, txt = server.call("POST", "/generate", body, timeout=ASK_TIMEOUT_S)
         if st != 200:
             raise ValueError(f"HTTP {st}: {txt[:200]}")
         return json.loads(txt)
@@ -323,10 +324,12 @@ def judge_departures(raw, server, time_s, most, bound=DEFAULT_TIE_BOUND):
     than ``bound`` below its top-1. Unasked ones keep verdict None."""
     deps = departures(raw)
     t_end = time.time() + time_s
+    asked = 0
     for i, d in enumerate(deps):
         d.update(gap=None, verdict=None, reason="not asked", how=None, top=None)
         if i >= most or time.time() > t_end:
             continue
+        asked += 1
         text = next(p["text"] for p in raw["prompts"] if p["id"] == d["prompt_id"])
         try:
             top, d["how"] = plain_tops(server, text, d["prefix"])
@@ -336,8 +339,7 @@ def judge_departures(raw, server, time_s, most, bound=DEFAULT_TIE_BOUND):
         d["gap"], d["verdict"], d["reason"] = judge_departure(top, d["plain_token"],
                                                               d["server_token"], bound)
         d["top"] = [t[:2] for t in top if t is not None]
-    return {"tie_bound": bound, "distinct": len(deps), "asked": min(len(deps), most),
-            "list": deps}
+    return {"tie_bound": bound, "distinct": len(deps), "asked": asked, "list": deps}
 
 
 def cmd_run(a):
@@ -406,6 +408,8 @@ def cmd_run(a):
                           + f"; only {raw['rounds_done']} of {a.min_rounds} rounds")
     raw["servers_after"] = {s.name: s.facts().get("server_args") for s in servers}
     if a.judge_departures > 0:   # after the rounds: outside every timed pass
+        with open(a.out, "w") as f:   # the rounds' record kept should the judging be cut off
+            json.dump(raw, f)
         t_j = time.time()
         base = next(s for s in servers if s.role == "plain")
         raw["departures"] = judge_departures(raw, base, a.judge_s, a.judge_departures)

@@ -578,6 +578,8 @@ def test_departures_are_judged_by_plain_own_decode_step_or_a_prefill():
     moved[3] = 4
     plain = _PlainForDepartures({"grounded-1": moved}, tops)
     judged = ev.judge_departures(raw, plain, time_s=60, most=1)
+    late = ev.judge_departures(raw, plain, time_s=-1, most=10)   # its time already up
+    assert late["asked"] == 0 and {d["reason"] for d in late["list"]} == {"not asked"}
     first, second = judged["list"]
     assert first["how"] == "prefill" and plain.asked[1]["input_ids"] == [7, 8, 9] + list(range(17))
     assert first["verdict"] in ("tie", "FAIL") and first["gap"] == pytest.approx(0.125)
