@@ -263,7 +263,7 @@ def departures(raw):
     idx = index_requests(raw)
     base = next(s["name"] for s in raw["servers"] if s["role"] == "plain")
     found = {}
-    for (srv, set_, c, eos, r, pid), rec in sorted(idx.items(), key=str):
+    for (srv, set_, c, eos, r, pid), rec in idx.items():   # in the order the passes ran
         if srv == base:
             continue
         b = idx.get((base, set_, c, eos, r, pid))
@@ -510,11 +510,11 @@ def identity(idx, x, base, cell):
     for pk in sorted(set(kx) & set(kb)):
         a, b = idx[kb[pk]]["output_ids"], idx[kx[pk]]["output_ids"]
         n += 1
-        if a == b:
+        j = first_difference(a, b)
+        if j is None:
             same += 1
         else:
-            firsts.append(next((i for i, (u, v) in enumerate(zip(a, b)) if u != v),
-                               min(len(a), len(b))))
+            firsts.append(j)
     return same, n, firsts
 
 
