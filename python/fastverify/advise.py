@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from fastverify import passcost
+from fastverify.argtypes import int_list
 from fastverify.passcost import PassCostError, PassCostProfile
 
 DRAFTER_KINDS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "standalone": "STANDALONE"}
@@ -639,17 +640,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _int_list(flag: str):
-    def parse(text: str) -> list:
-        try:
-            vals = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, "
-                                             f"got {text!r}") from None
-        return vals
-    return parse
-
-
 def _fill_parser(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("costs (one route)")
     g.add_argument("--profile", help="a pass-cost profile: built-in name ("
@@ -670,9 +660,9 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drafter", action="append", default=[],
                    help="a model drafter, e.g. eagle3:k=3,accept=2.0,step_ms=1.0 (kinds: "
                         + ", ".join(DRAFTER_KINDS) + "; draft_ms= for a whole step; repeatable)")
-    g.add_argument("--tree-widths", type=_int_list("--tree-widths"), default=[8],
+    g.add_argument("--tree-widths", type=int_list("--tree-widths"), default=[8],
                    help="trees replayed from a trace (tokens, root included; default 8)")
-    g.add_argument("--chain-lengths", type=_int_list("--chain-lengths"), default=[1, 2, 3, 4, 7],
+    g.add_argument("--chain-lengths", type=int_list("--chain-lengths"), default=[1, 2, 3, 4, 7],
                    help="chains replayed from a trace (draft tokens; default 1,2,3,4,7)")
     g.add_argument("--max-chain", type=int, default=7, help="auto's longest chain (default 7)")
     p.add_argument("--concurrency", type=int, default=1,

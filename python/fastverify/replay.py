@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 from fastverify import costs as _costs
+from fastverify.argtypes import int_list
 from fastverify.costs import CostTable, CostTableError
 
 MODES = ("tree", "chain")
@@ -625,23 +626,10 @@ def plot(rows: list[dict], out: str, title: str,
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def _int_list(flag: str):
-    def parse(text: str) -> list[int]:
-        try:
-            vals = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got "
-                                             f"{text!r}") from None
-        if not vals:
-            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, got {text!r}")
-        return vals
-    return parse
-
-
 def _buckets(text: str):
     if text.strip() == "all":
         return tuple(range(1, 1025))
-    return tuple(_int_list("--buckets")(text))
+    return tuple(int_list("--buckets", minimum=1)(text))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -659,11 +647,11 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
                    help="JSON Lines trace, one {\"prompt_ids\": [...], \"output_ids\": [...]} per "
                         f"line (default: the embedded trace {DEFAULT_TRACE.name})")
     p.add_argument("--mode", choices=("tree", "chain", "both"), default="both")
-    p.add_argument("--draft-tokens", "--widths", dest="widths", type=_int_list("--draft-tokens"),
+    p.add_argument("--draft-tokens", "--widths", dest="widths", type=int_list("--draft-tokens"),
                    default=[4, 8, 12],
                    help="tree widths d (tokens per verify pass, root included), comma-separated "
                         "(default 4,8,12)")
-    p.add_argument("--chain-lengths", type=_int_list("--chain-lengths"), default=[1, 2, 4, 8],
+    p.add_argument("--chain-lengths", type=int_list("--chain-lengths"), default=[1, 2, 4, 8],
                    help="chain lengths k (draft tokens after the root), comma-separated (default "
                         "1,2,4,8)")
     p.add_argument("--match-type", choices=MATCH_TYPES, default="BFS")

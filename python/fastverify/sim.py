@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from fastverify.argtypes import int_list
 from fastverify.controller import (CHAIN, NONE, PLAN_PROBE, AutoConfig, Controller, Option,
                                    RequestView, follow_bound_steps, options_for)
 from fastverify.costs import (LEAN, PROBE, SPEC, CostTable, CostTableError, StepCosts,
@@ -788,15 +789,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _fill_parser(p):
-    p.add_argument("--batch-sizes", default="1,8,64", help="comma-separated concurrent requests")
+    p.add_argument("--batch-sizes", type=int_list("--batch-sizes", minimum=1), default=[1, 8, 64],
+                   help="comma-separated concurrent requests (default 1,8,64)")
     p.add_argument("--tables", default=",".join(COST_TABLES),
                    help=f"comma-separated cost tables: {', '.join(ALL_TABLES)}, a cost table "
                         "file as --speculative-ngram-auto-cost-table reads it (decode_ms, "
                         "verify_ms), or pass-cost profiles "
                         "(a built-in name, a profile file, a `fastverify bench allreduce --json` "
                         "result[#backend])")
-    p.add_argument("--requests", type=int, default=48)
-    p.add_argument("--length", type=int, default=256, help="tokens per synthetic request")
+    p.add_argument("--requests", type=int, default=48, help="requests per load (>= 1)")
+    p.add_argument("--length", type=int, default=256, help="tokens per synthetic request (>= 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--replay", action="store_true",
                    help="also the replayed default trace (builds the corpus)")
@@ -814,7 +816,7 @@ def _fill_parser(p):
 
 
 def run_cli(args, argv=None) -> int:
-    bss = tuple(int(x) for x in args.batch_sizes.split(","))
+    bss = tuple(args.batch_sizes)
     tables = tuple(t for t in args.tables.split(",") if t)
     for t in tables:
         try:
@@ -822,9 +824,10 @@ def run_cli(args, argv=None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    if args.lookup_ms < 0 or args.probe_ms < 0 or (args.probe_max is not None
-                                                   and args.probe_max < 1):
-        print("--lookup-ms and --probe-ms must be >= 0 and --probe-max >= 1", file=sys.stderr)
+    if (args.lookup_ms < 0 or args.probe_ms < 0 or args.requests < 1 or args.length < 1
+            or (args.probe_max is not None and args.probe_max < 1)):
+        print("--lookup-ms and --probe-ms must be >= 0, --requests, --length and --probe-max >= 1",
+              file=sys.stderr)
         return 2
     rep = scenario_report(bss, tables, args.requests, args.length, args.seed, replay=args.replay,
                           lookup_ms=args.lookup_ms, probe_max=args.probe_max,
