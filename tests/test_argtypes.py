@@ -28,8 +28,7 @@ def test_int_list_parses_and_rejects():
     (sim.main, ["--batch-sizes", "0"], "--batch-sizes"),
     (replay.main, ["--buckets", "0,8"], "--buckets"),
     (replay.main, ["--chain-lengths", "two"], "--chain-lengths"),
-    (advise.main, ["--profile", "pcie-ipc-sm120", "--tree-widths", "8,"
-                   "x"], "--tree-widths"),
+    (advise.main, ["--profile", "pcie-ipc-sm120", "--tree-widths", "8,x"], "--tree-widths"),
 ])
 def test_a_bad_list_is_a_usage_error(main, argv, flag, capsys):
     with pytest.raises(SystemExit) as e:
